@@ -1,0 +1,26 @@
+# One command per target. `make test` works on a fresh clone with only
+# Python 3.11: it builds .venv, installs the pinned torch and disttest into it,
+# then runs the suite.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.disttest-installed
+
+.PHONY: install test examples lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg setup.py
+	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+examples: $(STAMP)
+	$(PY) examples/run_all.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check disttest tests examples benchmarks && $(PY) -m mypy disttest
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

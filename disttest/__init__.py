@@ -1,0 +1,196 @@
+"""disttest: fast, hang-proof unittest base classes for torch.distributed.
+
+Public API only: everything a test suite imports comes from here. Names
+that upstream spells with a leading underscore (``_lock``, ``_FC2``...) are
+kept as aliases of their public spelling so ported imports resolve.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disttest.barrier import Barrier, BarrierTimeout, lock
+from disttest.case import TestCase, assert_equal, set_rng_seed
+from disttest.config import DEFAULT_WORLD_SIZE, TIMEOUT_OVERRIDE, ConfigError, get_timeout
+from disttest.devices import (
+    ACCELERATOR_DIST_BACKENDS,
+    HAS_ACCELERATOR,
+    at_least_x_gpu,
+    create_device,
+    has_efa,
+    init_multigpu_helper,
+    tp_transports,
+)
+from disttest.helpers import (
+    captured_output,
+    run_subtests,
+    verify_ddp_error_logged,
+    with_dist_debug_levels,
+    with_nccl_blocking_wait,
+)
+from disttest.models import (
+    EXPECTED_FIELDS,
+    FC2,
+    BatchNormNet,
+    ControlFlowToyModel,
+    DDPUnevenTestInput,
+    DictOutputModule,
+    EmbeddingNetDifferentParams,
+    Foo,
+    LargeNet,
+    Net,
+    NetWithBuffers,
+    SaveForwardInputsModel,
+    SaveForwardInputsModule,
+    Task,
+    TestNamedTupleInput_0,
+    TestNamedTupleInput_1,
+    TwoLinLayerNet,
+    UnusedParamTwoLinLayerNet,
+    create_collectives_object_test_list,
+)
+from disttest.skips import (
+    TEST_SKIPS,
+    DistSkip,
+    DistTestCases,
+    TestSkip,
+    get_required_world_size,
+    import_transformers_or_skip,
+    nccl_skip_if_lt_x_gpu,
+    require_n_gpus_for_nccl_backend,
+    requires_accelerator_dist_backend,
+    requires_gloo,
+    requires_mpi,
+    requires_nccl,
+    requires_nccl_version,
+    requires_ucc,
+    requires_world_size,
+    skip_but_pass_in_sandcastle,
+    skip_but_pass_in_sandcastle_if,
+    skip_for_exit_code,
+    skip_if_lt_x_gpu,
+    skip_if_no_gpu,
+    skip_if_odd_worldsize,
+    skip_if_rocm,
+    skip_if_rocm_multiprocess,
+    skip_if_small_worldsize,
+    skip_if_win32,
+)
+from disttest.stores import create_tcp_store, find_free_port, retry_on_connect_failures
+from disttest.tempdirs import cleanup_temp_dir, initialize_temp_directories, rank_temp_file
+from disttest.tensors import build_multidim_tensor, build_tensor, simple_sparse_reduce_tests
+
+# Upstream's underscored spellings.
+_FC2 = FC2
+_build_multidim_tensor = build_multidim_tensor
+_build_tensor = build_tensor
+_lock = lock
+_rank_temp_file = rank_temp_file
+
+__all__ = [
+    "ACCELERATOR_DIST_BACKENDS",
+    "BN_NET",
+    "BN_NET_NO_AFFINE",
+    "Barrier",
+    "BarrierTimeout",
+    "BatchNormNet",
+    "COLLECTIVES_OBJECT_TEST_LIST",
+    "ConfigError",
+    "ControlFlowToyModel",
+    "DDPUnevenTestInput",
+    "DDP_NET",
+    "DEFAULT_WORLD_SIZE",
+    "DictOutputModule",
+    "DistSkip",
+    "DistTestCases",
+    "EXPECTED_FIELDS",
+    "EmbeddingNetDifferentParams",
+    "FC2",
+    "Foo",
+    "HAS_ACCELERATOR",
+    "LargeNet",
+    "Net",
+    "NetWithBuffers",
+    "ONLY_SBN_NET",
+    "SaveForwardInputsModel",
+    "SaveForwardInputsModule",
+    "TEST_SKIPS",
+    "TIMEOUT_DEFAULT",
+    "TIMEOUT_OVERRIDE",
+    "Task",
+    "TestCase",
+    "TestNamedTupleInput_0",
+    "TestNamedTupleInput_1",
+    "TestSkip",
+    "TwoLinLayerNet",
+    "UnusedParamTwoLinLayerNet",
+    "_FC2",
+    "_build_multidim_tensor",
+    "_build_tensor",
+    "_lock",
+    "_rank_temp_file",
+    "assert_equal",
+    "at_least_x_gpu",
+    "build_multidim_tensor",
+    "build_tensor",
+    "captured_output",
+    "cleanup_temp_dir",
+    "create_collectives_object_test_list",
+    "create_device",
+    "create_tcp_store",
+    "find_free_port",
+    "get_required_world_size",
+    "get_timeout",
+    "has_efa",
+    "import_transformers_or_skip",
+    "init_multigpu_helper",
+    "initialize_temp_directories",
+    "lock",
+    "nccl_skip_if_lt_x_gpu",
+    "rank_temp_file",
+    "require_n_gpus_for_nccl_backend",
+    "requires_accelerator_dist_backend",
+    "requires_gloo",
+    "requires_mpi",
+    "requires_nccl",
+    "requires_nccl_version",
+    "requires_ucc",
+    "requires_world_size",
+    "retry_on_connect_failures",
+    "run_subtests",
+    "set_rng_seed",
+    "simple_sparse_reduce_tests",
+    "skip_but_pass_in_sandcastle",
+    "skip_but_pass_in_sandcastle_if",
+    "skip_for_exit_code",
+    "skip_if_lt_x_gpu",
+    "skip_if_no_gpu",
+    "skip_if_odd_worldsize",
+    "skip_if_rocm",
+    "skip_if_rocm_multiprocess",
+    "skip_if_small_worldsize",
+    "skip_if_win32",
+    "tp_transports",
+    "verify_ddp_error_logged",
+    "with_dist_debug_levels",
+    "with_nccl_blocking_wait",
+]
+
+# Read on access, not at import: a bad DISTTEST_TIMEOUT fails the first test
+# that needs it, and the shared models are built only when asked for.
+_LAZY_FROM = {
+    "TIMEOUT_DEFAULT": "disttest.config",
+    "BN_NET": "disttest.models",
+    "BN_NET_NO_AFFINE": "disttest.models",
+    "COLLECTIVES_OBJECT_TEST_LIST": "disttest.models",
+    "DDP_NET": "disttest.models",
+    "ONLY_SBN_NET": "disttest.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_FROM:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY_FROM[name]), name)
+    raise AttributeError(f"module 'disttest' has no attribute {name!r}")

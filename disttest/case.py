@@ -1,0 +1,220 @@
+"""``disttest.TestCase``: the base every runner builds on.
+
+An ``expecttest.TestCase`` (so ``assertExpectedInline`` works) whose
+``assertEqual`` understands tensors, numpy arrays, Python numbers and nested
+lists, tuples and dicts of them, comparing numbers with
+``torch.testing.assert_close``; ``setUp`` seeds torch, numpy and ``random`` so
+that every rank starts from the same state.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import expecttest
+import numpy as np
+import torch
+
+from disttest.skips import DistSkip, skip_for_exit_code
+
+__unittest = True
+
+__all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed"]
+
+#: The seed ``TestCase.setUp`` uses unless a class sets ``seed``.
+DEFAULT_SEED = 1234
+
+
+def set_rng_seed(seed: int = DEFAULT_SEED) -> None:
+    """Seed torch, numpy and ``random`` in the calling process or thread."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float, complex, np.number, np.bool_))
+
+
+def _is_tensor_like(x: object) -> bool:
+    return isinstance(x, (torch.Tensor, np.ndarray)) or _is_number(x)
+
+
+def _is_sequence(x: object) -> bool:
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes, bytearray))
+
+
+def _coerce(actual: Any, expected: Any, exact_dtype: bool) -> tuple[Any, Any, bool]:
+    """Make a mixed pair comparable by ``assert_close``.
+
+    A tensor compared with a Python number or list takes the other side to a
+    tensor of the same dtype and device (the dtype is then not checked); a
+    tensor compared with a numpy array converts the array, keeping its dtype.
+    Two Python numbers compare by value, whatever their types.
+    """
+    a_tensor = isinstance(actual, torch.Tensor)
+    e_tensor = isinstance(expected, torch.Tensor)
+    if a_tensor != e_tensor:
+        tensor, other = (actual, expected) if a_tensor else (expected, actual)
+        if isinstance(other, np.ndarray):
+            converted = torch.as_tensor(other, device=tensor.device)
+            check = exact_dtype
+        else:
+            converted = torch.as_tensor(other, dtype=tensor.dtype, device=tensor.device)
+            check = False
+        return (tensor, converted, check) if a_tensor else (converted, tensor, check)
+    if _is_number(actual) and _is_number(expected):
+        return actual, expected, False
+    return actual, expected, exact_dtype
+
+
+def assert_equal(
+    actual: Any,
+    expected: Any,
+    msg: str | None = None,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    equal_nan: bool = True,
+    exact_dtype: bool = True,
+    exact_device: bool = False,
+) -> None:
+    """Assert that ``actual`` equals ``expected``, recursing into containers.
+
+    Numeric leaves (tensors, arrays, numbers) go through
+    ``torch.testing.assert_close``; other leaves compare with ``==``. A
+    mismatch raises ``AssertionError`` naming the path of the first differing
+    leaf (``at [1]['w']``). With only one of ``rtol``/``atol`` given, the other
+    is 0.
+    """
+    if (rtol is None) != (atol is None):
+        rtol, atol = rtol or 0.0, atol or 0.0
+    _compare(actual, expected, "", msg, rtol, atol, equal_nan, exact_dtype, exact_device)
+
+
+def _fail(path: str, user_msg: str | None, detail: str) -> None:
+    where = f"at {path}: " if path else ""
+    text = f"{where}{detail}"
+    raise AssertionError(f"{text}\n{user_msg}" if user_msg else text)
+
+
+def _compare(
+    actual: Any,
+    expected: Any,
+    path: str,
+    user_msg: str | None,
+    rtol: float | None,
+    atol: float | None,
+    equal_nan: bool,
+    exact_dtype: bool,
+    exact_device: bool,
+) -> None:
+    if _is_tensor_like(actual) and _is_tensor_like(expected) or (
+        isinstance(actual, torch.Tensor) != isinstance(expected, torch.Tensor)
+        and (_is_sequence(actual) or _is_sequence(expected))
+    ):
+        actual, expected, check_dtype = _coerce(actual, expected, exact_dtype)
+        try:
+            torch.testing.assert_close(
+                actual,
+                expected,
+                rtol=rtol,
+                atol=atol,
+                equal_nan=equal_nan,
+                check_dtype=check_dtype,
+                check_device=exact_device,
+            )
+        except (AssertionError, TypeError, ValueError) as e:
+            _fail(path, user_msg, str(e))
+        return
+    if isinstance(actual, Mapping) and isinstance(expected, Mapping):
+        if set(actual) != set(expected):
+            missing = sorted(map(repr, set(expected) - set(actual)))
+            extra = sorted(map(repr, set(actual) - set(expected)))
+            _fail(path, user_msg, f"keys differ: missing {missing}, unexpected {extra}")
+        for key in expected:
+            _compare(
+                actual[key], expected[key], f"{path}[{key!r}]", user_msg,
+                rtol, atol, equal_nan, exact_dtype, exact_device,
+            )
+        return
+    if _is_sequence(actual) and _is_sequence(expected):
+        if len(actual) != len(expected):
+            _fail(path, user_msg, f"lengths differ: {len(actual)} != {len(expected)}")
+        for i, (a, b) in enumerate(zip(actual, expected, strict=True)):
+            _compare(
+                a, b, f"{path}[{i}]", user_msg,
+                rtol, atol, equal_nan, exact_dtype, exact_device,
+            )
+        return
+    if actual is expected:
+        return
+    if type(actual) is not type(expected) and not (
+        isinstance(actual, type(expected)) or isinstance(expected, type(actual))
+    ):
+        _fail(
+            path, user_msg,
+            f"types differ: {type(actual).__name__} != {type(expected).__name__} "
+            f"({actual!r} != {expected!r})",
+        )
+    if not actual == expected:
+        _fail(path, user_msg, f"{actual!r} != {expected!r}")
+
+
+class TestCase(expecttest.TestCase):
+    """A unittest TestCase with tensor-aware equality and seeded RNGs.
+
+    ``setUp`` seeds torch, numpy and ``random`` with ``seed`` (a class
+    attribute, default :data:`DEFAULT_SEED`); the runners call it in every
+    rank, so all ranks start from the same random state.
+    """
+
+    seed: int = DEFAULT_SEED
+
+    def setUp(self) -> None:
+        super().setUp()
+        set_rng_seed(self.seed)
+
+    def _callTestMethod(self, method: Any) -> None:
+        # Upstream suites skip with sys.exit(TEST_SKIPS[key].exit_code); make
+        # that a skip here too, not an error, so a plain test behaves as a rank.
+        try:
+            super()._callTestMethod(method)  # type: ignore[misc]
+        except SystemExit as e:
+            skip = skip_for_exit_code(e.code)
+            if skip is None:
+                raise
+            raise DistSkip(skip) from None
+
+    def assertEqual(
+        self,
+        first: Any,
+        second: Any,
+        msg: str | None = None,
+        *,
+        rtol: float | None = None,
+        atol: float | None = None,
+        equal_nan: bool = True,
+        exact_dtype: bool = True,
+        exact_device: bool = False,
+    ) -> None:
+        """Fail unless ``first`` equals ``second`` (see :func:`assert_equal`)."""
+        assert_equal(
+            first, second, msg, rtol=rtol, atol=atol, equal_nan=equal_nan,
+            exact_dtype=exact_dtype, exact_device=exact_device,
+        )
+
+    def assertNotEqual(
+        self, first: Any, second: Any, msg: str | None = None, **kwargs: Any
+    ) -> None:
+        """Fail if ``first`` equals ``second`` under :meth:`assertEqual`'s rules."""
+        try:
+            self.assertEqual(first, second, **kwargs)
+        except AssertionError:
+            return
+        raise self.failureException(
+            msg or f"{first!r} == {second!r} (expected them to differ)"
+        )
+

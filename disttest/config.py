@@ -1,0 +1,127 @@
+"""Settings read from the environment: timeouts and world sizes.
+
+Every value is validated where it is read, and a bad one raises
+:class:`ConfigError` naming the value and where it came from, as
+pytest-timeout does (``Invalid timeout {value} from {where}``).
+
+``TIMEOUT_DEFAULT`` is read lazily (module ``__getattr__``) so that a bad
+``DISTTEST_TIMEOUT`` fails the first test that needs a timeout, with a clear
+message, rather than ``import disttest``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+__unittest = True
+
+__all__ = [
+    "DEFAULT_WORLD_SIZE",
+    "TIMEOUT_ENV_VARS",
+    "TIMEOUT_FALLBACK",
+    "TIMEOUT_OVERRIDE",
+    "ConfigError",
+    "default_timeout",
+    "get_timeout",
+    "parse_timeout",
+    "parse_world_size",
+]
+
+#: Most tests run with this many ranks (upstream's value on non-ROCm hosts).
+DEFAULT_WORLD_SIZE = 4
+
+#: Where the default per-test timeout comes from, first match wins.
+TIMEOUT_ENV_VARS = ("DISTTEST_TIMEOUT", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT")
+#: The default per-test timeout in seconds when no variable is set.
+TIMEOUT_FALLBACK = 300
+
+#: Per-test timeouts (seconds) by test method name, as upstream.
+TIMEOUT_OVERRIDE: dict[str, float] = {
+    "test_ddp_uneven_inputs": 400,
+    "test_DistributedDataParallel": 500,
+}
+
+INVALID_VALUE = "Invalid {what} {value!r} from {where} (disttest): {why}"
+
+
+class ConfigError(ValueError):
+    """A setting has a value disttest cannot use.
+
+    Fields: ``what`` (the kind of setting), ``value`` (as given), ``where``
+    (the variable, attribute or argument it came from) and ``why``.
+    """
+
+    def __init__(self, what: str, value: object, where: str, why: str) -> None:
+        self.what = what
+        self.value = value
+        self.where = where
+        self.why = why
+        super().__init__(
+            INVALID_VALUE.format(what=what, value=value, where=where, why=why)
+        )
+
+
+def parse_timeout(value: object, where: str) -> float:
+    """Return ``value`` as a positive, finite number of seconds.
+
+    Integral values come back as ``int`` so that messages read ``30s``.
+    Raises :class:`ConfigError` naming ``value`` and ``where`` otherwise.
+    """
+    why = "expected a positive number of seconds"
+    if isinstance(value, bool):
+        raise ConfigError("timeout", value, where, why)
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError("timeout", value, where, why) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError("timeout", value, where, why)
+    return int(seconds) if seconds.is_integer() else seconds
+
+
+def parse_world_size(value: object, where: str) -> int:
+    """Return ``value`` as a world size (an integer >= 1).
+
+    Raises :class:`ConfigError` naming ``value`` and ``where`` otherwise.
+    """
+    why = "expected an integer >= 1"
+    if isinstance(value, bool):
+        raise ConfigError("world size", value, where, why)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError("world size", value, where, why) from None
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError("world size", value, where, why)
+    return value
+
+
+def default_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """The default per-test timeout: ``DISTTEST_TIMEOUT``, else upstream's
+    ``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``, else 300 seconds."""
+    env = os.environ if environ is None else environ
+    for name in TIMEOUT_ENV_VARS:
+        raw = env.get(name)
+        if raw is not None and raw.strip() != "":
+            return parse_timeout(raw, f"environment variable {name}")
+    return TIMEOUT_FALLBACK
+
+
+def get_timeout(test_id: str, environ: Mapping[str, str] | None = None) -> float:
+    """The timeout in seconds for the test with unittest id ``test_id``.
+
+    ``TIMEOUT_OVERRIDE`` (keyed by method name) wins over the default.
+    """
+    name = test_id.rsplit(".", 1)[-1]
+    if name in TIMEOUT_OVERRIDE:
+        return parse_timeout(TIMEOUT_OVERRIDE[name], f"TIMEOUT_OVERRIDE[{name!r}]")
+    return default_timeout(environ)
+
+
+def __getattr__(name: str) -> object:
+    if name == "TIMEOUT_DEFAULT":
+        return default_timeout()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,94 @@
+"""Accelerator discovery and device/transport helpers.
+
+Counting devices goes through ``torch.accelerator``, which does not poison a
+later ``fork`` on CUDA hosts where NVML answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import sys
+
+import torch
+
+__unittest = True
+
+__all__ = [
+    "ACCELERATOR_DIST_BACKENDS",
+    "HAS_ACCELERATOR",
+    "accelerator_count",
+    "accelerator_type",
+    "at_least_x_gpu",
+    "create_device",
+    "has_efa",
+    "init_multigpu_helper",
+    "tp_transports",
+]
+
+#: Communication backends that need an accelerator.
+ACCELERATOR_DIST_BACKENDS = ["nccl", "xccl", "hccl"]
+
+
+def accelerator_type() -> str | None:
+    """The type of this host's accelerator (``"cuda"``, ``"xpu"``...), or None."""
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return acc.type if acc is not None else None
+
+
+def accelerator_count() -> int:
+    """How many accelerator devices this host has (0 on a CPU-only host)."""
+    return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
+
+
+#: True when this host has at least one accelerator device.
+HAS_ACCELERATOR: bool = accelerator_count() > 0
+
+
+def at_least_x_gpu(x: int) -> bool:
+    """True when this host has at least ``x`` accelerator devices."""
+    return accelerator_count() >= x
+
+
+def init_multigpu_helper(world_size: int, backend: str) -> dict[int, list[int]]:
+    """Split the visible devices evenly among ``world_size`` ranks.
+
+    Returns ``{rank: [device indices]}``; a rank gets one device when there
+    are at least as many devices as ranks. ``backend`` is accepted for
+    upstream compatibility.
+    """
+    n_devices = accelerator_count()
+    per_rank = 1 if world_size <= n_devices else n_devices // world_size
+    return {
+        rank: list(range(rank * per_rank, (rank + 1) * per_rank))
+        for rank in range(world_size)
+    }
+
+
+def create_device(interface: str | None = None, lazy_init: bool = False) -> object:
+    """A gloo device on ``interface``, or on loopback (127.0.0.1) by default."""
+    pg_gloo = torch.distributed.ProcessGroupGloo
+    if sys.platform == "win32" or interface is None:
+        return pg_gloo.create_device(hostname="127.0.0.1", lazy_init=lazy_init)
+    return pg_gloo.create_device(interface=interface, lazy_init=lazy_init)
+
+
+@functools.cache
+def has_efa() -> bool:
+    """True when libfabric's EFA provider answers (``fi_info -p efa``)."""
+    if shutil.which("fi_info") is None:
+        return False
+    try:
+        result = subprocess.run(
+            ["fi_info", "-p", "efa", "-t", "FI_EP_RDM"],
+            check=False, capture_output=True, timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+def tp_transports() -> list[str] | None:
+    """TensorPipe transports to use: without InfiniBand where EFA is present."""
+    return ["shm", "uv"] if has_efa() else None

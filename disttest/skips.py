@@ -1,0 +1,408 @@
+"""Skip decorators and the TEST_SKIPS exit-code protocol.
+
+Upstream suites skip inside a rank with ``sys.exit(TEST_SKIPS[key].exit_code)``.
+disttest's own decorators raise :class:`DistSkip` (a ``unittest.SkipTest``
+that carries the upstream exit code), so the same decorator skips with its
+message on a plain test and in a rank. :func:`skip_for_exit_code` is the one
+place that maps an exit code back to a skip; runners translate at that edge.
+
+Every decorator that decides at call time also records its check on the
+wrapper (``__disttest_skip_checks__``), so runners can decide the skip in the
+parent, before starting any rank (:func:`precheck_skip`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+import unittest
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, NamedTuple, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from disttest.config import ConfigError, parse_world_size
+from disttest.devices import (
+    ACCELERATOR_DIST_BACKENDS,
+    HAS_ACCELERATOR,
+    accelerator_count,
+    at_least_x_gpu,
+)
+
+__unittest = True
+
+__all__ = [
+    "ACCELERATOR_DIST_BACKENDS",
+    "HAS_ACCELERATOR",
+    "TEST_SKIPS",
+    "DistSkip",
+    "DistTestCases",
+    "TestSkip",
+    "at_least_x_gpu",
+    "get_required_world_size",
+    "import_transformers_or_skip",
+    "nccl_skip_if_lt_x_gpu",
+    "precheck_skip",
+    "require_n_gpus_for_nccl_backend",
+    "requires_accelerator_dist_backend",
+    "requires_gloo",
+    "requires_mpi",
+    "requires_nccl",
+    "requires_nccl_version",
+    "requires_ucc",
+    "requires_world_size",
+    "skip_but_pass_in_sandcastle",
+    "skip_but_pass_in_sandcastle_if",
+    "skip_for_exit_code",
+    "skip_if_lt_x_gpu",
+    "skip_if_no_gpu",
+    "skip_if_odd_worldsize",
+    "skip_if_rocm",
+    "skip_if_rocm_multiprocess",
+    "skip_if_small_worldsize",
+    "skip_if_win32",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class TestSkip(NamedTuple):
+    """An upstream skip reason: the exit code a rank uses and its message."""
+
+    exit_code: int
+    message: str
+
+
+#: Upstream's skip table: same keys, exit codes and messages.
+TEST_SKIPS: dict[str, TestSkip] = {
+    "backend_unavailable": TestSkip(72, "Skipped because distributed backend is not available."),
+    "small_worldsize": TestSkip(73, "Skipped due to small world size."),
+    "odd_worldsize": TestSkip(87, "Skipped due to odd world size."),
+    "no_cuda": TestSkip(74, "CUDA is not available."),
+    "multi-gpu-1": TestSkip(75, "Need at least 1 CUDA device"),
+    "multi-gpu-2": TestSkip(77, "Need at least 2 CUDA devices"),
+    "multi-gpu-3": TestSkip(80, "Need at least 3 CUDA devices"),
+    "multi-gpu-4": TestSkip(81, "Need at least 4 CUDA devices"),
+    "multi-gpu-5": TestSkip(82, "Need at least 5 CUDA devices"),
+    "multi-gpu-6": TestSkip(83, "Need at least 6 CUDA devices"),
+    "multi-gpu-7": TestSkip(84, "Need at least 7 CUDA devices"),
+    "multi-gpu-8": TestSkip(85, "Need at least 8 CUDA devices"),
+    "nccl": TestSkip(76, "c10d not compiled with NCCL support"),
+    "skipIfRocm": TestSkip(78, "Test skipped for ROCm"),
+    "no_peer_access": TestSkip(79, "Test skipped because no GPU peer access"),
+    "generic": TestSkip(
+        86, "Test skipped at subprocess level, look at subprocess log for skip reason"
+    ),
+    "importerror": TestSkip(88, "Test skipped due to missing import"),
+    "no_accelerator": TestSkip(89, "accelerator is not available."),
+}
+
+_BY_EXIT_CODE = {skip.exit_code: skip for skip in TEST_SKIPS.values()}
+
+
+class DistSkip(unittest.SkipTest):
+    """A ``unittest.SkipTest`` that also carries upstream's exit code."""
+
+    def __init__(self, skip: TestSkip) -> None:
+        super().__init__(skip.message)
+        self.exit_code = skip.exit_code
+        self.message = skip.message
+
+
+def skip_for_exit_code(code: object) -> TestSkip | None:
+    """The :class:`TestSkip` whose exit code is ``code``, or None.
+
+    The one mapping from upstream's ``sys.exit(code)`` skips to skips.
+    """
+    return _BY_EXIT_CODE.get(code) if isinstance(code, int) else None
+
+
+def _gpu_skip(n: int) -> TestSkip:
+    return TEST_SKIPS.get(
+        f"multi-gpu-{n}",
+        TestSkip(TEST_SKIPS["generic"].exit_code, f"Need at least {n} CUDA devices"),
+    )
+
+
+class DistTestCases:
+    """Feature tables, read at class level as upstream does.
+
+    ``skip_collective[name]``: backends that lack the collective ``name``;
+    ``backend_feature[name]``: backends that have the feature ``name``.
+    """
+
+    skip_collective: ClassVar[dict[str, set[str]]] = {
+        "allgather_coalesced": {"nccl", "mpi", "ucc", "xccl"},
+        "reduce": set(),
+        "sendrecv anysource": {"nccl", "ucc", "xccl"},
+        "cpu barrier": {"nccl", "ucc", "xccl"},
+    }
+    backend_feature: ClassVar[dict[str, set[str]]] = {
+        "gpu": {"nccl", "gloo", "ucc"},
+        "cuda": {"nccl", "gloo", "ucc"},
+        "ddp": {"nccl", "gloo", "ucc"},
+        "subgroup": {"nccl", "gloo", "ucc"},
+        "plugin": set(),
+    }
+
+
+# --- call-time decorators ---------------------------------------------------
+
+Check = Callable[[Sequence[Any]], "TestSkip | None"]
+
+
+def _skip_when(check: Check) -> Callable[[F], F]:
+    """Decorator factory: raise :class:`DistSkip` when ``check(args)`` says so.
+
+    ``args`` are the test's positional arguments (``self`` first for a test
+    method). The check is also recorded for :func:`precheck_skip`.
+    """
+
+    def decorator(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            skip = check(args)
+            if skip is not None:
+                raise DistSkip(skip)
+            return func(*args, **kwargs)
+
+        checks = getattr(func, "__disttest_skip_checks__", ())
+        wrapper.__disttest_skip_checks__ = (*checks, check)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def precheck_skip(test: unittest.TestCase, method: Callable[..., Any]) -> DistSkip | None:
+    """Evaluate in the parent the skip checks recorded on ``method``.
+
+    Returns the first skip that applies, or None. Runners call this before
+    starting ranks so that a skip costs no process.
+    """
+    for check in getattr(method, "__disttest_skip_checks__", ()):
+        skip = check((test,))
+        if skip is not None:
+            return DistSkip(skip)
+    return None
+
+
+def _world_size_of(args: Sequence[Any], decorator: str) -> int:
+    owner = args[0] if args else None
+    if owner is not None and hasattr(owner, "world_size"):
+        return parse_world_size(owner.world_size, f"{type(owner).__name__}.world_size")
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is not None:
+        return parse_world_size(raw, "environment variable WORLD_SIZE")
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    raise ConfigError(
+        "world size", None, decorator,
+        "the test has no world_size, WORLD_SIZE is not set and no process group exists",
+    )
+
+
+def _backend_is_mpi() -> bool:
+    return os.environ.get("BACKEND", "") == "mpi"
+
+
+def skip_if_no_gpu(func: F) -> F:
+    """Skip unless every rank can have its own accelerator device."""
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        if not HAS_ACCELERATOR:
+            return TEST_SKIPS["no_cuda"]
+        world_size = _world_size_of(args, "skip_if_no_gpu")
+        return _gpu_skip(world_size) if accelerator_count() < world_size else None
+
+    return _skip_when(check)(func)
+
+
+def skip_if_small_worldsize(func: F) -> F:
+    """Skip when the world size is below 8 (unless BACKEND is mpi), as upstream."""
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        small = _world_size_of(args, "skip_if_small_worldsize") < 8
+        return TEST_SKIPS["small_worldsize"] if small and not _backend_is_mpi() else None
+
+    return _skip_when(check)(func)
+
+
+def skip_if_odd_worldsize(func: F) -> F:
+    """Skip when the world size is odd (unless BACKEND is mpi)."""
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        odd = _world_size_of(args, "skip_if_odd_worldsize") % 2 == 1
+        return TEST_SKIPS["odd_worldsize"] if odd and not _backend_is_mpi() else None
+
+    return _skip_when(check)(func)
+
+
+def require_n_gpus_for_nccl_backend(n: int, backend: str) -> Callable[[F], F]:
+    """Skip when ``backend`` is nccl and fewer than ``n`` devices exist."""
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        return _gpu_skip(n) if backend == "nccl" and accelerator_count() < n else None
+
+    return _skip_when(check)
+
+
+def nccl_skip_if_lt_x_gpu(backend: str, x: int) -> Callable[[F], F]:
+    """Skip when ``backend`` is nccl and fewer than ``x`` devices exist."""
+    return require_n_gpus_for_nccl_backend(x, backend)
+
+
+def skip_if_lt_x_gpu(x: int, *, allow_cpu: bool = False) -> Callable[[F], F]:
+    """Skip when fewer than ``x`` accelerator devices exist.
+
+    With ``allow_cpu=True`` the test also runs on a host with no accelerator.
+    """
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        if at_least_x_gpu(x) or (allow_cpu and not HAS_ACCELERATOR):
+            return None
+        return _gpu_skip(x)
+
+    return _skip_when(check)
+
+
+def import_transformers_or_skip() -> Callable[[F], F]:
+    """Skip when the ``transformers`` package cannot be imported.
+
+    Unlike upstream, an ImportError raised by the test body itself is an
+    error, not a skip: only the package's absence is checked.
+    """
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        found = importlib.util.find_spec("transformers") is not None
+        return None if found else TEST_SKIPS["importerror"]
+
+    return _skip_when(check)
+
+
+def skip_if_rocm(func: F) -> F:
+    """Skip on ROCm builds of torch."""
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        return TEST_SKIPS["skipIfRocm"] if torch.version.hip else None
+
+    return _skip_when(check)(func)
+
+
+# --- decoration-time decorators ---------------------------------------------
+
+
+def skip_but_pass_in_sandcastle_if(condition: bool, reason: str) -> Callable[[F], F]:
+    """``unittest.skipIf(condition, reason)``.
+
+    Upstream turns the skip into a pass on Meta's Sandcastle; disttest never
+    hides a skip, so this is always a real skip.
+    """
+
+    def decorator(func: F) -> F:
+        return unittest.skipIf(condition, reason)(func) if condition else func
+
+    return decorator
+
+
+def skip_but_pass_in_sandcastle(reason: str) -> Callable[[F], F]:
+    """``unittest.skip(reason)`` (see :func:`skip_but_pass_in_sandcastle_if`)."""
+    return skip_but_pass_in_sandcastle_if(True, reason)
+
+
+def _backend_decorator(available: bool, name: str) -> Callable[[F], F]:
+    return skip_but_pass_in_sandcastle_if(
+        not available, f"c10d was not compiled with the {name} backend"
+    )
+
+
+def requires_gloo() -> Callable[[F], F]:
+    """Skip unless c10d has the gloo backend."""
+    return _backend_decorator(dist.is_available() and dist.is_gloo_available(), "Gloo")
+
+
+def requires_nccl() -> Callable[[F], F]:
+    """Skip unless c10d has the NCCL backend."""
+    return _backend_decorator(dist.is_available() and dist.is_nccl_available(), "NCCL")
+
+
+def requires_ucc() -> Callable[[F], F]:
+    """Skip unless c10d has the UCC backend."""
+    return _backend_decorator(dist.is_available() and dist.is_ucc_available(), "UCC")
+
+
+def requires_mpi() -> Callable[[F], F]:
+    """Skip unless c10d has the MPI backend."""
+    return _backend_decorator(dist.is_available() and dist.is_mpi_available(), "MPI")
+
+
+def requires_nccl_version(version: tuple[int, ...], msg: str) -> Callable[[F], F]:
+    """Skip unless NCCL is present at ``version`` or newer.
+
+    Upstream runs the test anyway on a host without CUDA; disttest skips, as
+    the test cannot check what it claims there.
+    """
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return skip_but_pass_in_sandcastle("c10d was not compiled with the NCCL backend")
+    found = torch.cuda.nccl.version()
+    return skip_but_pass_in_sandcastle_if(
+        found < version,
+        f"Requires NCCL version greater than or equal to: {version}, found: {found}, "
+        f"reason: {msg}",
+    )
+
+
+def requires_accelerator_dist_backend(
+    backends: Sequence[str] | None = None,
+) -> Callable[[F], F]:
+    """Skip unless one of ``backends`` (default: nccl, xccl, hccl) is usable."""
+    names = list(ACCELERATOR_DIST_BACKENDS if backends is None else backends)
+    probes: dict[str, Callable[[], bool]] = {
+        "nccl": lambda: dist.is_nccl_available() and HAS_ACCELERATOR,
+        "xccl": lambda: dist.is_xccl_available() and HAS_ACCELERATOR,
+        "hccl": lambda: hasattr(torch, "hpu") and HAS_ACCELERATOR,
+    }
+    ok = dist.is_available() and any(probes.get(b, lambda: False)() for b in names)
+    return skip_but_pass_in_sandcastle_if(
+        not ok, f"No accelerator communication backend available among {names}"
+    )
+
+
+def skip_if_rocm_multiprocess(func: F) -> F:
+    """Skip on ROCm builds of torch (decided at decoration time)."""
+    return unittest.skipIf(bool(torch.version.hip), TEST_SKIPS["skipIfRocm"].message)(func)
+
+
+def skip_if_win32() -> Callable[[F], F]:
+    """Skip on Windows."""
+    return skip_but_pass_in_sandcastle_if(
+        sys.platform == "win32", "This unit test case is not supported on Windows platform"
+    )
+
+
+def requires_world_size(n: int, *, allow_cpu: bool = False) -> Callable[[F], F]:
+    """Run the test with ``n`` ranks; skip with fewer than ``n`` devices.
+
+    The runners read the recorded size (:func:`get_required_world_size`).
+    With ``allow_cpu=True`` a host without accelerators runs the test too
+    (upstream always skips there).
+    """
+    n = parse_world_size(n, "requires_world_size(n)")
+
+    def decorator(func: F) -> F:
+        func._required_world_size = n  # type: ignore[attr-defined]
+        available = accelerator_count()
+        runs = available >= n or (allow_cpu and available == 0)
+        return unittest.skipUnless(runs, f"requires {n} GPUs, found {available}")(func)
+
+    return decorator
+
+
+def get_required_world_size(obj: unittest.TestCase, default: int) -> int:
+    """The world size recorded by :func:`requires_world_size` on ``obj``'s
+    current test method, else ``default``."""
+    method = getattr(obj, obj._testMethodName, None)
+    value = getattr(method, "_required_world_size", None)
+    return default if value is None else int(value)

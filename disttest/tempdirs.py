@@ -1,0 +1,103 @@
+"""Temporary directories shared by the ranks of a test, and rank temp files.
+
+``initialize_temp_directories`` makes a private (0700) directory with
+``barrier/``, ``test_dir/`` and ``init_dir/`` inside, and publishes it to the
+ranks as upstream does, through ``TEMP_DIR`` and ``INIT_METHOD`` in the
+environment (upstream suites read those variables). Only the process that
+made a directory removes it: in ``cleanup_temp_dir`` or, as a backstop, at
+exit, so a forked rank never deletes its parent's directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+__unittest = True
+
+__all__ = [
+    "FILE_SCHEMA",
+    "cleanup_temp_dir",
+    "initialize_temp_directories",
+    "rank_temp_file",
+]
+
+FILE_SCHEMA = "file://"
+_SUBDIRS = ("barrier", "test_dir", "init_dir")
+
+# (owner pid, path) of every directory made here and not yet removed. The
+# upstream API (initialize / cleanup with no handle) needs this registry.
+_created: list[tuple[int, str]] = []
+
+
+def initialize_temp_directories(init_method: str | None = None) -> str:
+    """Make a private temp directory for the ranks and publish it.
+
+    Sets ``TEMP_DIR`` to the new directory and ``INIT_METHOD`` to
+    ``init_method`` or a ``file://`` rendezvous file inside it. Returns the
+    directory's path. Call it in the parent before starting ranks.
+    """
+    path = tempfile.mkdtemp(prefix="disttest-")  # mkdtemp makes it 0700
+    for sub in _SUBDIRS:
+        os.mkdir(os.path.join(path, sub), 0o700)
+    _created.append((os.getpid(), path))
+    os.environ["TEMP_DIR"] = path
+    os.environ["INIT_METHOD"] = init_method or (
+        FILE_SCHEMA + os.path.join(path, "init_dir", "shared_init_file")
+    )
+    return path
+
+
+def cleanup_temp_dir() -> None:
+    """Remove every directory this process made with
+    :func:`initialize_temp_directories`, and unset the variables that point
+    into them."""
+    pid = os.getpid()
+    mine = [entry for entry in _created if entry[0] == pid]
+    for entry in mine:
+        _created.remove(entry)
+        path = entry[1]
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get("TEMP_DIR") == path:
+            del os.environ["TEMP_DIR"]
+        if path in os.environ.get("INIT_METHOD", ""):
+            del os.environ["INIT_METHOD"]
+
+
+atexit.register(cleanup_temp_dir)
+
+
+@contextlib.contextmanager
+def rank_temp_file() -> Iterator[str]:
+    """A temp file made by rank 0 and shared with every rank of the default
+    group (collective: every rank must enter).
+
+    The name travels by ``broadcast_object_list``. On a normal exit the ranks
+    meet at a barrier before rank 0 removes the file, so no rank loses it
+    while still reading; if the body raises, rank 0 removes it at once.
+    """
+    if dist.get_rank() == 0:
+        fd, name = tempfile.mkstemp(prefix="disttest-rank-", dir=os.environ.get("TEMP_DIR"))
+        os.close(fd)
+        names: list[str | None] = [name]
+    else:
+        names = [None]
+    dist.broadcast_object_list(names)
+    shared = names[0]
+    assert shared is not None
+    ok = False
+    try:
+        yield shared
+        ok = True
+    finally:
+        if ok:
+            dist.barrier()
+        if dist.get_rank() == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(shared)

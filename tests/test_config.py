@@ -1,0 +1,62 @@
+"""Timeouts and world sizes from the environment: defaults and bad values."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import unittest
+from unittest import mock
+
+import disttest
+from disttest.config import ConfigError, default_timeout, get_timeout, parse_world_size
+
+
+class TimeoutTest(unittest.TestCase):
+    def test_default_is_300(self):
+        self.assertEqual(default_timeout({}), 300)
+
+    def test_disttest_variable_wins_over_upstream_one(self):
+        env = {"DISTTEST_TIMEOUT": "12", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "40"}
+        self.assertEqual(default_timeout(env), 12)
+        self.assertEqual(default_timeout({"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "40"}), 40)
+        self.assertEqual(default_timeout({"DISTTEST_TIMEOUT": "2.5"}), 2.5)
+
+    def test_override_by_method_name(self):
+        self.assertEqual(get_timeout("pkg.mod.Cls.test_ddp_uneven_inputs", {}), 400)
+        self.assertEqual(get_timeout("pkg.mod.Cls.test_other", {"DISTTEST_TIMEOUT": "9"}), 9)
+
+    def test_bad_values_name_variable_and_value(self):
+        for name in ("DISTTEST_TIMEOUT", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"):
+            for bad in ("abc", "-1", "0", "nan", "inf"):
+                with self.subTest(name=name, bad=bad):
+                    with self.assertRaises(ConfigError) as ctx:
+                        default_timeout({name: bad})
+                    self.assertIn(f"environment variable {name}", str(ctx.exception))
+                    self.assertIn(repr(bad), str(ctx.exception))
+                    self.assertEqual(ctx.exception.value, bad)
+
+    def test_lazy_module_attribute_reads_environment(self):
+        with mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "17"}):
+            self.assertEqual(disttest.TIMEOUT_DEFAULT, 17)
+        with mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "soon"}):
+            with self.assertRaisesRegex(ConfigError, "DISTTEST_TIMEOUT"):
+                disttest.TIMEOUT_DEFAULT  # noqa: B018
+
+    def test_bad_variable_does_not_break_import(self):
+        env = dict(os.environ, DISTTEST_TIMEOUT="soon")
+        out = subprocess.run(
+            [sys.executable, "-c", "import disttest; print('imported')"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        self.assertEqual(out.stdout.strip(), "imported", out.stderr)
+
+
+class WorldSizeTest(unittest.TestCase):
+    def test_parse(self):
+        self.assertEqual(parse_world_size("3", "WORLD_SIZE"), 3)
+        self.assertEqual(parse_world_size(2, "x"), 2)
+        for bad in ("0", "two", -1, True, 2.5, None):
+            with self.subTest(bad=bad), self.assertRaises(ConfigError) as ctx:
+                parse_world_size(bad, "environment variable WORLD_SIZE")
+            self.assertIn("environment variable WORLD_SIZE", str(ctx.exception))

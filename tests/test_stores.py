@@ -1,0 +1,56 @@
+"""Ports, connect retries and TCP stores bind to loopback."""
+
+from __future__ import annotations
+
+import socket
+import unittest
+from datetime import timedelta
+
+from disttest import create_tcp_store, find_free_port, retry_on_connect_failures
+from disttest.stores import ADDRESS_IN_USE
+
+
+class StoresTest(unittest.TestCase):
+    def test_free_port_is_bindable_on_loopback(self):
+        port = find_free_port()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+    def test_tcp_store_listens_on_loopback_and_works(self):
+        store = create_tcp_store(timeout=timedelta(seconds=7))
+        store.set("k", "v")
+        self.assertEqual(store.get("k"), b"v")
+        self.assertEqual(store.timeout, timedelta(seconds=7))
+        with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+            pass
+
+    def test_retries_on_connect_errors_only(self):
+        calls = []
+
+        @retry_on_connect_failures
+        def flaky():
+            calls.append(1)
+            if len(calls) < 3:
+                raise RuntimeError(f"bind: {ADDRESS_IN_USE}")
+            return "ok"
+
+        self.assertEqual(flaky(), "ok")
+        self.assertEqual(len(calls), 3)
+
+        @retry_on_connect_failures
+        def other():
+            calls.append(1)
+            raise RuntimeError("something unrelated: a d")
+
+        calls.clear()
+        with self.assertRaisesRegex(RuntimeError, "unrelated"):
+            other()
+        self.assertEqual(len(calls), 1)  # upstream retried this (char match)
+
+    def test_gives_up_after_tries(self):
+        @retry_on_connect_failures(connect_errors="refused", tries=2)
+        def never():
+            raise RuntimeError("connection refused")
+
+        with self.assertRaisesRegex(RuntimeError, "failing after 2 tries"):
+            never()
