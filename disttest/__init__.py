@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from disttest._runner.report import RankError, RankFailure
 from disttest.barrier import Barrier, BarrierTimeout, lock
 from disttest.case import TestCase, assert_equal, set_rng_seed
 from disttest.config import DEFAULT_WORLD_SIZE, TIMEOUT_OVERRIDE, ConfigError, get_timeout
@@ -49,6 +50,7 @@ from disttest.models import (
     UnusedParamTwoLinLayerNet,
     create_collectives_object_test_list,
 )
+from disttest.multiprocess import DistributedTestBase, MultiProcessTestCase
 from disttest.skips import (
     TEST_SKIPS,
     DistSkip,
@@ -103,15 +105,19 @@ __all__ = [
     "DictOutputModule",
     "DistSkip",
     "DistTestCases",
+    "DistributedTestBase",
     "EXPECTED_FIELDS",
     "EmbeddingNetDifferentParams",
     "FC2",
     "Foo",
     "HAS_ACCELERATOR",
     "LargeNet",
+    "MultiProcessTestCase",
     "Net",
     "NetWithBuffers",
     "ONLY_SBN_NET",
+    "RankError",
+    "RankFailure",
     "SaveForwardInputsModel",
     "SaveForwardInputsModule",
     "TEST_SKIPS",

@@ -10,7 +10,7 @@ import sys
 
 __unittest = True
 
-__all__ = ["reset_dynamo"]
+__all__ = ["group_name", "reset_dynamo"]
 
 
 def reset_dynamo() -> None:
@@ -24,3 +24,14 @@ def reset_dynamo() -> None:
         return
     dynamo.reset()
     dynamo.utils.counters.clear()
+
+
+def group_name(group: object) -> str:
+    """The name c10d gives a process group (``ProcessGroup.group_name``,
+    else ``distributed_c10d._get_process_group_name``)."""
+    name = getattr(group, "group_name", None)
+    if name is None:
+        from torch.distributed import distributed_c10d
+
+        name = distributed_c10d._get_process_group_name(group)  # type: ignore[arg-type]
+    return str(name)

@@ -127,7 +127,10 @@ def _compare(
                 check_device=exact_device,
             )
         except (AssertionError, TypeError, ValueError) as e:
-            _fail(path, user_msg, str(e))
+            detail = str(e)
+        else:
+            return
+        _fail(path, user_msg, detail)
         return
     if isinstance(actual, Mapping) and isinstance(expected, Mapping):
         if set(actual) != set(expected):

@@ -1,0 +1,243 @@
+"""How ranks start and live: the launcher interface and the process launchers.
+
+Every runner hands the one join loop (:mod:`.join`) an object that follows
+:class:`Launcher`. The process launchers differ only in how a rank process
+is made:
+
+- ``zygote``: forked by a fork server that imported torch and the test's
+  module and did no tensor work (fresh processes at fork speed);
+- ``fork``: forked from the test process itself (the rank goes serial,
+  one OpenMP thread, to dodge the fork trap); used when the test class
+  cannot be imported by name (a class defined inside a function);
+- ``spawn``: a fresh interpreter per rank, upstream's way (needed for CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import psutil
+
+from disttest._runner import rank as rank_mod
+from disttest._runner.outcome import ExitStatus, Outcome
+from disttest._runner.progress import InFlight, ProgressBoard, find_desync
+
+__unittest = True
+
+__all__ = ["START_METHODS", "ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnLauncher"]
+
+START_METHODS = ("zygote", "fork", "spawn")
+STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
+REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
+
+
+class Launcher(Protocol):
+    """What the join loop needs from a way of running ranks."""
+
+    world_size: int
+
+    def poll(self) -> dict[int, ExitStatus]:
+        """Every rank that has ended so far, with how it ended."""
+        ...
+
+    def outcome(self, rank: int) -> Outcome | None:
+        """The outcome ``rank`` reported, or None if it reported none."""
+        ...
+
+    def desync(self, live: Sequence[int], finished: Sequence[int]) -> tuple[int, InFlight] | None:
+        """A live rank waiting in a collective a finished peer never entered."""
+        ...
+
+    def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+        """The Python stacks (all threads) of the live ``ranks``."""
+        ...
+
+    def stop(self) -> None:
+        """Stop every live rank; bounded."""
+        ...
+
+
+class RankProcess:
+    """Upstream's view of a rank process (``self.processes[i]``)."""
+
+    def __init__(self, launcher: ProcessLauncher, rank: int, pid: int) -> None:
+        self._launcher = launcher
+        self.rank = rank
+        self.pid = pid
+        self.name = f"process {rank}"
+
+    @property
+    def exitcode(self) -> int | None:
+        """As multiprocessing: the exit code, -signal, or None while running."""
+        status = self._launcher.poll().get(self.rank)
+        if status is None:
+            return None
+        return -status.signal if status.signal is not None else status.code
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def terminate(self) -> None:
+        self._launcher.kill(self.rank, signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._launcher.kill(self.rank, signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.exitcode is None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.01)
+
+
+class ProcessLauncher:
+    """Shared by the process launchers: outcome files, stack dumps through
+    faulthandler on SIGUSR1 (works while a rank is blocked in C++), the
+    progress board, and stopping whole process trees."""
+
+    def __init__(self, spec: rank_mod.RankSpec) -> None:
+        self.spec = spec
+        self.world_size = spec.world_size
+        self.pids: dict[int, int] = {}
+        self._exits: dict[int, ExitStatus] = {}
+        self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
+
+    # -- subclasses --
+    def start(self, cls: type) -> None:
+        raise NotImplementedError
+
+    def _reap(self) -> None:
+        """Record in ``self._exits`` every rank that has ended."""
+        raise NotImplementedError
+
+    # -- Launcher --
+    def poll(self) -> dict[int, ExitStatus]:
+        if len(self._exits) < len(self.pids):
+            self._reap()
+        return self._exits
+
+    def outcome(self, rank: int) -> Outcome | None:
+        path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except FileNotFoundError:
+            return None
+
+    def desync(self, live: Sequence[int], finished: Sequence[int]) -> tuple[int, InFlight] | None:
+        return find_desync(self.board, live, finished)
+
+    def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+        files = {r: rank_mod.paths(self.spec.run_dir, r)["stacks"] for r in ranks}
+        sizes = {r: _size(files[r]) for r in ranks}
+        for r in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pids[r], rank_mod.STACK_SIGNAL)
+        deadline = time.monotonic() + STACK_WAIT
+        pending = set(ranks)
+        last = dict(sizes)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for r in list(pending):
+                size = _size(files[r])
+                # Done when the dump grew and then stopped growing.
+                if size > sizes[r] and size == last[r]:
+                    pending.discard(r)
+                last[r] = size
+        stacks = {}
+        for r in ranks:
+            with open(files[r], "rb") as f:
+                f.seek(sizes[r])
+                text = f.read().decode(errors="replace")
+            stacks[r] = text or "(no stack: the rank did not answer SIGUSR1 in time)"
+        return stacks
+
+    def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
+        pid = self.pids.get(rank)
+        if pid is None or rank in self._exits:
+            return
+        try:
+            proc = psutil.Process(pid)
+            tree = [*proc.children(recursive=True), proc]
+        except psutil.Error:
+            return
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+    def stop(self) -> None:
+        live = [r for r in self.pids if r not in self.poll()]
+        for r in live:
+            self.kill(r, signal.SIGKILL)
+        deadline = time.monotonic() + REAP_WAIT
+        while len(self.poll()) < len(self.pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.stop()
+        self.board.close()
+
+    def processes(self) -> list[RankProcess]:
+        return [RankProcess(self, r, self.pids[r]) for r in sorted(self.pids)]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class ForkLauncher(ProcessLauncher):
+    """Fork ranks from the test process; each rank goes serial first."""
+
+    def start(self, cls: type) -> None:
+        parent = os.getpid()
+        for rank in range(self.world_size):
+            pid = os.fork()
+            if pid == 0:
+                rank_mod.run_rank_process(cls, self.spec, rank, parent)
+            self.pids[rank] = pid
+
+    def _reap(self) -> None:
+        for rank, pid in self.pids.items():
+            if rank in self._exits:
+                continue
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                self._exits[rank] = ExitStatus(code=None)
+                continue
+            if done:
+                self._exits[rank] = ExitStatus.from_wait_status(status)
+
+
+def _spawn_entry(spec: rank_mod.RankSpec, rank: int, parent: int) -> None:
+    from disttest._runner.zygote import resolve_class
+
+    rank_mod.run_rank_process(resolve_class(spec), spec, rank, parent)
+
+
+class SpawnLauncher(ProcessLauncher):
+    """A fresh interpreter per rank (multiprocessing's ``spawn``)."""
+
+    def start(self, cls: type) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._procs: dict[int, Any] = {}
+        for rank in range(self.world_size):
+            p = ctx.Process(target=_spawn_entry, args=(self.spec, rank, os.getpid()),
+                            name=f"process {rank}", daemon=True)
+            p.start()
+            self._procs[rank] = p
+            self.pids[rank] = p.pid  # type: ignore[assignment]
+
+    def _reap(self) -> None:
+        for rank, p in self._procs.items():
+            if rank not in self._exits and p.exitcode is not None:
+                self._exits[rank] = ExitStatus.from_exitcode(p.exitcode)

@@ -1,0 +1,170 @@
+"""The code that runs inside a rank process.
+
+Self-contained: it depends on the standard library, torch and the data
+modules of the core (:mod:`.outcome`, :mod:`.progress`), not on the runners.
+A rank prepares itself right after fork (parent-death signal, environment,
+output to a file, one OpenMP thread, stack dumps on SIGUSR1, collective
+tracking), runs the test class's ``_run`` and leaves its :class:`Outcome` in
+a file of the test's run directory before it exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from disttest._runner import progress
+from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
+
+__unittest = True
+
+__all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_process"]
+
+PR_SET_PDEATHSIG = 1
+STACK_SIGNAL = signal.SIGUSR1
+TEST_ERROR_EXIT_CODE = 10
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to run one test, picklable for the fork server."""
+
+    module: str
+    qualname: str
+    module_file: str | None
+    test_name: str
+    world_size: int
+    run_dir: str
+    file_name: str
+    threads: int | None = 1
+    environ: dict[str, str] = field(default_factory=dict)
+    cwd: str = "."
+    sys_path: list[str] = field(default_factory=list)
+    run_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Context:
+    rank: int
+    spec: RankSpec
+    test_outcome: Outcome | None = None
+
+
+_context: list[_Context] = []  # the one context of this rank process
+
+
+def paths(run_dir: str, rank: int) -> dict[str, str]:
+    """The files of ``rank`` in a run directory."""
+    base = os.path.join(run_dir, f"rank{rank}")
+    return {"outcome": base + ".outcome", "log": base + ".log", "stacks": base + ".stacks",
+            "progress": os.path.join(run_dir, "progress")}
+
+
+def current() -> _Context | None:
+    """This process's rank context, or None outside a rank."""
+    return _context[0] if _context else None
+
+
+def record_test_outcome(outcome: Outcome) -> None:
+    """Called by the test case in the rank once the test body has ended."""
+    ctx = current()
+    if ctx is not None:
+        ctx.test_outcome = outcome
+
+
+def set_parent_death_signal(parent_pid: int) -> None:
+    """Die with SIGKILL when the parent dies (Linux); exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
+    set_parent_death_signal(parent_pid)
+    files = paths(spec.run_dir, rank)
+    # First, so that the parent can read our stack as soon as we exist.
+    stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    os.chdir(spec.cwd)
+    os.environ.clear()
+    os.environ.update(spec.environ)
+    sys.path[:] = spec.sys_path
+    log_fd = os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    if spec.threads is not None:
+        # NB: first tensor-library call after fork; a parent that ran a
+        # parallel op leaves OpenMP unusable here unless we go serial.
+        import torch
+
+        torch.set_num_threads(spec.threads)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    progress.install_tracking()
+    progress.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
+    return files
+
+
+def _tail(path: str, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _final_outcome(ctx: _Context, exc: BaseException | None) -> Outcome:
+    after = outcome_from_exception(ctx.rank, exc)
+    test = ctx.test_outcome
+    if test is None:
+        if exc is not None and after.kind is not Kind.SKIPPED:
+            after.detail = "raised outside the test body (in _run)"
+        return after
+    if test.kind is Kind.PASSED and after.kind is not Kind.PASSED:
+        after.detail = "raised after the test body passed (in _run)"
+        return after
+    return test
+
+
+def write_outcome(path: str, outcome: Outcome) -> None:
+    """Write atomically: the parent never reads half an outcome."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(outcome, f)
+    os.replace(tmp, path)
+
+
+def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
+    """The body of a rank process (forked or spawned); never returns."""
+    code = TEST_ERROR_EXIT_CODE
+    try:
+        files = _prepare(spec, rank, parent_pid)
+        ctx = _Context(rank, spec)
+        _context[:] = [ctx]
+        exc: BaseException | None = None
+        try:
+            cls._run(rank, spec.test_name, spec.file_name, None, **spec.run_kwargs)
+        except BaseException as e:  # noqa: BLE001 (everything is reported)
+            exc = e
+        outcome = _final_outcome(ctx, exc)
+        outcome.output_tail = _tail(files["log"])
+        write_outcome(files["outcome"], outcome)
+        code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

@@ -1,0 +1,154 @@
+"""From per-rank outcomes to one unittest result, with one message per test.
+
+An AssertionError in a rank is a failure (raised as :class:`RankFailure`,
+both ``AssertionError`` and ``RuntimeError`` so suites that assert
+``RuntimeError`` keep passing); anything else that went wrong is an error
+(:class:`RankError`); a skip in any rank with none failing is a skip. The
+message names every failing rank and groups identical tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import unittest
+from collections.abc import Sequence
+
+from disttest._runner.outcome import Kind, Outcome
+
+__unittest = True
+
+__all__ = [
+    "NO_RANKS_STARTED",
+    "RankError",
+    "RankFailure",
+    "RankReport",
+    "format_report",
+    "raise_for_outcomes",
+]
+
+HEADER = "{test!r} {verdict} (disttest): {summary}"
+RANK = "rank {rank}/{world}"
+RANKS = "ranks {ranks}/{world}"
+TIMED_OUT = "{who} did not finish {test!r} within {timeout}s"
+DESYNC = "{detail}: a desync (a collective a finished peer never entered)"
+CRASHED = "{who} {exit} before finishing {test!r}"
+STOPPED = "{who} stopped by disttest after the failure above"
+NO_RANKS_STARTED = (
+    "no ranks were started for {test!r} (disttest): call self._spawn_processes() "
+    "in setUp, or the test passes without running"
+)
+TAIL_CHARS = 2000
+
+
+class RankReport(Exception):
+    """Base of the exceptions a distributed test raises in the parent.
+
+    Fields: ``test``, ``world_size``, ``timeout``, ``outcomes`` (one
+    :class:`Outcome` per rank) and ``ranks`` (the failing ones).
+    """
+
+    def __init__(self, message: str, test: str, world_size: int, timeout: float | None,
+                 outcomes: Sequence[Outcome]) -> None:
+        super().__init__(message)
+        self.test = test
+        self.world_size = world_size
+        self.timeout = timeout
+        self.outcomes = list(outcomes)
+        self.ranks = [o.rank for o in outcomes if o.kind.is_cause]
+
+
+class RankFailure(RankReport, AssertionError, RuntimeError):
+    """A rank's assertion failed (a unittest failure; also a RuntimeError)."""
+
+
+class RankError(RankReport, RuntimeError):
+    """A rank raised, crashed, hung or desynchronised (a unittest error)."""
+
+
+def _who(ranks: Sequence[int], world: int) -> str:
+    if len(ranks) == 1:
+        return RANK.format(rank=ranks[0], world=world)
+    return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
+
+
+def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
+    if o.kind is Kind.TIMED_OUT:
+        return TIMED_OUT.format(who=who, test=test, timeout=timeout)
+    if o.kind is Kind.DESYNC:
+        return DESYNC.format(detail=o.detail)
+    if o.kind is Kind.CRASHED:
+        exit_text = o.exit.describe() if o.exit else "exited"
+        return CRASHED.format(who=who, exit=exit_text, test=test) + (f" ({o.detail})" if o.detail else "")
+    if o.kind is Kind.STOPPED:
+        return STOPPED.format(who=who)
+    return f"{who}: {o.exc_type}: {o.message}".rstrip(": ")
+
+
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_stack(stacks: str) -> str:
+    """A faulthandler dump without the frames of disttest's own rank loop."""
+    keep = [
+        line for line in stacks.rstrip().splitlines()
+        if not (line.strip().startswith("File ") and (_OWN in line or '"<string>"' in line))
+    ]
+    return "\n".join(keep)
+
+
+def _body(o: Outcome) -> str:
+    parts = []
+    if o.traceback:
+        parts.append(o.traceback.rstrip())
+    if o.stacks:
+        parts.append("its stack (all threads):\n" + _user_stack(o.stacks))
+    if o.output_tail.strip() and o.kind in (Kind.CRASHED, Kind.ERRORED, Kind.TIMED_OUT):
+        parts.append("its output ends:\n" + o.output_tail[-TAIL_CHARS:].rstrip())
+    return "\n".join(parts)
+
+
+def format_report(test: str, world_size: int, timeout: float | None,
+                  outcomes: Sequence[Outcome], verdict: str) -> str:
+    """The message: a header naming the failing ranks, then each rank's
+    cause, identical ones grouped ("ranks 1, 2/4: ...")."""
+    groups: dict[tuple[str, ...], list[Outcome]] = {}
+    for o in outcomes:
+        if o.kind.is_cause or o.kind is Kind.STOPPED:
+            key = (o.kind.value, o.exc_type, o.message, o.traceback, o.stacks, o.detail)
+            groups.setdefault(key, []).append(o)
+    # Causes first, then the ranks disttest stopped because of them.
+    ordered = sorted(groups.values(), key=lambda g: not g[0].kind.is_cause)
+    summary = "; ".join(
+        _line(g[0], _who([o.rank for o in g], world_size), test, timeout)
+        for g in ordered if g[0].kind.is_cause
+    )
+    lines = [HEADER.format(test=test, verdict=verdict, summary=(summary.splitlines() or [""])[0])]
+    for group in ordered:
+        lines.append("")
+        lines.append(_line(group[0], _who([o.rank for o in group], world_size), test, timeout))
+        body = _body(group[0])
+        if body:
+            lines.append(body)
+    return "\n".join(lines)
+
+
+def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
+                       outcomes: Sequence[Outcome]) -> None:
+    """Raise the unittest outcome for ``outcomes``; return if all passed.
+
+    A skip in any rank wins over desyncs and stops it caused (the skipping
+    rank left its peers waiting); real failures win over skips.
+    """
+    kinds = {o.kind for o in outcomes}
+    hard = [o for o in outcomes if o.kind in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT)]
+    skipped = [o for o in outcomes if o.kind is Kind.SKIPPED]
+    if skipped and not hard:
+        reasons = sorted({o.message for o in skipped})
+        raise unittest.SkipTest("; ".join(reasons))
+    if not (kinds & {k for k in Kind if k.is_cause}):
+        return
+    only_assertions = all(o.kind is Kind.FAILED for o in outcomes if o.kind.is_cause)
+    cls: type[RankReport] = RankFailure if only_assertions else RankError
+    verdict = "failed" if only_assertions else "errored"
+    raise cls(format_report(test, world_size, timeout, outcomes, verdict),
+              test, world_size, timeout, outcomes)

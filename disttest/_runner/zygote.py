@@ -1,0 +1,255 @@
+"""The fork server: fresh rank processes at fork speed.
+
+One server per test process, started on first use with a fresh interpreter.
+It imports torch and disttest, then, per request, the test's module (once),
+and forks the ranks; it never runs tensor code, so its children may use
+OpenMP. It reaps its children and reports each exit to the test process.
+It dies with the test process (parent-death signal), and its ranks die with
+it, so no rank outlives a killed test run.
+
+Protocol over two pipes (``multiprocessing.connection`` framing):
+``("start", run_id, spec)`` -> ``("started", run_id, {rank: pid})`` or
+``("error", run_id, text)``; then ``("exit", run_id, rank, wait_status)`` per
+rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import importlib.util
+import itertools
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from disttest._runner import rank as rank_mod
+from disttest._runner.launcher import ProcessLauncher
+from disttest._runner.outcome import ExitStatus
+
+__unittest = True
+
+__all__ = ["ZygoteLauncher", "ZygoteUnavailable", "main", "resolve_class"]
+
+START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
+
+
+class ZygoteUnavailable(RuntimeError):
+    """The fork server could not run this test (it says why)."""
+
+
+def resolve_class(spec: rank_mod.RankSpec) -> type:
+    """Import the test's module (by name, or ``__main__`` by file) and find
+    the class by its qualified name."""
+    if spec.module == "__main__":
+        module = sys.modules.get("__mp_main__")
+        if module is None or getattr(module, "__file__", None) != spec.module_file:
+            if not spec.module_file:
+                raise ImportError("the test's __main__ module has no file")
+            loader_spec = importlib.util.spec_from_file_location("__mp_main__", spec.module_file)
+            assert loader_spec is not None and loader_spec.loader is not None
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules["__mp_main__"] = module
+            loader_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(spec.module)
+    obj: Any = module
+    for part in spec.qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# --- server side ----------------------------------------------------------------
+
+
+def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
+    """Run the fork server until the test process closes the pipe or dies."""
+    rank_mod.set_parent_death_signal(parent_pid)
+    # Preload what every rank needs, so that no rank pays for it. Imports
+    # only: no tensor work happens here (see the fork trap).
+    import numpy.random  # noqa: F401 (set_rng_seed seeds it in every rank)
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401 (assert_close imports it lazily)
+    import torch.testing  # noqa: F401
+
+    import disttest  # noqa: F401
+    from disttest._runner import progress
+
+    progress.install_tracking()
+    inbox = Connection(read_fd, writable=False)
+    outbox = Connection(write_fd, readable=False)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, tuple[int, int]] = {}  # pid -> (run_id, rank)
+    outbox.send(("ready", os.getpid()))
+    while True:
+        ready, _, _ = select.select([inbox.fileno(), wake_r], [], [], 0.5)
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+        _reap(children, outbox)
+        if read_fd not in ready:
+            continue
+        try:
+            message = inbox.recv()
+        except (EOFError, OSError):
+            break
+        if message[0] != "start":
+            continue
+        _, run_id, spec = message
+        try:
+            sys.path[:] = spec.sys_path
+            cls = resolve_class(spec)
+        except BaseException:  # noqa: BLE001 (reported to the test process)
+            outbox.send(("error", run_id, traceback.format_exc()))
+            continue
+        pids = {}
+        for r in range(spec.world_size):
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (read_fd, write_fd, wake_r, wake_w):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                rank_mod.run_rank_process(cls, spec, r, parent_pid=os.getppid())
+            children[pid] = (run_id, r)
+            pids[r] = pid
+        outbox.send(("started", run_id, pids))
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(0)
+
+
+def _reap(children: dict[int, tuple[int, int]], outbox: Connection) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid in children:
+            run_id, r = children.pop(pid)
+            outbox.send(("exit", run_id, r, status))
+
+
+# --- client side ----------------------------------------------------------------
+
+
+class _Client:
+    """The test process's handle on its fork server."""
+
+    def __init__(self) -> None:
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        code = (
+            f"import sys; sys.path[:0] = {sys.path!r}; "
+            f"from disttest._runner.zygote import main; main({child_r}, {child_w}, {os.getpid()})"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(child_r, child_w), close_fds=True,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(child_r)
+        os.close(child_w)
+        self.inbox = Connection(parent_r, writable=False)
+        self.outbox = Connection(parent_w, readable=False)
+        self.runs: dict[int, ZygoteLauncher] = {}
+        self.ids = itertools.count(1)
+        if not self.inbox.poll(START_TIMEOUT):
+            self.close()
+            raise ZygoteUnavailable(f"the fork server did not start within {START_TIMEOUT}s")
+        self.inbox.recv()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def pump(self, timeout: float = 0.0) -> None:
+        """Deliver every message that has arrived."""
+        while self.inbox.poll(timeout):
+            timeout = 0.0
+            try:
+                message = self.inbox.recv()
+            except (EOFError, OSError):
+                return
+            launcher = self.runs.get(message[1])
+            if launcher is not None:
+                launcher._deliver(message)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.outbox.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+_clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its parent's
+
+
+def _client() -> _Client:
+    client = _clients.get(os.getpid())
+    if client is None or not client.alive():
+        client = _clients[os.getpid()] = _Client()
+    return client
+
+
+@atexit.register
+def _shutdown() -> None:
+    client = _clients.pop(os.getpid(), None)
+    if client is not None:
+        client.close()
+
+
+class ZygoteLauncher(ProcessLauncher):
+    """Ranks forked by the fork server."""
+
+    def start(self, cls: type) -> None:
+        client = _client()
+        self._client = client
+        self._run_id = next(client.ids)
+        self._error: str | None = None
+        client.runs[self._run_id] = self
+        client.outbox.send(("start", self._run_id, self.spec))
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.pids and self._error is None:
+            if time.monotonic() > deadline or not client.alive():
+                raise ZygoteUnavailable("the fork server did not answer")
+            client.pump(0.05)
+        if self._error is not None:
+            client.runs.pop(self._run_id, None)
+            raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
+
+    def _deliver(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "started":
+            self.pids.update(message[2])
+        elif kind == "error":
+            self._error = message[2]
+        elif kind == "exit":
+            self._exits[message[2]] = ExitStatus.from_wait_status(message[3])
+
+    def _reap(self) -> None:
+        self._client.pump()
+        if not self._client.alive():
+            for r in self.pids:
+                self._exits.setdefault(r, ExitStatus(code=None))
+
+    def close(self) -> None:
+        super().close()
+        self._client.runs.pop(self._run_id, None)

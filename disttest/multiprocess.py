@@ -1,0 +1,312 @@
+"""``MultiProcessTestCase``: fresh rank processes for every test.
+
+The parent (the process unittest runs) starts ``world_size`` rank processes
+in ``setUp`` (``self._spawn_processes()``, the upstream idiom); each rank
+runs the test method with ``self.rank`` set; the parent's copy of the test
+method joins them through the shared core and turns their outcomes into the
+test's result. Ranks are forked from a fork server by default (fresh
+processes and a fresh process group per test, at fork speed).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import tempfile
+import time
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disttest._runner import rank as rank_mod
+from disttest._runner.join import join
+from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
+from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
+from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for_outcomes
+from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
+from disttest.case import TestCase
+from disttest.config import (
+    DEFAULT_WORLD_SIZE,
+    ConfigError,
+    get_timeout,
+    parse_timeout,
+    parse_world_size,
+)
+from disttest.skips import get_required_world_size, precheck_skip
+
+__unittest = True
+
+__all__ = ["START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
+
+START_METHOD_ENV = "DISTTEST_START_METHOD"
+_LAUNCHERS: dict[str, type[ProcessLauncher]] = {
+    "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
+}
+
+
+class MultiProcessTestCase(TestCase):
+    """Runs each test method in ``world_size`` fresh rank processes.
+
+    Call ``self._spawn_processes()`` in ``setUp``. The test body then runs in
+    every rank (``self.rank``, ``self.world_size``, ``self.file_name``: a
+    fresh rendezvous file). The parent waits at most ``timeout`` seconds
+    (class attribute; else ``get_timeout(test_id)``), fails fast when a rank
+    fails or dies, reports a desync when a rank waits in a collective that a
+    finished peer never entered, and puts the stacks of every rank it had to
+    stop into the report. No rank outlives its test.
+    """
+
+    MAIN_PROCESS_RANK = -1
+    TEST_ERROR_EXIT_CODE = rank_mod.TEST_ERROR_EXIT_CODE
+    #: Per-test limit in seconds; None: ``get_timeout(self.id())``.
+    timeout: float | None = None
+    #: How ranks start: "zygote" (default), "fork" or "spawn" (for CUDA).
+    start_method: str = "zygote"
+    #: OpenMP threads per forked rank (None: torch's default). NB: more than
+    #: one is only safe when the forking process ran no parallel op.
+    rank_threads: int | None = 1
+
+    def _should_stop_test_suite(self) -> bool:
+        return False
+
+    @property
+    def destroy_pg_upon_exit(self) -> bool:
+        """Hook: whether a rank destroys the default group after a passing test."""
+        return True
+
+    @property
+    def world_size(self) -> int:
+        return DEFAULT_WORLD_SIZE
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+    def __init__(self, method_name: str = "runTest", methodName: str = "runTest") -> None:
+        if methodName != "runTest":
+            method_name = methodName
+        super().__init__(method_name)
+        self.rank = self.MAIN_PROCESS_RANK
+        self._launcher: ProcessLauncher | None = None
+        try:
+            fn = getattr(self, method_name)
+        except AttributeError as e:
+            if methodName != "runTest":
+                raise ValueError(f"no such test method in {self.__class__}: {methodName}") from e
+        else:
+            setattr(self, method_name, self.join_or_run(fn))
+
+    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Hook: the parent joins the ranks; a rank runs ``fn``."""
+
+        @functools.wraps(fn)
+        def wrapper(self: MultiProcessTestCase) -> Any:
+            if self.rank == self.MAIN_PROCESS_RANK:
+                return self._join_processes(fn)
+            return fn()
+
+        return types.MethodType(wrapper, self)
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.special_return_code_checks: dict[Any, int] = {}
+        self.skip_return_code_checks: list[Any] = []
+        self.processes: list[Any] = []
+        self.pid_to_pipe: dict[int, Any] = {}
+        self.rank = self.MAIN_PROCESS_RANK
+        self.run_dir = tempfile.mkdtemp(prefix="disttest-run-")
+        self.addCleanup(self._cleanup_run)
+        self.file_name = os.path.join(self.run_dir, "rendezvous")
+        open(self.file_name, "w").close()
+
+    def _cleanup_run(self) -> None:
+        if self._launcher is not None:
+            self._launcher.close()
+            self._launcher = None
+        self.processes = []
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _current_test_name(self) -> str:
+        return self.id().split(".")[-1]
+
+    def _effective_world_size(self) -> int:
+        size = get_required_world_size(self, self.world_size)
+        return parse_world_size(size, f"{type(self).__name__}.world_size")
+
+    def _test_timeout(self) -> float:
+        if self.timeout is not None:
+            return parse_timeout(self.timeout, f"{type(self).__name__}.timeout")
+        return get_timeout(self.id())
+
+    def _spawn_processes(self, start_method: str | None = None) -> None:
+        """Start the ranks for the current test (call in ``setUp``).
+
+        ``start_method``: "zygote", "fork" or "spawn"; default: the
+        ``DISTTEST_START_METHOD`` variable, else the class's ``start_method``.
+        A skip decided by the test's decorators is raised here, before any
+        rank starts.
+        """
+        method = self._test_method_function()
+        skip = precheck_skip(self, method) if method is not None else None
+        if skip is not None:
+            raise skip
+        if start_method is not None:
+            where = "_spawn_processes(start_method=...)"
+        elif os.environ.get(START_METHOD_ENV):
+            start_method, where = os.environ[START_METHOD_ENV], f"environment variable {START_METHOD_ENV}"
+        else:
+            start_method, where = self.start_method, f"{type(self).__name__}.start_method"
+        if start_method not in START_METHODS:
+            raise ConfigError("start method", start_method, where, f"expected one of {START_METHODS}")
+        self._start_processes(start_method)
+
+    def _test_method_function(self) -> Callable[..., Any] | None:
+        return getattr(type(self), self._testMethodName, None)
+
+    def _start_processes(self, proc: Any = None) -> None:
+        """Hook: start the ranks with ``proc`` (a start method name; an
+        upstream ``Process`` class means "spawn")."""
+        method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
+        cls = type(self)
+        module = sys.modules.get(cls.__module__)
+        module_file = getattr(module, "__file__", None)
+        if method == "zygote" and ("<locals>" in cls.__qualname__ or module_file is None):
+            method = "fork"  # the fork server cannot import this class by name
+        spec = rank_mod.RankSpec(
+            module=cls.__module__, qualname=cls.__qualname__, module_file=module_file,
+            test_name=self._current_test_name(), world_size=self._effective_world_size(),
+            run_dir=self.run_dir, file_name=self.file_name,
+            threads=None if method == "spawn" else self.rank_threads,
+            environ=dict(os.environ), cwd=os.getcwd(), sys_path=list(sys.path),
+            run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
+        )
+        launcher = _LAUNCHERS[method](spec)
+        try:
+            launcher.start(cls)
+        except ZygoteUnavailable as e:
+            warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
+            launcher.close()
+            launcher = ForkLauncher(spec)
+            launcher.start(cls)
+        self._launcher = launcher
+        self.processes = launcher.processes()
+
+    def _join_processes(self, fn: Callable[[], Any]) -> None:
+        """Hook: wait for the ranks and raise the test's result."""
+        if self._launcher is None:
+            test = self._current_test_name()
+            raise RankError(NO_RANKS_STARTED.format(test=test), test, 0, None, [])
+        start = time.monotonic()
+        self._outcomes = join(self._launcher, self._test_timeout())
+        self._check_return_codes(fn, time.monotonic() - start)
+
+    def _check_return_codes(self, fn: Callable[[], Any], elapsed_time: float) -> None:
+        """Hook: turn the ranks' outcomes into the test's result.
+
+        Exit codes listed in ``special_return_code_checks[fn]`` count as
+        passing; with ``fn`` in ``skip_return_code_checks`` a rank that died
+        without reporting is not a cause.
+        """
+        outcomes = getattr(self, "_outcomes", None)
+        if not outcomes:
+            test = self._current_test_name()
+            raise RankError(NO_RANKS_STARTED.format(test=test), test, 0, None, [])
+        expected = self.special_return_code_checks.get(fn)
+        lenient = fn in self.skip_return_code_checks
+        for o in outcomes:
+            if o.kind is Kind.CRASHED and o.exit is not None and (
+                lenient or (expected is not None and o.exit.code == expected)
+            ):
+                o.kind = Kind.PASSED
+        raise_for_outcomes(self._current_test_name(), len(outcomes), self._test_timeout(), outcomes)
+
+    # --- inside a rank -----------------------------------------------------
+
+    @classmethod
+    def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any) -> None:
+        """Hook, in the rank: build the test case and run the test."""
+        self = cls(test_name)
+        self.rank = rank
+        self.file_name = file_name
+        self.run_test(test_name, parent_pipe)
+
+    def run_test(self, test_name: str, parent_pipe: Any = None) -> None:
+        """In the rank: seed, run the test body, record its outcome.
+
+        A failing or skipped body ends the rank here (as upstream, whose
+        ``_run`` overrides rely on it); after a passing body the default group
+        is destroyed if ``destroy_pg_upon_exit``.
+        """
+        from disttest.case import set_rng_seed
+
+        os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"
+        set_rng_seed(self.seed)
+        exc: BaseException | None = None
+        try:
+            getattr(self, test_name)()
+        except BaseException as e:  # noqa: BLE001 (everything is reported)
+            exc = e
+        outcome: Outcome = outcome_from_exception(self.rank, exc)
+        rank_mod.record_test_outcome(outcome)
+        if outcome.kind is not Kind.PASSED:
+            raise SystemExit(self.TEST_ERROR_EXIT_CODE)
+        if self.destroy_pg_upon_exit and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class DistributedTestBase(MultiProcessTestCase):
+    """A MultiProcessTestCase that starts its ranks in ``setUp`` and makes
+    the process group by device type (gloo on CPU, nccl on CUDA...)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        previous = os.environ.get("WORLD_SIZE")
+        os.environ["WORLD_SIZE"] = str(self.world_size)
+        self.addCleanup(_restore_env, "WORLD_SIZE", previous)
+        self._spawn_processes()
+
+    def backend(self, device: str) -> str:
+        """The c10d backend for ``device``."""
+        if "cuda" in device:
+            return "nccl"
+        if "hpu" in device:
+            return "hccl"
+        if "xpu" in device:
+            return "xccl"
+        return "gloo"
+
+    def create_pg(self, device: str, world_size: int | None = None) -> Any:
+        """In a rank: make the default group for ``device`` through the test's
+        rendezvous file, and return it."""
+        world_size = self.world_size if world_size is None else world_size
+        store = dist.FileStore(self.file_name, world_size)
+        backend = self.backend(device)
+        dist.init_process_group(backend=backend, world_size=world_size, rank=self.rank, store=store)
+        if "nccl" in backend or "xccl" in backend:
+            accelerator = torch.accelerator.current_accelerator()
+            if accelerator is None:
+                raise RuntimeError(
+                    f"expected an accelerator for the {backend} backend, found none (disttest)"
+                )
+            dev = torch.device(f"{accelerator.type}:{self.rank}")
+            torch.set_default_device(dev)
+            torch.accelerator.set_device_index(dev)
+        return dist.distributed_c10d._get_default_group()
+
+    def rank_to_device(self, device: str) -> dict[int, list[int]]:
+        """``{rank: [device index]}``, round-robin over the visible devices."""
+        count = max(1, torch.get_device_module(device).device_count())
+        return {i: [i % count] for i in range(self.world_size)}
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
