@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from disttest._runner.report import RankError, RankFailure
+from disttest._runner.report import RankError, RankFailure, RankReport
 from disttest.barrier import Barrier, BarrierTimeout, lock
 from disttest.case import TestCase, assert_equal, set_rng_seed
 from disttest.config import DEFAULT_WORLD_SIZE, TIMEOUT_OVERRIDE, ConfigError, get_timeout
@@ -118,6 +118,7 @@ __all__ = [
     "ONLY_SBN_NET",
     "RankError",
     "RankFailure",
+    "RankReport",
     "SaveForwardInputsModel",
     "SaveForwardInputsModule",
     "TEST_SKIPS",

@@ -13,24 +13,50 @@ import time
 
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
+from disttest._runner.progress import InFlight
 
 __unittest = True
 
 __all__ = ["POLL_INTERVAL", "join"]
 
 POLL_INTERVAL = 0.01
+#: After the first failure, how long the other ranks get to report their own
+#: (ranks often fail together, a few ms apart) before they are stopped.
+FAIL_GRACE = 0.5
 DESYNC_DETAIL = "rank {peer}/{world} finished; rank {rank}/{world} waits in {what}"
+CONSEQUENCE = "rank {rank}/{world} failed in {what}, which rank {peer}/{world} never entered"
 
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
     outcome = launcher.outcome(rank)
     if outcome is None:
-        return Outcome(rank, Kind.CRASHED, exit=status)
+        return Outcome(rank, Kind.CRASHED, exit=status, output_tail=launcher.output(rank))
     outcome.exit = status
     if status.signal is not None and outcome.kind is not Kind.CRASHED:
         outcome.detail = f"after reporting {outcome.kind.value}"
         outcome.kind = Kind.CRASHED
     return outcome
+
+
+def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
+    peer, flight = found
+    return DESYNC_DETAIL.format(peer=peer, rank=flight.rank, world=world, what=flight.describe())
+
+
+def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed: list[int],
+             world: int) -> None:
+    """Reclassify a rank that raised inside a collective an ended peer never
+    entered: a desync if that peer finished, a consequence if it failed."""
+    found = launcher.desync([o.rank], finished, ended=True)
+    if found is not None:
+        o.kind = Kind.DESYNC
+        o.detail = _desync_detail(found, world)
+        return
+    found = launcher.desync([o.rank], failed, ended=True)
+    if found is not None:
+        peer, flight = found
+        o.kind = Kind.STOPPED
+        o.detail = CONSEQUENCE.format(rank=o.rank, world=world, what=flight.describe(), peer=peer)
 
 
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
@@ -46,25 +72,32 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     """Wait for all ranks of ``launcher``; return one outcome per rank."""
     world = launcher.world_size
     deadline = time.monotonic() + timeout
+    grace_end: float | None = None
     outcomes: dict[int, Outcome] = {}
+    explained: set[int] = set()
     while True:
         for r, status in launcher.poll().items():
             if r not in outcomes:
                 outcomes[r] = _ended(launcher, r, status)
+        finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
+        failed = [r for r, o in outcomes.items() if o.kind.is_cause]
+        for r in [r for r, o in outcomes.items() if o.kind is Kind.ERRORED and r not in explained]:
+            explained.add(r)
+            _explain(launcher, outcomes[r], finished, [p for p in failed if p != r], world)
         live = [r for r in range(world) if r not in outcomes]
         if not live:
             break
-        if any(o.kind.is_cause for o in outcomes.values()):
+        if grace_end is None and any(o.kind.is_cause for o in outcomes.values()):
+            grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
+        if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, live, outcomes, {}, {})
             break
-        found = launcher.desync(live, sorted(outcomes))
+        found = launcher.desync(live, finished)
         if found is not None:
-            peer, flight = found
-            detail = DESYNC_DETAIL.format(peer=peer, rank=flight.rank, world=world,
-                                          what=flight.describe())
-            _stop(launcher, live, outcomes, {flight.rank: Kind.DESYNC}, {flight.rank: detail})
+            rank = found[1].rank
+            _stop(launcher, live, outcomes, {rank: Kind.DESYNC}, {rank: _desync_detail(found, world)})
             break
-        if time.monotonic() > deadline:
+        if grace_end is None and time.monotonic() > deadline:
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
             break
         time.sleep(poll_interval)

@@ -51,8 +51,14 @@ class Launcher(Protocol):
         """The outcome ``rank`` reported, or None if it reported none."""
         ...
 
-    def desync(self, live: Sequence[int], finished: Sequence[int]) -> tuple[int, InFlight] | None:
-        """A live rank waiting in a collective a finished peer never entered."""
+    def output(self, rank: int) -> str:
+        """The end of what ``rank`` printed (for a rank that reported nothing)."""
+        ...
+
+    def desync(self, ranks: Sequence[int], finished: Sequence[int],
+               ended: bool = False) -> tuple[int, InFlight] | None:
+        """One of ``ranks`` waiting in (``ended``: died in) a collective that a
+        finished peer never entered."""
         ...
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
@@ -130,8 +136,12 @@ class ProcessLauncher:
         except FileNotFoundError:
             return None
 
-    def desync(self, live: Sequence[int], finished: Sequence[int]) -> tuple[int, InFlight] | None:
-        return find_desync(self.board, live, finished)
+    def output(self, rank: int) -> str:
+        return rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"])
+
+    def desync(self, ranks: Sequence[int], finished: Sequence[int],
+               ended: bool = False) -> tuple[int, InFlight] | None:
+        return find_desync(self.board, ranks, finished, ended)
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         files = {r: rank_mod.paths(self.spec.run_dir, r)["stacks"] for r in ranks}

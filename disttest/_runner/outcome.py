@@ -10,8 +10,9 @@ import enum
 import signal
 import traceback
 import unittest
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from disttest.skips import skip_for_exit_code
 
@@ -81,7 +82,9 @@ class Outcome:
     stacks: str = ""
     output_tail: str = ""
     detail: str = ""  # desync or timeout explanation
-    collective_counts: dict[str, int] = field(default_factory=dict)
+    #: The rank's traceback (user frames only) as tblib data, so the parent
+    #: can attach it to the report and pytest shows the failing line.
+    tb_data: dict[str, Any] | None = None
 
     @property
     def skip_reason(self) -> str:
@@ -103,6 +106,27 @@ def _frames(exc: BaseException) -> list[tuple[FrameType, int]]:
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def _tb_data(exc: BaseException) -> dict[str, Any] | None:
+    frames = _frames(exc)
+    if not frames:
+        return None
+    try:
+        from tblib import Traceback
+
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame is not frames[0][0]:
+            tb = tb.tb_next
+        data: dict[str, Any] = Traceback(tb).to_dict()
+    except Exception:  # noqa: BLE001 (the text report still has it all)
+        return None
+    # Cut at the user's last frame, as the text does.
+    node, kept = data, 1
+    while node.get("tb_next") is not None and kept < len(frames):
+        node, kept = node["tb_next"], kept + 1
+    node["tb_next"] = None
+    return data
 
 
 def _format(exc: BaseException) -> str:
@@ -138,4 +162,4 @@ def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
             rank, Kind.ERRORED, name, f"sys.exit({exc.code!r}) in the test", _format(exc)
         )
     kind = Kind.FAILED if isinstance(exc, AssertionError) else Kind.ERRORED
-    return Outcome(rank, kind, name, str(exc), _format(exc))
+    return Outcome(rank, kind, name, str(exc), _format(exc), tb_data=_tb_data(exc))

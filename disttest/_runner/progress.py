@@ -99,9 +99,11 @@ class ProgressBoard:
                 return json.loads(raw) if length else None
         return None
 
-    def in_flight(self, rank: int) -> InFlight | None:
+    def in_flight(self, rank: int, include_failed: bool = False) -> InFlight | None:
+        """The collective ``rank`` waits in; with ``include_failed``, also one
+        that raised (for a rank that has ended)."""
         record = self.read(rank)
-        if not record or not record.get("op"):
+        if not record or not record.get("op") or (record.get("failed") and not include_failed):
             return None
         return InFlight(rank, record["op"], record["seq"], record["group"], tuple(record["peers"]))
 
@@ -113,14 +115,16 @@ class ProgressBoard:
         self._map.close()
 
 
-def find_desync(board: ProgressBoard, live: Iterable[int], finished: Iterable[int]) -> tuple[int, InFlight] | None:
-    """(finished peer, what a live rank waits in) when a live rank waits in a
-    collective that a finished peer never entered; else None."""
+def find_desync(board: ProgressBoard, ranks: Iterable[int], finished: Iterable[int],
+                ended: bool = False) -> tuple[int, InFlight] | None:
+    """(finished peer, what a rank waits in) when one of ``ranks`` waits in
+    (or, with ``ended``, died in) a collective that a finished peer never
+    entered; else None."""
     finished = list(finished)
     if not finished:
         return None
-    for rank in live:
-        flight = board.in_flight(rank)
+    for rank in ranks:
+        flight = board.in_flight(rank, include_failed=ended)
         if flight is None:
             continue
         for peer in finished:
@@ -145,8 +149,14 @@ class _Tracker:
                   "peers": peers, "counts": self.counts}
         self.board.write(self.rank, record)
 
-    def leave(self) -> None:
-        self.board.write(self.rank, {"op": None, "counts": self.counts})
+    def leave(self, failed: bool) -> None:
+        if failed:
+            # Keep the record: the parent tells a desync from a plain error by
+            # the collective a rank died in.
+            record = self.board.read(self.rank) or {}
+            self.board.write(self.rank, {**record, "failed": True, "counts": self.counts})
+        else:
+            self.board.write(self.rank, {"op": None, "counts": self.counts})
 
 
 _local = threading.local()
@@ -200,11 +210,14 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         except Exception:  # never let bookkeeping break the user's call
             return func(*args, **kwargs)
         tracker.depth += 1
+        failed = True
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            failed = False
+            return result
         finally:
             tracker.depth -= 1
-            tracker.leave()
+            tracker.leave(failed)
 
     tracked.__disttest_tracked__ = True  # type: ignore[attr-defined]
     return tracked

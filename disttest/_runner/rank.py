@@ -115,7 +115,8 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     return files
 
 
-def _tail(path: str, limit: int = 4000) -> str:
+def tail(path: str, limit: int = 4000) -> str:
+    """The last ``limit`` bytes of a file, as text (empty if unreadable)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -159,7 +160,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
         outcome = _final_outcome(ctx, exc)
-        outcome.output_tail = _tail(files["log"])
+        outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
     finally:

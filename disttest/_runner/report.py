@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import unittest
 from collections.abc import Sequence
+from types import TracebackType
 
 from disttest._runner.outcome import Kind, Outcome
 
@@ -65,6 +66,12 @@ class RankError(RankReport, RuntimeError):
     """A rank raised, crashed, hung or desynchronised (a unittest error)."""
 
 
+# Shown to users as disttest.RankFailure / disttest.RankError (and pickled by
+# that name), where they import them from.
+for _cls in (RankReport, RankFailure, RankError):
+    _cls.__module__ = "disttest"
+
+
 def _who(ranks: Sequence[int], world: int) -> str:
     if len(ranks) == 1:
         return RANK.format(rank=ranks[0], world=world)
@@ -75,12 +82,13 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
         return TIMED_OUT.format(who=who, test=test, timeout=timeout)
     if o.kind is Kind.DESYNC:
-        return DESYNC.format(detail=o.detail)
+        text = DESYNC.format(detail=o.detail)
+        return f"{text}; it raised {o.exc_type}: {o.message}" if o.exc_type else text
     if o.kind is Kind.CRASHED:
         exit_text = o.exit.describe() if o.exit else "exited"
         return CRASHED.format(who=who, exit=exit_text, test=test) + (f" ({o.detail})" if o.detail else "")
     if o.kind is Kind.STOPPED:
-        return STOPPED.format(who=who)
+        return f"{o.detail} (a consequence)" if o.detail else STOPPED.format(who=who)
     return f"{who}: {o.exc_type}: {o.message}".rstrip(": ")
 
 
@@ -94,6 +102,16 @@ def _user_stack(stacks: str) -> str:
         if not (line.strip().startswith("File ") and (_OWN in line or '"<string>"' in line))
     ]
     return "\n".join(keep)
+
+
+def _short(o: Outcome, who: str, timeout: float | None) -> str:
+    if o.kind is Kind.TIMED_OUT:
+        return f"{who} timed out after {timeout}s"
+    if o.kind is Kind.DESYNC:
+        return f"desync ({o.detail})"
+    if o.kind is Kind.CRASHED:
+        return f"{who} {o.exit.describe() if o.exit else 'exited'}"
+    return f"{who} raised {o.exc_type}"
 
 
 def _body(o: Outcome) -> str:
@@ -119,10 +137,10 @@ def format_report(test: str, world_size: int, timeout: float | None,
     # Causes first, then the ranks disttest stopped because of them.
     ordered = sorted(groups.values(), key=lambda g: not g[0].kind.is_cause)
     summary = "; ".join(
-        _line(g[0], _who([o.rank for o in g], world_size), test, timeout)
+        _short(g[0], _who([o.rank for o in g], world_size), timeout)
         for g in ordered if g[0].kind.is_cause
     )
-    lines = [HEADER.format(test=test, verdict=verdict, summary=(summary.splitlines() or [""])[0])]
+    lines = [HEADER.format(test=test, verdict=verdict, summary=summary)]
     for group in ordered:
         lines.append("")
         lines.append(_line(group[0], _who([o.rank for o in group], world_size), test, timeout))
@@ -150,5 +168,20 @@ def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
     only_assertions = all(o.kind is Kind.FAILED for o in outcomes if o.kind.is_cause)
     cls: type[RankReport] = RankFailure if only_assertions else RankError
     verdict = "failed" if only_assertions else "errored"
-    raise cls(format_report(test, world_size, timeout, outcomes, verdict),
-              test, world_size, timeout, outcomes)
+    report = cls(format_report(test, world_size, timeout, outcomes, verdict),
+                 test, world_size, timeout, outcomes)
+    raise report.with_traceback(_rank_traceback(outcomes))
+
+
+def _rank_traceback(outcomes: Sequence[Outcome]) -> TracebackType | None:
+    """The first failing rank's own traceback, rebuilt, so that pytest (which
+    hides frames of modules that set __unittest) shows the user's line."""
+    for o in outcomes:
+        if o.kind.is_cause and o.tb_data:
+            try:
+                from tblib import Traceback
+
+                return Traceback.from_dict(o.tb_data).as_traceback()
+            except Exception:  # noqa: BLE001 (the message has the text anyway)
+                return None
+    return None

@@ -1,0 +1,247 @@
+"""MultiProcessTestCase classes that tests/test_multiprocess.py runs into a
+recording result. At module level (not in test_*.py, so pytest does not
+collect them) so that the fork server can import them by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import unittest
+
+import torch
+import torch.distributed as dist
+
+import disttest
+from disttest import TEST_SKIPS, MultiProcessTestCase
+
+
+def init_pg(case: MultiProcessTestCase) -> None:
+    store = dist.FileStore(case.file_name, case.world_size)
+    dist.init_process_group("gloo", store=store, rank=case.rank, world_size=case.world_size)
+
+
+class Base(MultiProcessTestCase):
+    timeout = 30
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+
+class Outcomes(Base):
+    """One test per outcome the core must report."""
+
+    def test_pass(self):
+        init_pg(self)
+        t = torch.full((3,), float(self.rank))
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((3,), 1.0))
+
+    def test_assertion_in_rank_1(self):
+        if self.rank == 1:
+            self.assertEqual(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 5.0]))
+
+    def test_exception_in_rank_1(self):
+        if self.rank == 1:
+            raise ValueError(f"boom in rank {self.rank}")
+
+    def test_skip_by_skiptest(self):
+        raise unittest.SkipTest("not today")
+
+    def test_skip_by_exit_code_in_one_rank(self):
+        if self.rank == 1:
+            sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
+
+    @disttest.skip_if_lt_x_gpu(2)
+    def test_skip_decorator(self):
+        raise AssertionError("must not run: the parent decides the skip")
+
+    def test_os_exit_in_rank_1(self):
+        if self.rank == 1:
+            os._exit(3)
+
+    def test_signal_in_rank_1(self):
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    def test_sys_exit_nonzero(self):
+        if self.rank == 0:
+            sys.exit(5)
+
+
+class Fast(Base):
+    """A failing rank ends the test long before its peers would."""
+
+    def test_rank_1_fails_others_sleep(self):
+        if self.rank == 1:
+            raise RuntimeError("early failure")
+        time.sleep(60)
+
+
+class Wide(Base):
+    @property
+    def world_size(self) -> int:
+        return 4
+
+    def test_identical_failures(self):
+        if self.rank != 0:
+            raise KeyError("same everywhere")
+
+    def test_mixed(self):
+        if self.rank == 1:
+            self.assertTrue(False, "rank 1 asserts")
+        if self.rank == 2:
+            raise OSError("rank 2 raises")
+
+    def test_last_rank_fails(self):
+        if self.rank == 3:
+            self.fail("only the last rank")
+
+
+def stuck_in_a_helper():
+    time.sleep(60)
+
+
+class Hangs(Base):
+    timeout = 2
+
+    def test_hang(self):
+        if self.rank == 1:
+            stuck_in_a_helper()
+
+    def test_blocked_in_collective(self):
+        init_pg(self)
+        if self.rank == 0:
+            dist.all_reduce(torch.ones(2))  # rank 1 never joins and never ends
+
+        else:
+            stuck_in_a_helper()
+
+    def test_peer_fails_while_blocked(self):
+        init_pg(self)
+        if self.rank == 1:
+            raise RuntimeError("rank 1 gives up")
+        dist.all_reduce(torch.ones(2))
+
+
+class Desync(Base):
+    timeout = 30
+
+    def test_early_return(self):
+        init_pg(self)
+        dist.all_reduce(torch.ones(2))
+        if self.rank == 1:
+            return
+        dist.all_reduce(torch.ones(2))
+        dist.barrier()
+
+
+class UpstreamHooks(Base):
+    """Subclasses that override _run as upstream's TestDistBackend does."""
+
+    @classmethod
+    def _run(cls, rank, test_name, file_name, pipe, **kwargs):
+        self = cls(test_name)
+        self.rank = rank
+        self.file_name = file_name
+        init_pg(self)
+        self.run_test(test_name, pipe)
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.exit(0)
+
+    @property
+    def destroy_pg_upon_exit(self) -> bool:
+        return False
+
+    def test_collective_after_custom_init(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.tensor([2.0]))
+
+    def test_failure_in_custom_run(self):
+        if self.rank == 0:
+            self.assertEqual(1, 2)
+
+
+class ReturnCodes(Base):
+    def setUp(self) -> None:
+        super().setUp()
+        # As upstream suites do: the current test's unwrapped method.
+        current = getattr(self, self._testMethodName).__wrapped__
+        if self._testMethodName == "test_exits_7":
+            self.special_return_code_checks = {current: 7}
+        else:
+            self.skip_return_code_checks = [current]
+
+    def test_exits_7(self):
+        os._exit(7)
+
+    def test_any_code(self):
+        os._exit(self.rank + 40)
+
+
+class NoSpawn(MultiProcessTestCase):
+    def test_forgot_to_spawn(self):
+        pass
+
+
+class StartMethods(Base):
+    def test_pass(self):
+        init_pg(self)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((2,), 2.0))
+        # The parallel op the fork trap is about.
+        torch.ones(256, 256) @ torch.ones(256, 256)
+
+
+class BadWorldSize(Base):
+    @property
+    def world_size(self) -> int:
+        return 0
+
+    def test_any(self):
+        pass
+
+
+class BadTimeout(Base):
+    timeout = -3
+
+    def test_any(self):
+        pass
+
+
+class Files(Base):
+    def test_rendezvous_file_is_fresh(self):
+        init_pg(self)
+        sizes = [None]
+        if self.rank == 0:
+            sizes = [os.path.dirname(self.file_name)]
+        dist.broadcast_object_list(sizes)
+        self.assertTrue(os.path.isdir(sizes[0]))
+
+
+class Devices(disttest.DistributedTestBase):
+    timeout = 30
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def test_create_pg(self):
+        pg = self.create_pg("cpu")
+        self.assertEqual(pg.size(), 2)
+        self.assertEqual(self.backend("cpu"), "gloo")
+        self.assertEqual(self.backend("cuda:0"), "nccl")
+        self.assertEqual(self.rank_to_device("cpu"), {0: [0], 1: [0]})
+        self.assertEqual(os.environ["WORLD_SIZE"], "2")
+        t = torch.ones(1) * (self.rank + 1)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.tensor([3.0]))
