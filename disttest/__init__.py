@@ -106,6 +106,8 @@ __all__ = [
     "DistSkip",
     "DistTestCases",
     "DistributedTestBase",
+    "DynamoDistributedMultiProcTestCase",
+    "DynamoDistributedSingleProcTestCase",
     "EXPECTED_FIELDS",
     "EmbeddingNetDifferentParams",
     "FC2",
@@ -134,6 +136,7 @@ __all__ = [
     "_FC2",
     "_build_multidim_tensor",
     "_build_tensor",
+    "_dynamo_dist_per_rank_init",
     "_lock",
     "_rank_temp_file",
     "assert_equal",
@@ -145,6 +148,7 @@ __all__ = [
     "create_collectives_object_test_list",
     "create_device",
     "create_tcp_store",
+    "dynamo_dist_per_rank_init",
     "find_free_port",
     "get_required_world_size",
     "get_timeout",
@@ -184,8 +188,13 @@ __all__ = [
 ]
 
 # Read on access, not at import: a bad DISTTEST_TIMEOUT fails the first test
-# that needs it, and the shared models are built only when asked for.
+# that needs it, the shared models are built only when asked for, and
+# torch._dynamo (seconds to import) loads only for the dynamo test cases.
 _LAZY_FROM = {
+    "DynamoDistributedMultiProcTestCase": "disttest.dynamo",
+    "DynamoDistributedSingleProcTestCase": "disttest.dynamo",
+    "_dynamo_dist_per_rank_init": "disttest.dynamo",
+    "dynamo_dist_per_rank_init": "disttest.dynamo",
     "TIMEOUT_DEFAULT": "disttest.config",
     "BN_NET": "disttest.models",
     "BN_NET_NO_AFFINE": "disttest.models",

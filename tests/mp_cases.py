@@ -245,3 +245,19 @@ class Devices(disttest.DistributedTestBase):
         t = torch.ones(1) * (self.rank + 1)
         dist.all_reduce(t)
         self.assertEqual(t, torch.tensor([3.0]))
+
+
+class DynamoMulti(disttest.DynamoDistributedMultiProcTestCase):
+    timeout = 120
+
+    def test_compiled_allreduce(self):
+        with disttest._dynamo_dist_per_rank_init(self.rank, self.world_size):
+            @torch.compile(backend="eager")
+            def step(x):
+                x = x * 2
+                dist.all_reduce(x)
+                return x + 1
+
+            out = step(torch.ones(3))
+            self.assertEqual(out, torch.full((3,), 2.0 * self.world_size + 1))
+            self.assertEqual(self.world_size, 2)

@@ -43,6 +43,16 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     return DESYNC_DETAIL.format(peer=peer, rank=flight.rank, world=world, what=flight.describe())
 
 
+def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> list[int]:
+    """Explain every errored rank that can be; return the finished ranks."""
+    finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
+    failed = [r for r, o in outcomes.items() if o.kind.is_cause]
+    for r, o in outcomes.items():
+        if o.kind is Kind.ERRORED:
+            _explain(launcher, o, finished, [p for p in failed if p != r], world)
+    return finished
+
+
 def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed: list[int],
              world: int) -> None:
     """Reclassify a rank that raised inside a collective an ended peer never
@@ -74,16 +84,13 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     deadline = time.monotonic() + timeout
     grace_end: float | None = None
     outcomes: dict[int, Outcome] = {}
-    explained: set[int] = set()
     while True:
         for r, status in launcher.poll().items():
             if r not in outcomes:
                 outcomes[r] = _ended(launcher, r, status)
-        finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
-        failed = [r for r, o in outcomes.items() if o.kind.is_cause]
-        for r in [r for r, o in outcomes.items() if o.kind is Kind.ERRORED and r not in explained]:
-            explained.add(r)
-            _explain(launcher, outcomes[r], finished, [p for p in failed if p != r], world)
+        # Re-judged on every poll: the peer that explains an error may be
+        # seen to end a little after the rank that raised.
+        finished = _explain_errors(launcher, outcomes, world)
         live = [r for r in range(world) if r not in outcomes]
         if not live:
             break
@@ -101,4 +108,5 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
             break
         time.sleep(poll_interval)
+    _explain_errors(launcher, outcomes, world)
     return [outcomes[r] for r in range(world)]
