@@ -23,7 +23,7 @@ POLL_INTERVAL = 0.01
 #: After the first failure, how long the other ranks get to report their own
 #: (ranks often fail together, a few ms apart) before they are stopped.
 FAIL_GRACE = 0.5
-DESYNC_DETAIL = "rank {peer}/{world} finished; rank {rank}/{world} waits in {what}"
+DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
 CONSEQUENCE = "rank {rank}/{world} failed in {what}, which rank {peer}/{world} never entered"
 
 
@@ -39,8 +39,10 @@ def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
 
 
 def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
+    # "{who}" and "{waits}" are filled in by the report, so that ranks waiting in the same
+    # collective for the same peer are reported together.
     peer, flight = found
-    return DESYNC_DETAIL.format(peer=peer, rank=flight.rank, world=world, what=flight.describe())
+    return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 
 def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> list[int]:

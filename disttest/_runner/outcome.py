@@ -92,16 +92,17 @@ class Outcome:
 
 
 def _frames(exc: BaseException) -> list[tuple[FrameType, int]]:
-    """The traceback's frames without disttest's own, as unittest drops them:
-    leading frames of modules that set ``__unittest``, and for a failed
-    assertion every frame from the first such module after the user's code."""
+    """The traceback's frames without disttest's own (modules that set
+    ``__unittest``), as unittest drops them; for a failed assertion, also
+    nothing after the user's last frame (the assertion's internals)."""
     frames = list(traceback.walk_tb(exc.__traceback__))
     ours = ["__unittest" in f.f_globals for f, _ in frames]
-    start = next((i for i, mine in enumerate(ours) if not mine), 0)
+    start = next((i for i, mine in enumerate(ours) if not mine), len(frames))
     end = len(frames)
     if isinstance(exc, AssertionError):
         end = next((i for i in range(start, len(frames)) if ours[i]), end)
-    return frames[start:end] or frames
+    kept = [fr for fr, mine in zip(frames[start:end], ours[start:end], strict=True) if not mine]
+    return kept or frames
 
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
@@ -109,24 +110,26 @@ _CONTEXT = "\nDuring handling of the above exception, another exception occurred
 
 
 def _tb_data(exc: BaseException) -> dict[str, Any] | None:
-    frames = _frames(exc)
-    if not frames:
-        return None
+    """The kept frames as tblib data (a chain of the user's frames only)."""
+    kept = {id(f) for f, _ in _frames(exc)}
     try:
         from tblib import Traceback
 
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame is not frames[0][0]:
-            tb = tb.tb_next
-        data: dict[str, Any] = Traceback(tb).to_dict()
+        node: dict[str, Any] | None = Traceback(exc.__traceback__).to_dict()
     except Exception:  # noqa: BLE001 (the text report still has it all)
         return None
-    # Cut at the user's last frame, as the text does.
-    node, kept = data, 1
-    while node.get("tb_next") is not None and kept < len(frames):
-        node, kept = node["tb_next"], kept + 1
-    node["tb_next"] = None
-    return data
+    tb = exc.__traceback__
+    chain = []
+    while node is not None and tb is not None:
+        if id(tb.tb_frame) in kept:
+            chain.append(node)
+        node, tb = node.get("tb_next"), tb.tb_next
+    for a, b in zip(chain, chain[1:], strict=False):
+        a["tb_next"] = b
+    if not chain:
+        return None
+    chain[-1]["tb_next"] = None
+    return chain[0]
 
 
 def _format(exc: BaseException) -> str:

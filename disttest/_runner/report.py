@@ -31,7 +31,7 @@ HEADER = "{test!r} {verdict} (disttest): {summary}"
 RANK = "rank {rank}/{world}"
 RANKS = "ranks {ranks}/{world}"
 TIMED_OUT = "{who} did not finish {test!r} within {timeout}s"
-DESYNC = "{detail}: a desync (a collective a finished peer never entered)"
+DESYNC = "desync: {detail}, a collective its peer never entered"
 CRASHED = "{who} {exit} before finishing {test!r}"
 STOPPED = "{who} stopped by disttest after the failure above"
 NO_RANKS_STARTED = (
@@ -82,8 +82,7 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
         return TIMED_OUT.format(who=who, test=test, timeout=timeout)
     if o.kind is Kind.DESYNC:
-        text = DESYNC.format(detail=o.detail)
-        return f"{text}; it raised {o.exc_type}: {o.message}" if o.exc_type else text
+        return DESYNC.format(detail=_fill(o.detail, who))
     if o.kind is Kind.CRASHED:
         exit_text = o.exit.describe() if o.exit else "exited"
         return CRASHED.format(who=who, exit=exit_text, test=test) + (f" ({o.detail})" if o.detail else "")
@@ -104,11 +103,16 @@ def _user_stack(stacks: str) -> str:
     return "\n".join(keep)
 
 
+def _fill(detail: str, who: str) -> str:
+    waits = "{waits}" if who == "{who}" else ("wait" if who.startswith("ranks") else "waits")
+    return detail.format(who=who, waits=waits)
+
+
 def _short(o: Outcome, who: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
         return f"{who} timed out after {timeout}s"
     if o.kind is Kind.DESYNC:
-        return f"desync ({o.detail})"
+        return "desync: " + _fill(o.detail, who)
     if o.kind is Kind.CRASHED:
         return f"{who} {o.exit.describe() if o.exit else 'exited'}"
     return f"{who} raised {o.exc_type}"
@@ -131,15 +135,23 @@ def format_report(test: str, world_size: int, timeout: float | None,
     cause, identical ones grouped ("ranks 1, 2/4: ...")."""
     groups: dict[tuple[str, ...], list[Outcome]] = {}
     for o in outcomes:
-        if o.kind.is_cause or o.kind is Kind.STOPPED:
+        if o.kind is Kind.DESYNC:
+            # The collective and the peer matter; the transport's message
+            # (ports, addresses) differs from rank to rank.
+            key: tuple[str, ...] = (o.kind.value, o.detail)
+        elif o.kind.is_cause or o.kind is Kind.STOPPED:
             key = (o.kind.value, o.exc_type, o.message, o.traceback, o.stacks, o.detail)
-            groups.setdefault(key, []).append(o)
+        else:
+            continue
+        groups.setdefault(key, []).append(o)
     # Causes first, then the ranks disttest stopped because of them.
     ordered = sorted(groups.values(), key=lambda g: not g[0].kind.is_cause)
-    summary = "; ".join(
-        _short(g[0], _who([o.rank for o in g], world_size), timeout)
-        for g in ordered if g[0].kind.is_cause
-    )
+    # The header merges groups that read the same (ranks that all timed out).
+    heads: dict[str, list[int]] = {}
+    for g in ordered:
+        if g[0].kind.is_cause:
+            heads.setdefault(_short(g[0], "{who}", timeout), []).extend(o.rank for o in g)
+    summary = "; ".join(_fill(text, _who(sorted(ranks), world_size)) for text, ranks in heads.items())
     lines = [HEADER.format(test=test, verdict=verdict, summary=summary)]
     for group in ordered:
         lines.append("")

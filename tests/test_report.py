@@ -1,0 +1,92 @@
+"""The report: classification and message, from synthetic outcomes."""
+
+from __future__ import annotations
+
+import unittest
+
+from disttest import RankError, RankFailure
+from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
+from disttest._runner.report import raise_for_outcomes
+
+
+def raised(outcomes, timeout=30):
+    try:
+        raise_for_outcomes("test_x", len(outcomes), timeout, outcomes)
+    except BaseException as e:  # noqa: BLE001
+        return e
+    return None
+
+
+class ClassifyTest(unittest.TestCase):
+    def test_all_passed_returns(self):
+        self.assertIsNone(raised([Outcome(0, Kind.PASSED), Outcome(1, Kind.PASSED)]))
+
+    def test_assertions_only_is_a_failure(self):
+        e = raised([Outcome(0, Kind.PASSED), Outcome(1, Kind.FAILED, "AssertionError", "no")])
+        self.assertIsInstance(e, RankFailure)
+        self.assertEqual(e.ranks, [1])
+        self.assertIn("'test_x' failed (disttest): rank 1/2 raised AssertionError", str(e))
+
+    def test_any_error_makes_it_an_error(self):
+        e = raised([Outcome(0, Kind.FAILED, "AssertionError", "a"),
+                    Outcome(1, Kind.CRASHED, exit=ExitStatus(signal=9))])
+        self.assertIsInstance(e, RankError)
+        self.assertIn("rank 1/2 was killed by SIGKILL", str(e))
+        self.assertIn("rank 0/2 raised AssertionError", str(e))
+
+    def test_skip_wins_over_desync_it_caused(self):
+        e = raised([Outcome(0, Kind.SKIPPED, message="no gpu"),
+                    Outcome(1, Kind.DESYNC, detail="rank 0/2 finished; {who} {waits} in x")])
+        self.assertIsInstance(e, unittest.SkipTest)
+        self.assertEqual(str(e), "no gpu")
+
+    def test_failure_wins_over_skip(self):
+        e = raised([Outcome(0, Kind.SKIPPED, message="s"), Outcome(1, Kind.ERRORED, "ValueError", "v")])
+        self.assertIsInstance(e, RankError)
+
+    def test_header_merges_ranks_and_body_groups_identical(self):
+        tb = "Traceback...\nKeyError: 'k'\n"
+        e = raised([Outcome(r, Kind.ERRORED, "KeyError", "'k'", tb) for r in (0, 1, 2)]
+                   + [Outcome(3, Kind.TIMED_OUT, stacks="Thread 1\n  File \"a.py\", line 3 in f\n")])
+        text = str(e)
+        self.assertIn("ranks 0, 1, 2/4 raised KeyError; rank 3/4 timed out after 30s", text)
+        self.assertEqual(text.count("Traceback..."), 1)  # grouped: shown once
+        self.assertIn("rank 3/4 did not finish 'test_x' within 30s", text)
+        self.assertIn('line 3 in f', text)
+
+    def test_desync_groups_waiting_ranks(self):
+        d = "rank 1/3 finished; {who} {waits} in all_reduce #2 of the default group"
+        e = raised([Outcome(0, Kind.DESYNC, "RuntimeError", "port 1", detail=d),
+                    Outcome(1, Kind.PASSED),
+                    Outcome(2, Kind.DESYNC, "RuntimeError", "port 2", detail=d)])
+        self.assertIn("rank 1/3 finished; ranks 0, 2/3 wait in all_reduce #2", str(e))
+
+    def test_consequences_are_not_causes(self):
+        e = raised([Outcome(0, Kind.FAILED, "AssertionError", "x"),
+                    Outcome(1, Kind.STOPPED, detail="rank 1/2 failed in barrier #1 of the default group, which rank 0/2 never entered")])
+        self.assertIsInstance(e, RankFailure)
+        self.assertEqual(e.ranks, [0])
+        self.assertIn("(a consequence)", str(e))
+
+
+class OutcomeTest(unittest.TestCase):
+    def test_classification(self):
+        self.assertIs(outcome_from_exception(0, None).kind, Kind.PASSED)
+        self.assertIs(outcome_from_exception(0, AssertionError("a")).kind, Kind.FAILED)
+        self.assertIs(outcome_from_exception(0, ValueError("v")).kind, Kind.ERRORED)
+        self.assertIs(outcome_from_exception(0, unittest.SkipTest("s")).kind, Kind.SKIPPED)
+        self.assertIs(outcome_from_exception(0, SystemExit(0)).kind, Kind.PASSED)
+        skip = outcome_from_exception(0, SystemExit(75))
+        self.assertEqual((skip.kind, skip.message), (Kind.SKIPPED, "Need at least 1 CUDA device"))
+        self.assertIs(outcome_from_exception(0, SystemExit(3)).kind, Kind.ERRORED)
+
+    def test_traceback_keeps_user_frames_only(self):
+        def user_code():
+            raise ValueError("from user code")
+
+        try:
+            user_code()
+        except ValueError as e:
+            o = outcome_from_exception(1, e)
+        self.assertIn("in user_code", o.traceback)
+        self.assertIsNotNone(o.tb_data)
