@@ -24,6 +24,7 @@ from disttest import _compat
 from disttest.case import TestCase
 from disttest.config import ConfigError
 from disttest.devices import accelerator_count, accelerator_type
+from disttest.helpers import set_environ
 from disttest.multiprocess import DistributedTestBase
 from disttest.stores import LOOPBACK, find_free_port
 
@@ -130,24 +131,14 @@ class DynamoDistributedSingleProcTestCase(_DynamoState):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
-        cls._exit_stack.callback(_restore, saved)
-        os.environ["MASTER_ADDR"] = LOOPBACK
-        os.environ["MASTER_PORT"] = str(find_free_port())
+        rendezvous = {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(find_free_port())}
+        cls._exit_stack.callback(set_environ, set_environ(rendezvous))
         cls.rank = 0
         device = _device_type()
         cls.device = f"{device}:{cls.rank}"
         cls.device_ids = None if device == "cpu" else [cls.rank]
         dist.init_process_group(dist.get_default_backend_for_device(device), rank=0, world_size=1)
         cls._exit_stack.callback(dist.destroy_process_group)
-
-
-def _restore(saved: dict[str, str | None]) -> None:
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 class DynamoDistributedMultiProcTestCase(DistributedTestBase):
@@ -160,10 +151,8 @@ class DynamoDistributedMultiProcTestCase(DistributedTestBase):
         return accelerator_count() or 2
 
     def setUp(self) -> None:
-        saved = {"MASTER_ADDR": os.environ.get("MASTER_ADDR"), "MASTER_PORT": os.environ.get("MASTER_PORT")}
-        self.addCleanup(_restore, saved)
-        os.environ["MASTER_ADDR"] = LOOPBACK
-        os.environ["MASTER_PORT"] = str(find_free_port())
+        rendezvous = {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(find_free_port())}
+        self.addCleanup(set_environ, set_environ(rendezvous))
         super().setUp()
 
     @classmethod

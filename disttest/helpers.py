@@ -23,6 +23,7 @@ __all__ = [
     "captured_output",
     "patched_environ",
     "run_subtests",
+    "set_environ",
     "verify_ddp_error_logged",
     "with_dist_debug_levels",
     "with_nccl_blocking_wait",
@@ -43,24 +44,27 @@ def captured_output() -> Iterator[tuple[io.StringIO, io.StringIO]]:
         sys.stdout, sys.stderr = old
 
 
+def set_environ(changes: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Set (or, for None, unset) variables; return their previous values in
+    the same form, so that ``set_environ(previous)`` restores them."""
+    previous = {name: os.environ.get(name) for name in changes}
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return previous
+
+
 @contextlib.contextmanager
 def patched_environ(changes: Mapping[str, str | None]) -> Iterator[None]:
     """Set (or, for None, unset) variables for the block; restore every one
     of them afterwards, including those that were unset before."""
-    saved = {name: os.environ.get(name) for name in changes}
+    previous = set_environ(changes)
     try:
-        for name, value in changes.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        set_environ(previous)
 
 
 def with_nccl_blocking_wait(func: F) -> F:

@@ -38,6 +38,7 @@ from disttest.config import (
     parse_timeout,
     parse_world_size,
 )
+from disttest.helpers import set_environ
 from disttest.skips import get_required_world_size, precheck_skip
 
 __unittest = True
@@ -266,9 +267,7 @@ class DistributedTestBase(MultiProcessTestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        previous = os.environ.get("WORLD_SIZE")
-        os.environ["WORLD_SIZE"] = str(self.world_size)
-        self.addCleanup(_restore_env, "WORLD_SIZE", previous)
+        self.addCleanup(set_environ, set_environ({"WORLD_SIZE": str(self.world_size)}))
         self._spawn_processes()
 
     def backend(self, device: str) -> str:
@@ -303,10 +302,3 @@ class DistributedTestBase(MultiProcessTestCase):
         """``{rank: [device index]}``, round-robin over the visible devices."""
         count = max(1, torch.get_device_module(device).device_count())
         return {i: [i % count] for i in range(self.world_size)}
-
-
-def _restore_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
