@@ -51,6 +51,7 @@ from disttest.models import (
     create_collectives_object_test_list,
 )
 from disttest.multiprocess import DistributedTestBase, MultiProcessTestCase
+from disttest.multithread import MultiThreadedTestCase, spawn_threads_and_init_comms
 from disttest.skips import (
     TEST_SKIPS,
     DistSkip,
@@ -81,6 +82,14 @@ from disttest.skips import (
 from disttest.stores import create_tcp_store, find_free_port, retry_on_connect_failures
 from disttest.tempdirs import cleanup_temp_dir, initialize_temp_directories, rank_temp_file
 from disttest.tensors import build_multidim_tensor, build_tensor, simple_sparse_reduce_tests
+from disttest.threaded_pg import (
+    CollectiveAborted,
+    CollectiveMismatch,
+    ProcessLocalGroup,
+    ThreadedWorld,
+    _install_threaded_pg,
+    _uninstall_threaded_pg,
+)
 
 # Upstream's underscored spellings.
 _FC2 = FC2
@@ -97,6 +106,8 @@ __all__ = [
     "BarrierTimeout",
     "BatchNormNet",
     "COLLECTIVES_OBJECT_TEST_LIST",
+    "CollectiveAborted",
+    "CollectiveMismatch",
     "ConfigError",
     "ControlFlowToyModel",
     "DDPUnevenTestInput",
@@ -115,9 +126,11 @@ __all__ = [
     "HAS_ACCELERATOR",
     "LargeNet",
     "MultiProcessTestCase",
+    "MultiThreadedTestCase",
     "Net",
     "NetWithBuffers",
     "ONLY_SBN_NET",
+    "ProcessLocalGroup",
     "RankError",
     "RankFailure",
     "RankReport",
@@ -131,14 +144,17 @@ __all__ = [
     "TestNamedTupleInput_0",
     "TestNamedTupleInput_1",
     "TestSkip",
+    "ThreadedWorld",
     "TwoLinLayerNet",
     "UnusedParamTwoLinLayerNet",
     "_FC2",
     "_build_multidim_tensor",
     "_build_tensor",
     "_dynamo_dist_per_rank_init",
+    "_install_threaded_pg",
     "_lock",
     "_rank_temp_file",
+    "_uninstall_threaded_pg",
     "assert_equal",
     "at_least_x_gpu",
     "build_multidim_tensor",
@@ -181,6 +197,7 @@ __all__ = [
     "skip_if_rocm_multiprocess",
     "skip_if_small_worldsize",
     "skip_if_win32",
+    "spawn_threads_and_init_comms",
     "tp_transports",
     "verify_ddp_error_logged",
     "with_dist_debug_levels",

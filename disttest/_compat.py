@@ -12,11 +12,16 @@ from typing import Any
 __unittest = True
 
 __all__ = [
+    "c10d_world",
     "dynamo_config_patch",
     "ensure_fake_backend",
     "group_name",
+    "new_c10d_world",
+    "reduce_op_parts",
     "remove_dynamo_trace_handler",
     "reset_dynamo",
+    "set_c10d_world",
+    "set_thread_isolation",
     "silence_dynamo_trace_log",
 ]
 
@@ -91,3 +96,71 @@ def remove_dynamo_trace_handler(handler: Any) -> None:
     from torch._logging._internal import trace_log
 
     trace_log.removeHandler(handler)
+
+
+def set_thread_isolation(enabled: bool) -> None:
+    """c10d's thread isolation mode: process groups registered by name per
+    thread (``_set_thread_isolation_mode``), for functional collectives."""
+    from torch._C._distributed_c10d import _set_thread_isolation_mode  # type: ignore[attr-defined]
+
+    _set_thread_isolation_mode(enabled)
+
+
+def c10d_world() -> Any:
+    """c10d's registry of process groups (``distributed_c10d._world``)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._world
+
+
+def set_c10d_world(world: Any) -> None:
+    """Replace c10d's registry (``distributed_c10d._world``)."""
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d._world = world
+
+
+_isolated_world_class: list[type] = []
+
+
+def new_c10d_world() -> Any:
+    """An empty, self-contained registry of c10d's own type.
+
+    ``distributed_c10d._World`` keeps most of its state in module globals
+    (``_pg_map``, ``_group_count``...), so a plain new instance would share
+    them; this subclass keeps every field on the instance.
+    """
+    if not _isolated_world_class:
+        from torch.distributed import distributed_c10d
+
+        fields = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
+
+        def own(name: str) -> property:
+            return property(lambda self: self._own[name])
+
+        def get_count(self: Any) -> int:
+            return self._own["group_count"]
+
+        def set_count(self: Any, value: int) -> None:
+            self._own["group_count"] = value
+
+        def init(self: Any) -> None:
+            distributed_c10d._World.__init__(self)
+            self._own = {name: {} for name in fields}
+            self._own["group_count"] = 0
+
+        namespace: dict[str, Any] = {name: own(name) for name in fields}
+        namespace["group_count"] = property(get_count, set_count)
+        namespace["__init__"] = init
+        _isolated_world_class.append(type("_IsolatedWorld", (distributed_c10d._World,), namespace))
+    return _isolated_world_class[0]()
+
+
+def reduce_op_parts(op: Any) -> tuple[Any, Any]:
+    """(RedOpType, PREMUL_SUM factor or None) of a ``ReduceOp`` or RedOpType."""
+    import torch.distributed as dist
+
+    if isinstance(op, dist.ReduceOp):
+        state: Any = op.__getstate__()
+        return state[0], (state[1] if len(state) > 1 else None)
+    return op, None

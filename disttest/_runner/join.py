@@ -60,13 +60,13 @@ def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed: list[i
     """Reclassify a rank that raised inside a collective an ended peer never
     entered: a desync if that peer finished, a consequence if it failed."""
     found = launcher.desync([o.rank], finished, ended=True)
-    if found is not None:
+    if found:
         o.kind = Kind.DESYNC
-        o.detail = _desync_detail(found, world)
+        o.detail = _desync_detail(found[0], world)
         return
     found = launcher.desync([o.rank], failed, ended=True)
-    if found is not None:
-        peer, flight = found
+    if found:
+        peer, flight = found[0]
         o.kind = Kind.STOPPED
         o.detail = CONSEQUENCE.format(rank=o.rank, world=world, what=flight.describe(), peer=peer)
 
@@ -102,9 +102,9 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             _stop(launcher, live, outcomes, {}, {})
             break
         found = launcher.desync(live, finished)
-        if found is not None:
-            rank = found[1].rank
-            _stop(launcher, live, outcomes, {rank: Kind.DESYNC}, {rank: _desync_detail(found, world)})
+        if found:
+            kinds = {f[1].rank: Kind.DESYNC for f in found}
+            _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found})
             break
         if grace_end is None and time.monotonic() > deadline:
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})

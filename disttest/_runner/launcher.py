@@ -56,7 +56,7 @@ class Launcher(Protocol):
         ...
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int],
-               ended: bool = False) -> tuple[int, InFlight] | None:
+               ended: bool = False) -> list[tuple[int, InFlight]]:
         """One of ``ranks`` waiting in (``ended``: died in) a collective that a
         finished peer never entered."""
         ...
@@ -140,7 +140,7 @@ class ProcessLauncher:
         return rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"])
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int],
-               ended: bool = False) -> tuple[int, InFlight] | None:
+               ended: bool = False) -> list[tuple[int, InFlight]]:
         return find_desync(self.board, ranks, finished, ended)
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:

@@ -68,9 +68,14 @@ class InFlight:
 class ProgressBoard:
     """The shared slot file: one slot per rank. Both sides use it."""
 
-    def __init__(self, path: str, world_size: int, create: bool = False) -> None:
+    def __init__(self, path: str | None, world_size: int, create: bool = False) -> None:
+        """A board in the file ``path`` (shared by processes), or in memory
+        when ``path`` is None (shared by threads)."""
         self.path = path
         self.world_size = world_size
+        if path is None:
+            self._map = mmap.mmap(-1, SLOT * world_size)
+            return
         if create:
             with open(path, "wb") as f:
                 f.truncate(SLOT * world_size)
@@ -116,21 +121,21 @@ class ProgressBoard:
 
 
 def find_desync(board: ProgressBoard, ranks: Iterable[int], finished: Iterable[int],
-                ended: bool = False) -> tuple[int, InFlight] | None:
-    """(finished peer, what a rank waits in) when one of ``ranks`` waits in
-    (or, with ``ended``, died in) a collective that a finished peer never
-    entered; else None."""
+                ended: bool = False) -> list[tuple[int, InFlight]]:
+    """(finished peer, what the rank waits in) for each of ``ranks`` that
+    waits in (or, with ``ended``, died in) a collective that a finished peer
+    never entered."""
     finished = list(finished)
-    if not finished:
-        return None
-    for rank in ranks:
+    found = []
+    for rank in ranks if finished else ():
         flight = board.in_flight(rank, include_failed=ended)
         if flight is None:
             continue
         for peer in finished:
             if peer in flight.peers and board.counts(peer).get(flight.group, 0) < flight.seq:
-                return peer, flight
-    return None
+                found.append((peer, flight))
+                break
+    return found
 
 
 # --- rank side ----------------------------------------------------------------

@@ -123,7 +123,7 @@ def _body(o: Outcome) -> str:
     if o.traceback:
         parts.append(o.traceback.rstrip())
     if o.stacks:
-        parts.append("its stack (all threads):\n" + _user_stack(o.stacks))
+        parts.append("its stack:\n" + _user_stack(o.stacks))
     if o.output_tail.strip() and o.kind in (Kind.CRASHED, Kind.ERRORED, Kind.TIMED_OUT):
         parts.append("its output ends:\n" + o.output_tail[-TAIL_CHARS:].rstrip())
     return "\n".join(parts)
@@ -163,11 +163,12 @@ def format_report(test: str, world_size: int, timeout: float | None,
 
 
 def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
-                       outcomes: Sequence[Outcome]) -> None:
+                       outcomes: Sequence[Outcome], always_failure: bool = False) -> None:
     """Raise the unittest outcome for ``outcomes``; return if all passed.
 
     A skip in any rank wins over desyncs and stops it caused (the skipping
-    rank left its peers waiting); real failures win over skips.
+    rank left its peers waiting); real failures win over skips. With
+    ``always_failure``, any failing rank raises :class:`RankFailure`.
     """
     kinds = {o.kind for o in outcomes}
     hard = [o for o in outcomes if o.kind in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT)]
@@ -177,7 +178,7 @@ def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
         raise unittest.SkipTest("; ".join(reasons))
     if not (kinds & {k for k in Kind if k.is_cause}):
         return
-    only_assertions = all(o.kind is Kind.FAILED for o in outcomes if o.kind.is_cause)
+    only_assertions = always_failure or all(o.kind is Kind.FAILED for o in outcomes if o.kind.is_cause)
     cls: type[RankReport] = RankFailure if only_assertions else RankError
     verdict = "failed" if only_assertions else "errored"
     report = cls(format_report(test, world_size, timeout, outcomes, verdict),

@@ -1,0 +1,138 @@
+"""The launcher for ranks that are threads of the test process.
+
+Used by ``MultiThreadedTestCase`` and ``spawn_threads_and_init_comms`` with
+the same join loop, outcomes and report as processes. A thread cannot be
+killed: stopping one aborts its threaded world (every collective wait
+raises at once) and then raises :class:`RankStopped` inside it at its next
+Python instruction. A thread blocked in C code outside disttest's
+collectives (a long ``time.sleep``) finishes that call first; it is a
+daemon thread, so it never keeps the process alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
+from disttest._runner.progress import (
+    InFlight,
+    ProgressBoard,
+    find_desync,
+    install_tracking,
+    track_into,
+)
+from disttest.threaded_pg import CollectiveAborted, ThreadedWorld, _bind_thread
+
+__unittest = True
+
+__all__ = ["RankStopped", "ThreadLauncher", "format_thread_stack"]
+
+STOP_WAIT = 2.0  # seconds for stopped threads to end
+
+
+class RankStopped(BaseException):
+    """Raised inside a rank thread that disttest stops (not an Exception, so
+    ``except Exception`` in test code does not swallow it)."""
+
+
+def format_thread_stack(frame: FrameType | None) -> str:
+    """A thread's stack in faulthandler's layout (most recent call first),
+    without the frames of ``threading`` and of disttest's own rank loop."""
+    lines = []
+    while frame is not None:
+        code = frame.f_code
+        if "__unittest" not in frame.f_globals and code.co_filename != threading.__file__:
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+        frame = frame.f_back
+    return "Stack (most recent call first):\n" + "\n".join(lines)
+
+
+class ThreadLauncher:
+    """Runs ``body(rank)`` in one daemon thread per rank, all in ``world``."""
+
+    def __init__(self, world_size: int, world: ThreadedWorld, body: Callable[[int], None],
+                 name: str = "rank") -> None:
+        self.world_size = world_size
+        self.world = world
+        self._body = body
+        self._name = name
+        self._outcomes: dict[int, Outcome] = {}
+        self.board = ProgressBoard(None, world_size)
+        self.threads: list[threading.Thread] = []
+        self.unstoppable: list[int] = []
+
+    def start(self) -> None:
+        install_tracking()
+        for rank in range(self.world_size):
+            t = threading.Thread(target=self._main, args=(rank,), name=f"{self._name} {rank}", daemon=True)
+            self.threads.append(t)
+        for t in self.threads:
+            t.start()
+
+    def _main(self, rank: int) -> None:
+        _bind_thread(self.world)
+        track_into(self.board, rank, per_thread=True)
+        exc: BaseException | None = None
+        try:
+            self._body(rank)
+        except BaseException as e:  # noqa: BLE001 (everything is reported)
+            exc = e
+        finally:
+            _bind_thread(None)
+        outcome = outcome_from_exception(rank, exc)
+        if isinstance(exc, (CollectiveAborted, RankStopped)):
+            outcome.kind = Kind.STOPPED
+            outcome.detail = f"rank {rank}/{self.world_size} was released by disttest"
+        self._outcomes[rank] = outcome
+
+    # -- Launcher --
+    def poll(self) -> dict[int, ExitStatus]:
+        return {r: ExitStatus(code=0) for r in range(len(self.threads))
+                if r in self._outcomes and not self.threads[r].is_alive()}
+
+    def outcome(self, rank: int) -> Outcome | None:
+        return self._outcomes.get(rank)
+
+    def output(self, rank: int) -> str:
+        return ""  # threads share the test process's streams
+
+    def desync(self, ranks: Sequence[int], finished: Sequence[int],
+               ended: bool = False) -> list[tuple[int, InFlight]]:
+        return find_desync(self.board, ranks, finished, ended)
+
+    def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+        frames = sys._current_frames()
+        stacks = {}
+        for r in ranks:
+            frame = frames.get(self.threads[r].ident or -1)
+            stacks[r] = format_thread_stack(frame) if frame is not None else "(the thread has ended)"
+        return stacks
+
+    def stop(self) -> None:
+        """Release and end every live rank thread, bounded by
+        :data:`STOP_WAIT`; ``self.unstoppable`` lists those still running."""
+        self.world.abort("the test is being stopped")
+        start = time.monotonic()
+        raised: set[int] = set()
+        while time.monotonic() - start < STOP_WAIT:
+            live = [r for r, t in enumerate(self.threads) if t.is_alive()]
+            if not live:
+                break
+            # First let the abort release waits in collectives; then raise
+            # in whatever Python code a thread is still running.
+            if time.monotonic() - start > 0.2:
+                for r in set(live) - raised:
+                    _raise_in(self.threads[r], RankStopped)
+                    raised.add(r)
+            time.sleep(0.01)
+        self.unstoppable = [r for r, t in enumerate(self.threads) if t.is_alive()]
+
+
+def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))

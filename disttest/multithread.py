@@ -1,0 +1,251 @@
+"""``MultiThreadedTestCase``: ranks as threads over the threaded group.
+
+The fastest way to test collective logic: ``world_size`` threads of the test
+process, each with its own default group of the in-process ``threaded``
+backend (:mod:`disttest.threaded_pg`). The join, timeout, fail-fast, desync
+and report are the shared core's, as for processes. NB: the CPU RNG is
+shared by the threads, so random values differ between ranks
+(``assertEqualOnRank`` checks on one rank only).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disttest._runner.join import join
+from disttest._runner.outcome import Outcome
+from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
+from disttest._runner.threads import ThreadLauncher
+from disttest.case import TestCase
+from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
+from disttest.skips import get_required_world_size, precheck_skip
+from disttest.threaded_pg import BACKEND, install_threaded_pg, uninstall_threaded_pg
+
+__unittest = True
+
+__all__ = ["MultiThreadedTestCase", "spawn_threads_and_init_comms"]
+
+UNSTOPPABLE = (
+    "\n\nNB: the threads of {who} could not be stopped (blocked outside Python); "
+    "they are daemon threads and end with the process (disttest)"
+)
+
+
+class _ThreadRun:
+    """One test's threaded ranks: install the world, run, join, uninstall."""
+
+    def __init__(self, world_size: int, body: Callable[[int], None], test: str) -> None:
+        self.world = install_threaded_pg()
+        self.autograd = torch.autograd.set_multithreading_enabled(False)
+        self.test = test
+        self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank")
+        self.launcher.start()
+
+    def join(self, timeout: float) -> list[Outcome]:
+        try:
+            return join(self.launcher, timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.world is None:
+            return
+        try:
+            self.launcher.stop()
+        finally:
+            self.autograd.__exit__(None, None, None)
+            uninstall_threaded_pg()
+            self.world = None  # type: ignore[assignment]
+
+    def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False) -> None:
+        try:
+            raise_for_outcomes(self.test, len(outcomes), timeout, outcomes, always_failure)
+        except (RankFailure, RankError) as e:
+            if self.launcher.unstoppable:
+                e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
+            raise
+
+
+class MultiThreadedTestCase(TestCase):
+    """Runs each test method in ``world_size`` threads over the threaded group.
+
+    Call ``self._spawn_threads()`` in ``setUp``. In every thread the default
+    group is initialised (backend ``threaded``), then ``perThreadSetUp``, the
+    test body and ``perThreadTearDown`` run. The main thread joins them with
+    the shared core: bounded by ``timeout`` (class attribute; else
+    ``get_timeout``), failing fast, reporting desyncs and the stacks of the
+    threads it had to stop. A thread waiting in a collective is released
+    within a poll interval when a peer fails or the test times out.
+    """
+
+    MAIN_THREAD_RANK = -1
+    timeout: float | None = None
+
+    @property
+    def world_size(self) -> int:
+        return DEFAULT_WORLD_SIZE
+
+    @property
+    def _current_test_name(self) -> str:
+        return self.id().split(".")[-1]
+
+    def __init__(self, method_name: str = "runTest", methodName: str = "runTest") -> None:
+        if methodName != "runTest":
+            method_name = methodName
+        super().__init__(method_name)
+        self.rank = self.MAIN_THREAD_RANK
+        self._run_state: _ThreadRun | None = None
+        try:
+            fn = getattr(self, method_name)
+        except AttributeError as e:
+            if methodName != "runTest":
+                raise ValueError(f"no such test method in {self.__class__}: {methodName}") from e
+        else:
+            setattr(self, method_name, self.join_or_run(fn))
+
+    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Hook: the main thread joins the ranks; a rank thread runs ``fn``."""
+
+        @functools.wraps(fn)
+        def wrapper(self: MultiThreadedTestCase) -> Any:
+            if self.rank == self.MAIN_THREAD_RANK:
+                return self._join_threads(self.threads, fn)
+            return fn()
+
+        return types.MethodType(wrapper, self)
+
+    def perThreadSetUp(self) -> None:
+        """Hook method for setting up each rank thread before the test body."""
+
+    def perThreadTearDown(self) -> None:
+        """Hook method for tearing down each rank thread after the test body."""
+
+    def setUp(self) -> None:
+        """Runs in the main thread only; use ``perThreadSetUp`` for threads."""
+        super().setUp()
+        self.rank = self.MAIN_THREAD_RANK
+        self.threads: list[Any] = []
+        self.addCleanup(self._cleanup_threads)
+
+    def _cleanup_threads(self) -> None:
+        if self._run_state is not None:
+            self._run_state.close()
+            self._run_state = None
+        self.threads = []
+
+    def _effective_world_size(self) -> int:
+        size = get_required_world_size(self, self.world_size)
+        return parse_world_size(size, f"{type(self).__name__}.world_size")
+
+    def _test_timeout(self) -> float:
+        if self.timeout is not None:
+            return parse_timeout(self.timeout, f"{type(self).__name__}.timeout")
+        return get_timeout(self.id())
+
+    def _spawn_threads(self) -> None:
+        """Start the rank threads for the current test (call in ``setUp``)."""
+        method = getattr(type(self), self._testMethodName, None)
+        skip = precheck_skip(self, method) if method is not None else None
+        if skip is not None:
+            raise skip
+        world_size = self._effective_world_size()
+        test_name = self._current_test_name
+        cls = type(self)
+
+        def body(rank: int) -> None:
+            cls._run(test_name, rank, world_size)
+
+        self._run_state = _ThreadRun(world_size, body, test_name)
+        self.threads = self._run_state.launcher.threads
+
+    @classmethod
+    def _run(cls, test_name: str, rank: int, world_size: int, **kwargs: Any) -> None:
+        """Hook, in a rank thread: build the test case and run the test."""
+        self = cls(test_name)
+        self.rank = rank
+        self.run_test_with_threaded_pg(test_name, rank, world_size)
+
+    def run_test_with_threaded_pg(self, test_name: str, rank: int, world_size: int) -> None:
+        """In a rank thread: init the default group, then perThreadSetUp, the
+        test, perThreadTearDown; the group is destroyed whatever happens."""
+        from disttest.threaded_pg import _current_world
+
+        dist.init_process_group(backend=BACKEND, rank=rank, world_size=world_size,
+                                store=_current_world().store)
+        try:
+            self.perThreadSetUp()
+            try:
+                getattr(self, test_name)()
+            finally:
+                self.perThreadTearDown()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _join_threads(self, threads: list[Any], fn: Callable[[], Any]) -> None:
+        """Hook: wait for the rank threads and raise the test's result."""
+        run = self._run_state
+        if run is None:
+            test = self._current_test_name
+            raise RankError(NO_RANKS_STARTED.format(test=test).replace(
+                "_spawn_processes()", "_spawn_threads()"), test, 0, None, [])
+        timeout = self._test_timeout()
+        outcomes = run.join(timeout)
+        self._run_state = None
+        run.raise_for(outcomes, timeout)
+
+    def assertEqualOnRank(self, x: Any, y: Any, msg: str | None = None, *, rank: int = 0) -> None:
+        """``assertEqual`` on rank ``rank`` only (the threads share one RNG)."""
+        if self.rank == rank:
+            self.assertEqual(x, y, msg)
+
+    def assertNotEqualOnRank(self, x: Any, y: Any, msg: str | None = None, *, rank: int = 0) -> None:
+        """``assertNotEqual`` on rank ``rank`` only."""
+        if self.rank == rank:
+            self.assertNotEqual(x, y, msg)
+
+
+def spawn_threads_and_init_comms(
+    func: Callable[..., Any] | None = None, timeout: float | None = None,
+    world_size: int = DEFAULT_WORLD_SIZE,
+) -> Any:
+    """Decorator: run a test method of an ordinary TestCase in ``world_size``
+    threads, each with the default group initialised (backend ``threaded``).
+
+    A ``SkipTest`` in the ranks skips the test; a failing rank raises
+    ``RankFailure``, both ``AssertionError`` and ``RuntimeError``. ``timeout``
+    defaults to ``get_timeout(test id)``.
+    """
+    if func is None:
+        return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=world_size)
+    size = parse_world_size(world_size, "spawn_threads_and_init_comms(world_size=...)")
+    limit = None if timeout is None else parse_timeout(timeout, "spawn_threads_and_init_comms(timeout=...)")
+
+    @functools.wraps(func)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        from disttest.threaded_pg import _current_world
+
+        def body(rank: int) -> None:
+            dist.init_process_group(backend=BACKEND, rank=rank, world_size=size,
+                                    store=_current_world().store)
+            try:
+                func(self, *args, **kwargs)
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+        test = self.id().split(".")[-1] if hasattr(self, "id") else func.__name__
+        run = _ThreadRun(size, body, test)
+        seconds = limit if limit is not None else get_timeout(test)
+        outcomes = run.join(seconds)
+        # Upstream's own tests assert RuntimeError around it: any failing rank
+        # is a RankFailure (AssertionError and RuntimeError).
+        run.raise_for(outcomes, seconds, always_failure=True)
+
+    return wrapper

@@ -1,0 +1,665 @@
+"""The in-process ``threaded`` process group: ranks as threads of one process.
+
+Every collective is asynchronous underneath: a rank's call registers its
+tensors and returns a :class:`ThreadedWork` at once; the last rank of the
+group to arrive checks the arguments of all ranks, computes the result into
+every rank's tensors and completes their futures. Blocking happens only in
+``wait()``, and :meth:`ThreadedWorld.abort` fails every pending future, so a
+rank waiting for a peer that raised, returned early or hung is released
+with an error that says why. Collectives are matched by group and sequence
+number, so ranks that call different collectives at the same step get an
+error naming both, not a hang.
+
+State lives in a :class:`ThreadedWorld` per test (upstream keeps it on the
+class, so one test's abort leaks into the next). c10d's registry of groups
+is made thread-local while a world is installed, so each thread has its own
+default group (:func:`_install_threaded_pg`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from disttest import _compat
+
+__unittest = True
+
+__all__ = [
+    "BACKEND",
+    "CollectiveAborted",
+    "CollectiveMismatch",
+    "ProcessLocalGroup",
+    "ThreadedWork",
+    "ThreadedWorld",
+    "install_threaded_pg",
+    "uninstall_threaded_pg",
+]
+
+BACKEND = "threaded"
+ABORTED = "{op} on group {group} was released by disttest: {reason}"
+MISMATCH = "collective #{seq} on group {group} does not match across ranks (disttest): {calls}"
+
+
+class CollectiveAborted(RuntimeError):
+    """A rank was released from a collective because the test is ending.
+
+    Field: ``reason`` (why the world was aborted).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class CollectiveMismatch(RuntimeError):
+    """Ranks called different collectives, or passed incompatible arguments,
+    at the same step of a group."""
+
+
+# --- the per-test world ---------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("op", "payload", "future")
+
+    def __init__(self, op: str, payload: Any, future: Future[Any]) -> None:
+        self.op = op
+        self.payload = payload
+        self.future = future
+
+
+class ThreadedWorld:
+    """The shared state of one test's threaded ranks: collectives waiting
+    for ranks, messages in flight, and whether the test is being aborted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple[str, int], dict[int, _Call]] = {}
+        self._seq: dict[tuple[str, int], int] = {}
+        self._mail: dict[tuple[str, int, int], deque[tuple[int, torch.Tensor]]] = {}
+        self._recvs: list[tuple[str, int | None, int, int, torch.Tensor, Future[Any], ThreadedWork]] = []
+        self._pending: set[Future[Any]] = set()
+        self.abort_reason: str | None = None
+        self.store = dist.HashStore()
+
+    # -- aborting --
+    def abort(self, reason: str) -> None:
+        """Release every rank waiting in this world, now and later, with a
+        :class:`CollectiveAborted` that gives ``reason``."""
+        with self._lock:
+            if self.abort_reason is None:
+                self.abort_reason = reason
+            pending = list(self._pending)
+            self._pending.clear()
+            self._recvs.clear()
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(CollectiveAborted(
+                    f"released by disttest: {self.abort_reason}", self.abort_reason))
+
+    def _check_aborted(self, op: str, group: str) -> None:
+        if self.abort_reason is not None:
+            raise CollectiveAborted(
+                ABORTED.format(op=op, group=group, reason=self.abort_reason), self.abort_reason)
+
+    # -- collectives --
+    def collective(
+        self, pg: ProcessLocalGroup, op: str, payload: Any,
+        compute: Callable[[list[Any]], list[Any]],
+    ) -> ThreadedWork:
+        """Join collective ``op`` of ``pg`` with ``payload``. The last rank to
+        join runs ``compute(payloads by group rank)``, which returns each
+        rank's future value (or raises: every rank gets the error)."""
+        fut: Future[Any] = Future()
+        with self._lock:
+            self._check_aborted(op, pg.group_name)
+            key = (pg.group_name, pg.rank())
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+            calls = self._waiting.setdefault((pg.group_name, seq), {})
+            calls[pg.rank()] = _Call(op, payload, fut)
+            self._pending.add(fut)
+            if len(calls) < pg.size():
+                return ThreadedWork(fut, op)
+            del self._waiting[(pg.group_name, seq)]
+        ordered = [calls[r] for r in range(pg.size())]
+        try:
+            ops = {c.op for c in ordered}
+            if len(ops) > 1:
+                described = ", ".join(f"rank {r} called {c.op}" for r, c in enumerate(ordered))
+                raise CollectiveMismatch(MISMATCH.format(seq=seq, group=pg.group_name, calls=described))
+            with torch.no_grad():
+                results = compute([c.payload for c in ordered])
+        except Exception as e:  # noqa: BLE001 (every rank gets it)
+            self._finish(ordered, error=e)
+        else:
+            self._finish(ordered, results=results)
+        return ThreadedWork(fut, op)
+
+    def _finish(self, calls: Sequence[_Call], results: list[Any] | None = None,
+                error: BaseException | None = None) -> None:
+        with self._lock:
+            for c in calls:
+                self._pending.discard(c.future)
+        for i, c in enumerate(calls):
+            if c.future.done():
+                continue
+            if error is not None:
+                c.future.set_exception(type(error)(*error.args) if _copyable(error) else error)
+            else:
+                c.future.set_result(results[i] if results is not None else None)
+
+    # -- point to point --
+    def send(self, pg: ProcessLocalGroup, tensor: torch.Tensor, dst: int, tag: int) -> ThreadedWork:
+        fut: Future[Any] = Future()
+        with self._lock:
+            self._check_aborted("send", pg.group_name)
+            me = pg.rank()
+            match = next((i for i, (g, src, to, t, *_) in enumerate(self._recvs)
+                          if g == pg.group_name and to == dst and t == tag and src in (None, me)), None)
+            if match is None:
+                self._mail.setdefault((pg.group_name, dst, tag), deque()).append((me, tensor.detach().clone()))
+                fut.set_result([tensor])
+                return ThreadedWork(fut, "send")
+            *_, out, rfut, work = self._recvs.pop(match)
+            self._pending.discard(rfut)
+        _deliver(out, tensor, work, me, rfut)
+        fut.set_result([tensor])
+        return ThreadedWork(fut, "send")
+
+    def recv(self, pg: ProcessLocalGroup, tensor: torch.Tensor, src: int | None, tag: int) -> ThreadedWork:
+        fut: Future[Any] = Future()
+        work = ThreadedWork(fut, "recv")
+        with self._lock:
+            self._check_aborted("recv", pg.group_name)
+            box = self._mail.get((pg.group_name, pg.rank(), tag))
+            found = None
+            if box:
+                for i, (sender, data) in enumerate(box):
+                    if src is None or sender == src:
+                        found = (sender, data)
+                        del box[i]
+                        break
+            if found is None:
+                self._recvs.append((pg.group_name, src, pg.rank(), tag, tensor, fut, work))
+                self._pending.add(fut)
+                return work
+        _deliver(tensor, found[1], work, found[0], fut)
+        return work
+
+
+def _deliver(out: torch.Tensor, data: torch.Tensor, work: ThreadedWork, sender: int,
+             fut: Future[Any]) -> None:
+    if out.shape != data.shape or out.dtype != data.dtype:
+        fut.set_exception(CollectiveMismatch(
+            f"recv expected {out.dtype} {list(out.shape)} but rank {sender} sent "
+            f"{data.dtype} {list(data.shape)} (disttest)"))
+        return
+    with torch.no_grad():
+        out.detach().copy_(data)
+    work.source = sender
+    fut.set_result([out])
+
+
+def _copyable(error: BaseException) -> bool:
+    # Each rank gets its own exception object (tracebacks are per raise).
+    try:
+        type(error)(*error.args)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+class ThreadedWork(dist._Work):
+    """The Work of a threaded collective: ``wait()`` blocks until the
+    collective completes or the world is aborted (then it raises)."""
+
+    def __init__(self, future: Future[Any], op: str) -> None:
+        super().__init__()
+        self._future = future
+        self.op = op
+        self.source: int | None = None
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def exception(self) -> Any:
+        try:
+            self._future.value()
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+    def result(self) -> Any:
+        return self._future.value()
+
+    def _source_rank(self) -> int:
+        if self.source is None:
+            raise RuntimeError("the source rank is known only once recv completes (disttest)")
+        return self.source
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+# --- reductions -------------------------------------------------------------------
+
+R: Any = dist.ReduceOp.RedOpType  # (the stubs lack most members)
+_BITWISE = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+
+
+def _reduce(tensors: list[torch.Tensor], op: Any, what: str) -> torch.Tensor:
+    kind, factor = _compat.reduce_op_parts(op)
+    dtype = tensors[0].dtype
+    if kind in _BITWISE:
+        if dtype.is_floating_point or dtype.is_complex:
+            raise ValueError(f"{what}: {kind.name} needs integer or bool tensors, got {dtype} (disttest)")
+        out = tensors[0].clone()
+        for t in tensors[1:]:
+            out = _BITWISE[kind](out, t)
+        return out
+    stacked = torch.stack([t.detach() for t in tensors])
+    if kind == R.SUM:
+        return stacked.sum(0).to(dtype)
+    if kind == R.PRODUCT:
+        return stacked.prod(0).to(dtype)
+    if kind == R.MIN:
+        return stacked.amin(0)
+    if kind == R.MAX:
+        return stacked.amax(0)
+    if kind == R.AVG:
+        if not (dtype.is_floating_point or dtype.is_complex):
+            raise ValueError(f"{what}: AVG needs floating-point tensors, got {dtype} (disttest)")
+        return stacked.mean(0)
+    if kind == R.PREMUL_SUM:
+        scale = factor if not isinstance(factor, torch.Tensor) else factor.to(stacked.device)
+        return (stacked * scale).sum(0).to(dtype)
+    raise ValueError(f"{what}: reduce op {kind} is not supported (disttest)")
+
+
+def _same(tensors: Sequence[torch.Tensor], what: str) -> None:
+    first = tensors[0]
+    for r, t in enumerate(tensors):
+        if t.shape != first.shape or t.dtype != first.dtype:
+            raise CollectiveMismatch(
+                f"{what}: rank {r} passed {t.dtype} {list(t.shape)}, rank 0 passed "
+                f"{first.dtype} {list(first.shape)} (disttest)")
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.detach().copy_(src.to(dst.device))
+
+
+def _splits(sizes: Sequence[int] | None, total: int, n: int, what: str) -> list[int]:
+    if not sizes:
+        if total % n:
+            raise ValueError(f"{what}: dim 0 of size {total} does not split evenly over {n} ranks (disttest)")
+        return [total // n] * n
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or sum(sizes) != total:
+        raise ValueError(f"{what}: split sizes {sizes} do not cover dim 0 of size {total} over {n} ranks (disttest)")
+    return sizes
+
+
+# --- the process group ----------------------------------------------------------
+
+
+class ProcessLocalGroup(dist.ProcessGroup):
+    """One rank's view of a threaded group; every collective of c10d."""
+
+    def __init__(self, rank: int, world_size: int, name: str = "", world: ThreadedWorld | None = None) -> None:
+        super().__init__(rank, world_size)  # type: ignore[call-arg]
+        self._name = name
+        self._tworld = world if world is not None else _current_world()
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def pg_name(self) -> str:
+        return self._name
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"ThreadedPG(group={self._name!r}, rank={self.rank()}, world_size={self.size()})"
+
+    def _join(self, op: str, payload: Any, compute: Callable[[list[Any]], list[Any]]) -> ThreadedWork:
+        return self._tworld.collective(self, op, payload, compute)
+
+    # -- reductions --
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+        def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
+            for i in range(len(all_tensors[0])):
+                column = [ts[i] for ts in all_tensors]
+                _same(column, "all_reduce")
+                result = _reduce(column, op, "all_reduce")
+                for t in column:
+                    _copy(t, result)
+            return all_tensors
+
+        return self._join("all_reduce", tensors, compute)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> ThreadedWork:
+        root, op = opts.rootRank, opts.reduceOp
+
+        def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
+            column = [ts[0] for ts in all_tensors]
+            _same(column, "reduce")
+            _copy(column[root], _reduce(column, op, "reduce"))
+            return all_tensors
+
+        return self._join("reduce", tensors, compute)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> ThreadedWork:
+        root = opts.rootRank
+
+        def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
+            for i, src in enumerate(all_tensors[root]):
+                column = [ts[i] for ts in all_tensors]
+                _same(column, "broadcast")
+                for t in column:
+                    if t is not src:
+                        _copy(t, src)
+            return all_tensors
+
+        return self._join("broadcast", tensors, compute)
+
+    # -- gathers and scatters --
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+        n = self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            ins = [p[1][0] for p in payloads]
+            for r, (outs, _) in enumerate(payloads):
+                if len(outs[0]) != n:
+                    raise ValueError(f"all_gather: rank {r} passed {len(outs[0])} outputs for {n} ranks (disttest)")
+                for src, t in enumerate(ins):
+                    if outs[0][src].numel() != t.numel():
+                        raise CollectiveMismatch(
+                            f"all_gather: rank {r}'s output {src} has {outs[0][src].numel()} elements, "
+                            f"rank {src} sent {t.numel()} (disttest)")
+                    _copy(outs[0][src], t.reshape(outs[0][src].shape))
+            return [p[0] for p in payloads]
+
+        return self._join("all_gather", (outputs, inputs), compute)
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+        def compute(payloads: list[Any]) -> list[Any]:
+            for outs, _ in payloads:
+                for src, (_, src_ins) in enumerate(payloads):
+                    for j, t in enumerate(src_ins):
+                        _copy(outs[src][j], t)
+            return [p[0] for p in payloads]
+
+        return self._join("all_gather_coalesced", (outputs, inputs), compute)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> ThreadedWork:
+        n = self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            ins = [p[1] for p in payloads]
+            _same(ins, "all_gather_into_tensor")
+            for r, (out, inp) in enumerate(payloads):
+                if out.numel() != n * inp.numel():
+                    raise ValueError(
+                        f"all_gather_into_tensor: rank {r}'s output has {out.numel()} elements, "
+                        f"needs {n} x {inp.numel()} (disttest)")
+                flat = torch.cat([t.reshape(-1) for t in ins])
+                _copy(out, flat.reshape(out.shape))
+            return [[p[0]] for p in payloads]
+
+        return self._join("all_gather_into_tensor", (output, input), compute)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+        def compute(payloads: list[Any]) -> list[Any]:
+            for j in range(len(payloads[0][1])):
+                flat = torch.cat([p[1][j].reshape(-1) for p in payloads])
+                for outs, _ in payloads:
+                    _copy(outs[j], flat.reshape(outs[j].shape))
+            return [p[0] for p in payloads]
+
+        return self._join("all_gather_into_tensor_coalesced", (outputs, inputs), compute)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> ThreadedWork:
+        root, n = opts.rootRank, self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            outs = payloads[root][0]
+            if len(outs) != 1 or len(outs[0]) != n:
+                raise ValueError(f"gather: the root needs a list of {n} outputs (disttest)")
+            for src, (_, ins) in enumerate(payloads):
+                _copy(outs[0][src], ins[0])
+            return [p[0] for p in payloads]
+
+        return self._join("gather", (outputs, inputs), compute)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> ThreadedWork:
+        root, n = opts.rootRank, self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            ins = payloads[root][1]
+            if len(ins) != 1 or len(ins[0]) != n:
+                raise ValueError(f"scatter: the root needs a list of {n} inputs (disttest)")
+            for r, (outs, _) in enumerate(payloads):
+                if outs[0].shape != ins[0][r].shape:
+                    raise CollectiveMismatch(
+                        f"scatter: rank {r}'s output is {list(outs[0].shape)}, "
+                        f"its input is {list(ins[0][r].shape)} (disttest)")
+                _copy(outs[0], ins[0][r])
+            return [p[0] for p in payloads]
+
+        return self._join("scatter", (outputs, inputs), compute)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> ThreadedWork:
+        op, n = opts.reduceOp, self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            for r, (_, ins) in enumerate(payloads):
+                if len(ins[0]) != n:
+                    raise ValueError(f"reduce_scatter: rank {r} passed {len(ins[0])} inputs for {n} ranks (disttest)")
+            for dst, (outs, _) in enumerate(payloads):
+                column = [p[1][0][dst] for p in payloads]
+                _same(column, "reduce_scatter")
+                _copy(outs[0], _reduce(column, op, "reduce_scatter"))
+            return [p[0] for p in payloads]
+
+        return self._join("reduce_scatter", (outputs, inputs), compute)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> ThreadedWork:
+        op, n = opts.reduceOp, self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            ins = [p[1] for p in payloads]
+            _same(ins, "reduce_scatter_tensor")
+            for r, (out, inp) in enumerate(payloads):
+                if inp.numel() != n * out.numel():
+                    raise ValueError(
+                        f"reduce_scatter_tensor: rank {r}'s input has {inp.numel()} elements, "
+                        f"needs {n} x {out.numel()} (disttest)")
+            total = _reduce([t.reshape(-1) for t in ins], op, "reduce_scatter_tensor")
+            for dst, (out, _) in enumerate(payloads):
+                _copy(out, total.chunk(n)[dst].reshape(out.shape))
+            return [[p[0]] for p in payloads]
+
+        return self._join("reduce_scatter_tensor", (output, input), compute)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> ThreadedWork:
+        op, n = opts.reduceOp, self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            for j in range(len(payloads[0][1])):
+                total = _reduce([p[1][j].reshape(-1) for p in payloads], op, "reduce_scatter_tensor")
+                for dst, (outs, _) in enumerate(payloads):
+                    _copy(outs[j], total.chunk(n)[dst].reshape(outs[j].shape))
+            return [p[0] for p in payloads]
+
+        return self._join("reduce_scatter_tensor_coalesced", (outputs, inputs), compute)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+        n = self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            for r, (outs, ins) in enumerate(payloads):
+                if len(outs) != n or len(ins) != n:
+                    raise ValueError(f"all_to_all: rank {r} needs {n} inputs and {n} outputs (disttest)")
+            for dst, (outs, _) in enumerate(payloads):
+                for src, (_, ins) in enumerate(payloads):
+                    if outs[src].shape != ins[dst].shape:
+                        raise CollectiveMismatch(
+                            f"all_to_all: rank {dst}'s output {src} is {list(outs[src].shape)}, "
+                            f"rank {src} sends {list(ins[dst].shape)} (disttest)")
+                    _copy(outs[src], ins[dst])
+            return [p[0] for p in payloads]
+
+        return self._join("all_to_all", (outputs, inputs), compute)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> ThreadedWork:
+        n = self.size()
+
+        def compute(payloads: list[Any]) -> list[Any]:
+            outs_split, ins_split = [], []
+            for out, inp, osz, isz in payloads:
+                outs_split.append(out.split(_splits(osz, out.size(0), n, "all_to_all_single")))
+                ins_split.append(inp.split(_splits(isz, inp.size(0), n, "all_to_all_single")))
+            for dst in range(n):
+                for src in range(n):
+                    piece, slot = ins_split[src][dst], outs_split[dst][src]
+                    if piece.shape != slot.shape:
+                        raise CollectiveMismatch(
+                            f"all_to_all_single: rank {src} sends {list(piece.shape)} to rank {dst}, "
+                            f"which expects {list(slot.shape)} (disttest)")
+                    _copy(slot, piece)
+            return [[p[0]] for p in payloads]
+
+        return self._join("all_to_all_single", (output, input, output_split_sizes, input_split_sizes), compute)
+
+    def barrier(self, opts: Any = None) -> ThreadedWork:
+        return self._join("barrier", None, lambda payloads: [None] * len(payloads))
+
+    # -- point to point --
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> ThreadedWork:
+        return self._tworld.send(self, tensors[0], dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> ThreadedWork:
+        return self._tworld.recv(self, tensors[0], src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> ThreadedWork:
+        return self._tworld.recv(self, tensors[0], None, tag)
+
+
+# --- registration and installation ---------------------------------------------
+
+_thread_world = threading.local()
+_installed: list[tuple[ThreadedWorld, Any]] = []  # (world, c10d registry it replaced)
+
+
+def _current_world() -> ThreadedWorld:
+    world = getattr(_thread_world, "world", None)
+    if world is not None:
+        return world
+    if _installed:
+        return _installed[-1][0]
+    raise RuntimeError(
+        "the threaded backend needs an installed world (disttest): use MultiThreadedTestCase, "
+        "spawn_threads_and_init_comms, or call _install_threaded_pg() first"
+    )
+
+
+def _bind_thread(world: ThreadedWorld | None) -> None:
+    """Make ``world`` the one this thread's threaded groups join."""
+    _thread_world.world = world
+
+
+def _create(opts: Any, backend_opts: Any) -> ProcessLocalGroup:
+    return ProcessLocalGroup(opts.group_rank, opts.group_size, str(opts.group_id))
+
+
+class _ThreadLocalRegistry:
+    """c10d's registry of groups, one per thread (each rank thread has its own
+    default group), of c10d's own type."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_local", threading.local())
+
+    def _get(self) -> Any:
+        local = object.__getattribute__(self, "_local")
+        if not hasattr(local, "world"):
+            local.world = _compat.new_c10d_world()
+        return local.world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._get(), name, value)
+
+
+def _register_backend() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+_register_backend()
+_install_lock = threading.Lock()
+
+
+def install_threaded_pg() -> ThreadedWorld:
+    """Start a threaded world: c10d's registry becomes thread-local (each
+    thread its own default group) and a new :class:`ThreadedWorld` is what
+    ``init_process_group("threaded", ...)`` joins. Undo with
+    :func:`uninstall_threaded_pg`."""
+    with _install_lock:
+        world = ThreadedWorld()
+        _installed.append((world, _compat.c10d_world()))
+        _compat.set_c10d_world(_ThreadLocalRegistry())
+        _compat.set_thread_isolation(True)
+        return world
+
+
+def uninstall_threaded_pg() -> None:
+    """Restore c10d's registry as it was before the matching install."""
+    with _install_lock:
+        if not _installed:
+            return
+        world, previous = _installed.pop()
+        world.abort("the threaded world was uninstalled")
+        _compat.set_c10d_world(previous)
+        if not _installed:
+            _compat.set_thread_isolation(False)
+
+
+# Upstream's names.
+_install_threaded_pg = install_threaded_pg
+_uninstall_threaded_pg = uninstall_threaded_pg
