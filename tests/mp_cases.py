@@ -8,13 +8,12 @@ import os
 import signal
 import sys
 import time
-import unittest
 
 import torch
 import torch.distributed as dist
 
 import disttest
-from disttest import TEST_SKIPS, MultiProcessTestCase
+from disttest import MultiProcessTestCase
 
 
 def init_pg(case: MultiProcessTestCase) -> None:
@@ -35,32 +34,7 @@ class Base(MultiProcessTestCase):
 
 
 class Outcomes(Base):
-    """One test per outcome the core must report."""
-
-    def test_pass(self):
-        init_pg(self)
-        t = torch.full((3,), float(self.rank))
-        dist.all_reduce(t)
-        self.assertEqual(t, torch.full((3,), 1.0))
-
-    def test_assertion_in_rank_1(self):
-        if self.rank == 1:
-            self.assertEqual(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 5.0]))
-
-    def test_exception_in_rank_1(self):
-        if self.rank == 1:
-            raise ValueError(f"boom in rank {self.rank}")
-
-    def test_skip_by_skiptest(self):
-        raise unittest.SkipTest("not today")
-
-    def test_skip_by_exit_code_in_one_rank(self):
-        if self.rank == 1:
-            sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
-
-    @disttest.skip_if_lt_x_gpu(2)
-    def test_skip_decorator(self):
-        raise AssertionError("must not run: the parent decides the skip")
+    """Endings only processes have."""
 
     def test_os_exit_in_rank_1(self):
         if self.rank == 1:
@@ -73,35 +47,6 @@ class Outcomes(Base):
     def test_sys_exit_nonzero(self):
         if self.rank == 0:
             sys.exit(5)
-
-
-class Fast(Base):
-    """A failing rank ends the test long before its peers would."""
-
-    def test_rank_1_fails_others_sleep(self):
-        if self.rank == 1:
-            raise RuntimeError("early failure")
-        time.sleep(60)
-
-
-class Wide(Base):
-    @property
-    def world_size(self) -> int:
-        return 4
-
-    def test_identical_failures(self):
-        if self.rank != 0:
-            raise KeyError("same everywhere")
-
-    def test_mixed(self):
-        if self.rank == 1:
-            self.assertTrue(False, "rank 1 asserts")
-        if self.rank == 2:
-            raise OSError("rank 2 raises")
-
-    def test_last_rank_fails(self):
-        if self.rank == 3:
-            self.fail("only the last rank")
 
 
 def stuck_in_a_helper():
@@ -128,18 +73,6 @@ class Hangs(Base):
         if self.rank == 1:
             raise RuntimeError("rank 1 gives up")
         dist.all_reduce(torch.ones(2))
-
-
-class Desync(Base):
-    timeout = 30
-
-    def test_early_return(self):
-        init_pg(self)
-        dist.all_reduce(torch.ones(2))
-        if self.rank == 1:
-            return
-        dist.all_reduce(torch.ones(2))
-        dist.barrier()
 
 
 class UpstreamHooks(Base):

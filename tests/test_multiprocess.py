@@ -1,5 +1,6 @@
-"""MultiProcessTestCase on the shared core: every outcome, fail-fast,
-forensics, desync, hygiene, start methods and the upstream hooks."""
+"""What only MultiProcessTestCase does: crashes and signals, stacks taken
+inside C++, start methods, upstream hooks, hygiene. The behaviours every
+runner shares are in test_runners.py."""
 
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ import os
 import tempfile
 import time
 import unittest
-from multiprocessing import resource_tracker
 from unittest import mock
 
 import mp_cases as cases
-import psutil
+from runner_cases import live_ranks
 
 import disttest
 from disttest import RankError, RankFailure
-from disttest._runner import zygote
 
 
 def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, float]:
@@ -24,19 +23,6 @@ def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, f
     start = time.monotonic()
     cls(name).run(result)
     return result, time.monotonic() - start
-
-
-def live_ranks() -> list[psutil.Process]:
-    """Processes started for ranks that are still alive: children of this
-    process and of its fork server, less the fork server itself."""
-    me = psutil.Process()
-    server = zygote._clients.get(os.getpid())
-    helpers = {server.proc.pid if server is not None else None}
-    # multiprocessing's resource tracker (started by the spawn start method)
-    # lives as long as this process by design.
-    helpers.add(getattr(resource_tracker._resource_tracker, "_pid", None))
-    found = [p for p in me.children(recursive=True) if p.pid not in helpers]
-    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 class OutcomeMixin:
@@ -58,39 +44,6 @@ class OutcomeMixin:
 
 
 class OutcomesTest(OutcomeMixin, unittest.TestCase):
-    def test_pass(self):
-        result, _ = run(cases.Outcomes, "test_pass")
-        self.assertPassed(result)
-
-    def test_assertion_in_one_rank_is_a_failure(self):
-        result, _ = run(cases.Outcomes, "test_assertion_in_rank_1")
-        text = self.only(result.failures)
-        self.assertEqual(result.errors, [])
-        self.assertIn("'test_assertion_in_rank_1' failed (disttest): rank 1/2", text)
-        self.assertIn("Mismatched elements: 1 / 2", text)
-        self.assertIn('mp_cases.py", line', text)  # the rank's own traceback
-
-    def test_exception_in_one_rank_is_an_error(self):
-        result, _ = run(cases.Outcomes, "test_exception_in_rank_1")
-        text = self.only(result.errors)
-        self.assertEqual(result.failures, [])
-        self.assertIn("rank 1/2: ValueError: boom in rank 1", text)
-        self.assertIn("raise ValueError", text)
-
-    def test_skiptest_in_ranks_is_a_skip(self):
-        result, _ = run(cases.Outcomes, "test_skip_by_skiptest")
-        self.assertEqual(self.only(result.skipped), "not today")
-
-    def test_skip_exit_code_in_one_rank_is_a_skip(self):
-        result, _ = run(cases.Outcomes, "test_skip_by_exit_code_in_one_rank")
-        self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
-
-    def test_skip_decorator_is_decided_before_spawning(self):
-        with mock.patch.object(cases.Outcomes, "_start_processes") as start:
-            result, _ = run(cases.Outcomes, "test_skip_decorator")
-        start.assert_not_called()
-        self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
-
     def test_os_exit_in_one_rank(self):
         result, elapsed = run(cases.Outcomes, "test_os_exit_in_rank_1")
         text = self.only(result.errors)
@@ -109,55 +62,7 @@ class OutcomesTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("rank 0/2: SystemExit: sys.exit(5) in the test", self.only(result.errors))
 
 
-class ReportTest(OutcomeMixin, unittest.TestCase):
-    def test_identical_tracebacks_are_grouped(self):
-        result, _ = run(cases.Wide, "test_identical_failures")
-        text = self.only(result.errors)
-        self.assertIn("ranks 1, 2, 3/4: KeyError: 'same everywhere'", text)
-        for rank in (1, 2, 3):  # not listed one by one
-            self.assertNotIn(f"rank {rank}/4: KeyError", text)
-
-    def test_mixed_ranks_name_every_cause_and_are_an_error(self):
-        result, _ = run(cases.Wide, "test_mixed")
-        text = self.only(result.errors)
-        self.assertIn("rank 1/4: AssertionError: False is not true : rank 1 asserts", text)
-        self.assertIn("rank 2/4: OSError: rank 2 raises", text)
-
-    def test_every_rank_counts_not_only_rank_0(self):
-        result, _ = run(cases.Wide, "test_last_rank_fails")
-        self.assertIn("rank 3/4: AssertionError: only the last rank", self.only(result.failures))
-
-    def test_failure_is_both_assertion_and_runtime_error(self):
-        case = cases.Outcomes("test_assertion_in_rank_1")
-        case.setUp()
-        try:
-            with self.assertRaises(RuntimeError) as ctx:
-                case.test_assertion_in_rank_1()
-        finally:
-            case.doCleanups()
-        self.assertIsInstance(ctx.exception, AssertionError)
-        self.assertIsInstance(ctx.exception, RankFailure)
-        self.assertEqual(ctx.exception.ranks, [1])
-        self.assertEqual(ctx.exception.world_size, 2)
-
-
 class FailFastTest(OutcomeMixin, unittest.TestCase):
-    def test_a_failing_rank_ends_the_test_within_seconds(self):
-        result, elapsed = run(cases.Fast, "test_rank_1_fails_others_sleep")
-        text = self.only(result.errors)
-        self.assertLess(elapsed, 5, "the core waited for the sleeping rank")
-        self.assertIn("rank 1/2: RuntimeError: early failure", text)
-        # The live rank's stack was taken before it was stopped.
-        self.assertIn("rank 0/2 stopped by disttest after the failure above", text)
-        self.assertIn("in test_rank_1_fails_others_sleep", text)
-
-    def test_hung_rank_reports_its_stack_at_the_timeout(self):
-        result, elapsed = run(cases.Hangs, "test_hang")
-        text = self.only(result.errors)
-        self.assertIn("rank 1/2 did not finish 'test_hang' within 2s", text)
-        self.assertIn("in stuck_in_a_helper", text)
-        self.assertLess(elapsed, 8)
-
     def test_stack_of_a_rank_blocked_in_a_collective(self):
         result, _ = run(cases.Hangs, "test_blocked_in_collective")
         text = self.only(result.errors)
@@ -171,12 +76,6 @@ class FailFastTest(OutcomeMixin, unittest.TestCase):
         text = self.only(result.errors)
         self.assertIn("rank 1/2: RuntimeError: rank 1 gives up", text)
         self.assertLess(elapsed, 8)
-
-    def test_early_return_is_a_desync_not_a_timeout(self):
-        result, elapsed = run(cases.Desync, "test_early_return")
-        text = self.only(result.errors)
-        self.assertIn("rank 1/2 finished; rank 0/2 waits in all_reduce #2 of the default group", text)
-        self.assertLess(elapsed, 10, "desync must be reported before the 30s timeout")
 
 
 class HooksTest(OutcomeMixin, unittest.TestCase):
@@ -213,7 +112,7 @@ class HooksTest(OutcomeMixin, unittest.TestCase):
         )
 
     def test_processes_view(self):
-        case = cases.Outcomes("test_pass")
+        case = cases.StartMethods("test_pass")
         case.setUp()
         try:
             self.assertEqual([p.name for p in case.processes], ["process 0", "process 1"])

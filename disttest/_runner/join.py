@@ -24,7 +24,7 @@ POLL_INTERVAL = 0.01
 #: (ranks often fail together, a few ms apart) before they are stopped.
 FAIL_GRACE = 0.5
 DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
-CONSEQUENCE = "rank {rank}/{world} failed in {what}, which rank {peer}/{world} never entered"
+CONSEQUENCE = "rank {rank}/{world} failed in {what} after rank {peer}/{world} had failed"
 
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
@@ -45,26 +45,31 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 
-def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> list[int]:
-    """Explain every errored rank that can be; return the finished ranks."""
+def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], seen: dict[int, int],
+                    world: int) -> list[int]:
+    """Explain every errored rank that can be; return the finished ranks.
+    ``seen[rank]`` is the poll in which the rank's end was seen."""
     finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
-    failed = [r for r, o in outcomes.items() if o.kind.is_cause]
     for r, o in outcomes.items():
         if o.kind is Kind.ERRORED:
-            _explain(launcher, o, finished, [p for p in failed if p != r], world)
+            late = float("inf")  # stopped by disttest: after every rank that ended
+            earlier = [p for p, q in outcomes.items()
+                       if q.kind.is_cause and seen.get(p, late) < seen.get(r, late)]
+            _explain(launcher, o, finished, earlier, world)
     return finished
 
 
-def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed: list[int],
+def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed_before: list[int],
              world: int) -> None:
-    """Reclassify a rank that raised inside a collective an ended peer never
-    entered: a desync if that peer finished, a consequence if it failed."""
+    """Reclassify a rank that raised inside a collective: a desync if a
+    finished peer never entered it; a consequence if a peer in it had
+    already failed (its leaving broke the collective or the rendezvous)."""
     found = launcher.desync([o.rank], finished, ended=True)
     if found:
         o.kind = Kind.DESYNC
         o.detail = _desync_detail(found[0], world)
         return
-    found = launcher.desync([o.rank], failed, ended=True)
+    found = launcher.desync([o.rank], failed_before, ended=True, entered_counts=False)
     if found:
         peer, flight = found[0]
         o.kind = Kind.STOPPED
@@ -86,13 +91,17 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     deadline = time.monotonic() + timeout
     grace_end: float | None = None
     outcomes: dict[int, Outcome] = {}
+    seen: dict[int, int] = {}
+    polls = 0
     while True:
+        polls += 1
         for r, status in launcher.poll().items():
             if r not in outcomes:
                 outcomes[r] = _ended(launcher, r, status)
+                seen[r] = polls
         # Re-judged on every poll: the peer that explains an error may be
         # seen to end a little after the rank that raised.
-        finished = _explain_errors(launcher, outcomes, world)
+        finished = _explain_errors(launcher, outcomes, seen, world)
         live = [r for r in range(world) if r not in outcomes]
         if not live:
             break
@@ -110,5 +119,5 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
             break
         time.sleep(poll_interval)
-    _explain_errors(launcher, outcomes, world)
+    _explain_errors(launcher, outcomes, seen, world)
     return [outcomes[r] for r in range(world)]

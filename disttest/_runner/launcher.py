@@ -55,10 +55,11 @@ class Launcher(Protocol):
         """The end of what ``rank`` printed (for a rank that reported nothing)."""
         ...
 
-    def desync(self, ranks: Sequence[int], finished: Sequence[int],
-               ended: bool = False) -> list[tuple[int, InFlight]]:
-        """One of ``ranks`` waiting in (``ended``: died in) a collective that a
-        finished peer never entered."""
+    def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
+               entered_counts: bool = True) -> list[tuple[int, InFlight]]:
+        """Each of ``ranks`` waiting in (``ended``: died in) a collective that
+        a peer of ``finished`` never entered (without ``entered_counts``:
+        takes part in)."""
         ...
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
@@ -139,9 +140,9 @@ class ProcessLauncher:
     def output(self, rank: int) -> str:
         return rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"])
 
-    def desync(self, ranks: Sequence[int], finished: Sequence[int],
-               ended: bool = False) -> list[tuple[int, InFlight]]:
-        return find_desync(self.board, ranks, finished, ended)
+    def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
+               entered_counts: bool = True) -> list[tuple[int, InFlight]]:
+        return find_desync(self.board, ranks, finished, ended, entered_counts)
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         files = {r: rank_mod.paths(self.spec.run_dir, r)["stacks"] for r in ranks}

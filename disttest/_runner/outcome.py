@@ -138,7 +138,12 @@ def _format(exc: BaseException) -> str:
         chained = _format(exc.__cause__) + _CAUSE
     elif exc.__context__ is not None and not exc.__suppress_context__:
         chained = _format(exc.__context__) + _CONTEXT
-    summary = traceback.StackSummary.extract(iter(_frames(exc)))
+    # FrameSummary without column positions: no caret anchors, so no AST is
+    # built here (3.11 parses source for them; ranks may be threads).
+    summary = traceback.StackSummary.from_list([
+        traceback.FrameSummary(f.f_code.co_filename, lineno, f.f_code.co_name)
+        for f, lineno in _frames(exc)
+    ])
     return (chained + "Traceback (most recent call last):\n" + "".join(summary.format())
             + "".join(traceback.format_exception_only(type(exc), exc)))
 

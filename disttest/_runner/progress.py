@@ -47,7 +47,11 @@ _COLLECTIVES = (
 )
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
 _ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}
+# Collective set-up: every rank must take part, so a peer that leaves breaks
+# it; counted apart, so collective numbers read as the user counts them.
+_RENDEZVOUS = ("init_process_group", "new_group")
 DEFAULT_GROUP = "default"
+RENDEZVOUS_GROUP = "rendezvous"
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,8 @@ class InFlight:
     peers: tuple[int, ...]
 
     def describe(self) -> str:
-        where = "the default group" if self.group == DEFAULT_GROUP else f"group {self.group}"
+        where = {DEFAULT_GROUP: "the default group", RENDEZVOUS_GROUP: "the rendezvous"}.get(
+            self.group, f"group {self.group}")
         return f"{self.op} #{self.seq} of {where}"
 
 
@@ -121,10 +126,10 @@ class ProgressBoard:
 
 
 def find_desync(board: ProgressBoard, ranks: Iterable[int], finished: Iterable[int],
-                ended: bool = False) -> list[tuple[int, InFlight]]:
-    """(finished peer, what the rank waits in) for each of ``ranks`` that
-    waits in (or, with ``ended``, died in) a collective that a finished peer
-    never entered."""
+                ended: bool = False, entered_counts: bool = True) -> list[tuple[int, InFlight]]:
+    """(peer, what the rank waits in) for each of ``ranks`` that waits in
+    (or, with ``ended``, died in) a collective that a peer of ``finished``
+    never entered (or, without ``entered_counts``, merely takes part in)."""
     finished = list(finished)
     found = []
     for rank in ranks if finished else ():
@@ -132,7 +137,9 @@ def find_desync(board: ProgressBoard, ranks: Iterable[int], finished: Iterable[i
         if flight is None:
             continue
         for peer in finished:
-            if peer in flight.peers and board.counts(peer).get(flight.group, 0) < flight.seq:
+            if peer in flight.peers and peer != rank and (
+                not entered_counts or board.counts(peer).get(flight.group, 0) < flight.seq
+            ):
                 found.append((peer, flight))
                 break
     return found
@@ -200,11 +207,15 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def tracked(*args: Any, **kwargs: Any) -> Any:
         tracker = _current()
-        if tracker is None or tracker.depth or not dist.is_initialized():
+        if tracker is None or tracker.depth or not (dist.is_initialized() or name in _RENDEZVOUS):
             return func(*args, **kwargs)
         try:
             bound = sig.bind_partial(*args, **kwargs).arguments
-            group, ranks = _group_of(dist, bound.get("group"))
+            ranks: list[int] | None
+            if name in _RENDEZVOUS:
+                group, ranks = RENDEZVOUS_GROUP, list(range(tracker.board.world_size))
+            else:
+                group, ranks = _group_of(dist, bound.get("group"))
             if ranks is None:
                 ranks = list(range(dist.get_world_size()))
             if name in _P2P:
@@ -236,7 +247,7 @@ def install_tracking() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    for name in (*_COLLECTIVES, *_P2P, "batch_isend_irecv"):
+    for name in (*_COLLECTIVES, *_P2P, "batch_isend_irecv", *_RENDEZVOUS):
         func = getattr(c10d, name, None)
         if func is None or getattr(func, "__disttest_tracked__", False):
             continue

@@ -65,6 +65,7 @@ class ThreadLauncher:
         self.board = ProgressBoard(None, world_size)
         self.threads: list[threading.Thread] = []
         self.unstoppable: list[int] = []
+        self._in_body: set[int] = set()
 
     def start(self) -> None:
         install_tracking()
@@ -78,11 +79,13 @@ class ThreadLauncher:
         _bind_thread(self.world)
         track_into(self.board, rank, per_thread=True)
         exc: BaseException | None = None
+        self._in_body.add(rank)
         try:
             self._body(rank)
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
         finally:
+            self._in_body.discard(rank)
             _bind_thread(None)
         outcome = outcome_from_exception(rank, exc)
         if isinstance(exc, (CollectiveAborted, RankStopped)):
@@ -101,9 +104,9 @@ class ThreadLauncher:
     def output(self, rank: int) -> str:
         return ""  # threads share the test process's streams
 
-    def desync(self, ranks: Sequence[int], finished: Sequence[int],
-               ended: bool = False) -> list[tuple[int, InFlight]]:
-        return find_desync(self.board, ranks, finished, ended)
+    def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
+               entered_counts: bool = True) -> list[tuple[int, InFlight]]:
+        return find_desync(self.board, ranks, finished, ended, entered_counts)
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         frames = sys._current_frames()
@@ -125,8 +128,11 @@ class ThreadLauncher:
                 break
             # First let the abort release waits in collectives; then raise
             # in whatever Python code a thread is still running.
+            # NB: only into the test body: an exception raised asynchronously
+            # inside CPython internals (3.11 builds an AST to format a
+            # traceback) can leave the interpreter's state corrupt.
             if time.monotonic() - start > 0.2:
-                for r in set(live) - raised:
+                for r in (set(live) & self._in_body) - raised:
                     _raise_in(self.threads[r], RankStopped)
                     raised.add(r)
             time.sleep(0.01)

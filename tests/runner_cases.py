@@ -1,0 +1,151 @@
+"""Test bodies every runner must handle alike, and one class per runner.
+
+tests/test_runners.py runs each body under each runner into a recording
+result. At module level (not a test_*.py file) so that the fork server can
+import the process class by name and pytest does not collect them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import unittest
+from multiprocessing import resource_tracker
+
+import psutil
+import torch
+import torch.distributed as dist
+
+import disttest
+from disttest import TEST_SKIPS
+from disttest._runner import zygote
+
+
+def live_ranks() -> list[object]:
+    """Ranks still alive: rank threads, and processes started for ranks
+    (children of this process and of its fork server, less the helpers)."""
+    me = psutil.Process()
+    server = zygote._clients.get(os.getpid())
+    helpers = {server.proc.pid if server is not None else None}
+    # multiprocessing's resource tracker (started by the spawn start method)
+    # lives as long as this process by design.
+    helpers.add(getattr(resource_tracker._resource_tracker, "_pid", None))
+    procs = [p for p in me.children(recursive=True)
+             if p.pid not in helpers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    threads = [t for t in threading.enumerate() if " rank " in t.name and t.is_alive()]
+    return [*procs, *threads]
+
+
+def stuck_in_a_helper() -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # Python-level, so a thread can be stopped
+        time.sleep(0.01)
+
+
+class Behaviours:
+    """``self.init()`` makes the default group where the runner does not."""
+
+    rank: int
+    _testMethodName: str
+
+    @property
+    def world_size(self) -> int:
+        return 4 if "wide" in self._testMethodName else 2
+
+    @property
+    def timeout(self) -> float:
+        return 2 if "hang" in self._testMethodName else 30
+
+    def init(self) -> None:
+        raise NotImplementedError
+
+    def test_pass(self):
+        self.init()
+        t = torch.full((3,), float(self.rank))
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((3,), 1.0))
+
+    def test_assertion_in_rank_1(self):
+        self.init()
+        if self.rank == 1:
+            self.assertEqual(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 5.0]))
+
+    def test_exception_in_rank_1(self):
+        self.init()
+        if self.rank == 1:
+            raise ValueError(f"boom in rank {self.rank}")
+
+    def test_skiptest(self):
+        raise unittest.SkipTest("not today")
+
+    def test_skip_exit_code_in_one_rank(self):
+        if self.rank == 1:
+            sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
+
+    @disttest.skip_if_lt_x_gpu(2)
+    def test_skip_decorator(self):
+        raise AssertionError("must not run: the parent decides the skip")
+
+    def test_wide_identical_failures(self):
+        self.init()
+        if self.rank != 0:
+            raise KeyError("same everywhere")
+
+    def test_wide_mixed(self):
+        self.init()
+        if self.rank == 1:
+            self.assertTrue(False, "rank 1 asserts")
+        if self.rank == 2:
+            raise OSError("rank 2 raises")
+
+    def test_wide_last_rank_fails(self):
+        self.init()
+        if self.rank == 3:
+            self.fail("only the last rank")
+
+    def test_fail_fast_while_peer_waits(self):
+        self.init()
+        if self.rank == 1:
+            raise RuntimeError("early failure")
+        dist.barrier()  # never completes: rank 1 is gone
+
+    def test_hang(self):
+        self.init()
+        if self.rank == 1:
+            stuck_in_a_helper()
+        dist.barrier()
+
+    def test_early_return(self):
+        self.init()
+        dist.all_reduce(torch.ones(2))
+        if self.rank == 1:
+            return
+        dist.all_reduce(torch.ones(2))
+
+
+def _init_gloo(case: disttest.MultiProcessTestCase) -> None:
+    store = dist.FileStore(case.file_name, case.world_size)
+    dist.init_process_group("gloo", store=store, rank=case.rank, world_size=case.world_size)
+
+
+class ProcessRunner(Behaviours, disttest.MultiProcessTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def init(self) -> None:
+        _init_gloo(self)
+
+
+class ThreadRunner(Behaviours, disttest.MultiThreadedTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def init(self) -> None:
+        pass  # each thread already has its threaded default group
+
+
+RUNNERS = (ProcessRunner, ThreadRunner)

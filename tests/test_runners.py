@@ -1,0 +1,159 @@
+"""Every runner behaviour, written once, run under every runner."""
+
+from __future__ import annotations
+
+import time
+import unittest
+from unittest import mock
+
+import runner_cases as cases
+
+from disttest import RankError, RankFailure
+
+
+def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, float]:
+    result = unittest.TestResult()
+    start = time.monotonic()
+    cls(name).run(result)
+    return result, time.monotonic() - start
+
+
+class _Sub:
+    """The runner, usable as ``with runner:`` to enter its subTest."""
+
+    def __init__(self, test: unittest.TestCase, runner: type) -> None:
+        self.runner = runner
+        self._cm = test.subTest(runner=runner.__name__)
+
+    def __enter__(self):
+        return self._cm.__enter__()
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+class BehaviourTest(unittest.TestCase):
+    def tearDown(self):
+        deadline = time.monotonic() + 5
+        while cases.live_ranks() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(cases.live_ranks(), [], "a rank outlived its test")
+
+    def each(self, name):
+        """Run the body ``name`` under each runner; yield (runner, result,
+        seconds), each inside a subTest."""
+        # NB: the subTest must be entered by the caller's loop body, not held
+        # open across a yield: a suspended generator inside subTest would be
+        # closed later by the garbage collector, after the test has ended.
+        for runner in cases.RUNNERS:
+            result, elapsed = run(runner, name)
+            yield _Sub(self, runner), result, elapsed
+
+    def only(self, entries):
+        self.assertEqual(len(entries), 1, entries)
+        return entries[0][1]
+
+    def test_pass(self):
+        for sub, result, _ in self.each("test_pass"):
+            with sub:
+                self.assertEqual(result.errors + result.failures + result.skipped, [])
+                self.assertEqual(result.testsRun, 1)
+
+    def test_assertion_in_one_rank_is_a_failure(self):
+        for sub, result, _ in self.each("test_assertion_in_rank_1"):
+            with sub:
+                text = self.only(result.failures)
+                self.assertEqual(result.errors, [])
+                self.assertIn("'test_assertion_in_rank_1' failed (disttest): rank 1/2 raised AssertionError", text)
+                self.assertIn("Mismatched elements: 1 / 2", text)
+                self.assertIn('runner_cases.py", line', text)  # the rank's own traceback
+
+    def test_exception_in_one_rank_is_an_error(self):
+        for sub, result, _ in self.each("test_exception_in_rank_1"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("rank 1/2: ValueError: boom in rank 1", text)
+                self.assertIn('raise ValueError(f"boom in rank {self.rank}")', text)
+
+    def test_skiptest_is_a_skip(self):
+        for sub, result, _ in self.each("test_skiptest"):
+            with sub:
+                self.assertEqual(self.only(result.skipped), "not today")
+
+    def test_skip_exit_code_in_one_rank_is_a_skip(self):
+        for sub, result, _ in self.each("test_skip_exit_code_in_one_rank"):
+            with sub:
+                self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
+
+    def test_skip_decorator_is_decided_before_starting_ranks(self):
+        for runner in cases.RUNNERS:
+            start = "_start_processes" if runner is cases.ProcessRunner else "_run"
+            with self.subTest(runner=runner.__name__), mock.patch.object(runner, start) as started:
+                result, _ = run(runner, "test_skip_decorator")
+                started.assert_not_called()
+                self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
+
+    def test_identical_tracebacks_are_grouped(self):
+        for sub, result, _ in self.each("test_wide_identical_failures"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("ranks 1, 2, 3/4: KeyError: 'same everywhere'", text)
+                for rank in (1, 2, 3):
+                    self.assertNotIn(f"rank {rank}/4: KeyError", text)
+
+    def test_mixed_ranks_name_every_cause(self):
+        for sub, result, _ in self.each("test_wide_mixed"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("rank 1/4: AssertionError: False is not true : rank 1 asserts", text)
+                self.assertIn("rank 2/4: OSError: rank 2 raises", text)
+
+    def test_every_rank_counts(self):
+        for sub, result, _ in self.each("test_wide_last_rank_fails"):
+            with sub:
+                self.assertIn("rank 3/4: AssertionError: only the last rank", self.only(result.failures))
+
+    def test_fail_fast_while_a_peer_waits(self):
+        for sub, result, elapsed in self.each("test_fail_fast_while_peer_waits"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("rank 1/2: RuntimeError: early failure", text)
+                self.assertLess(elapsed, 6, "the waiting rank held the test")
+
+    def test_hang_reports_the_stack_at_the_timeout(self):
+        for sub, result, elapsed in self.each("test_hang"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("rank 1/2 did not finish 'test_hang' within 2s", text)
+                self.assertIn("in stuck_in_a_helper", text)
+                self.assertIn("rank 0/2 did not finish", text)
+                self.assertIn("in barrier", text)  # where the other rank waits
+                self.assertLess(elapsed, 9)
+
+    def test_early_return_is_a_desync(self):
+        for sub, result, elapsed in self.each("test_early_return"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("rank 1/2 finished; rank 0/2 waits in all_reduce #2 of the default group", text)
+                self.assertLess(elapsed, 10, "reported at the 30s timeout, not as a desync")
+
+    def test_the_next_test_runs_after_each_bad_one(self):
+        for runner in cases.RUNNERS:
+            for bad in ("test_hang", "test_early_return", "test_fail_fast_while_peer_waits"):
+                with self.subTest(runner=runner.__name__, after=bad):
+                    run(runner, bad)
+                    result, _ = run(runner, "test_pass")
+                    self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_report_exceptions(self):
+        for runner in cases.RUNNERS:
+            case = runner("test_assertion_in_rank_1")
+            case.setUp()
+            try:
+                with self.assertRaises(RuntimeError) as ctx:
+                    case.test_assertion_in_rank_1()
+            finally:
+                case.doCleanups()
+            self.assertIsInstance(ctx.exception, RankFailure)
+            self.assertEqual(ctx.exception.ranks, [1])
+        self.assertTrue(issubclass(RankError, RuntimeError))
