@@ -222,10 +222,10 @@ def spawn_threads_and_init_comms(
     ``RankFailure``, both ``AssertionError`` and ``RuntimeError``. ``timeout``
     defaults to ``get_timeout(test id)``.
     """
-    if func is None:
-        return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=world_size)
     size = parse_world_size(world_size, "spawn_threads_and_init_comms(world_size=...)")
     limit = None if timeout is None else parse_timeout(timeout, "spawn_threads_and_init_comms(timeout=...)")
+    if func is None:
+        return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=world_size)
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:

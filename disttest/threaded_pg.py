@@ -424,7 +424,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
         return self._join("all_gather_coalesced", (outputs, inputs), compute)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> ThreadedWork:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> ThreadedWork:
         n = self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
@@ -441,7 +441,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
         return self._join("all_gather_into_tensor", (output, input), compute)
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         def compute(payloads: list[Any]) -> list[Any]:
             for j in range(len(payloads[0][1])):
                 flat = torch.cat([p[1][j].reshape(-1) for p in payloads])
@@ -496,7 +496,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
         return self._join("reduce_scatter", (outputs, inputs), compute)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> ThreadedWork:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> ThreadedWork:
         op, n = opts.reduceOp, self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
@@ -514,7 +514,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
         return self._join("reduce_scatter_tensor", (output, input), compute)
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> ThreadedWork:
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> ThreadedWork:
         op, n = opts.reduceOp, self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
@@ -544,8 +544,8 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
         return self._join("all_to_all", (outputs, inputs), compute)
 
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
-                      input_split_sizes: list[int], opts: Any = None) -> ThreadedWork:
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> ThreadedWork:
         n = self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
@@ -564,6 +564,13 @@ class ProcessLocalGroup(dist.ProcessGroup):
             return [[p[0]] for p in payloads]
 
         return self._join("all_to_all_single", (output, input, output_split_sizes, input_split_sizes), compute)
+
+    # The names other torch versions call.
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> ThreadedWork:
         return self._join("barrier", None, lambda payloads: [None] * len(payloads))

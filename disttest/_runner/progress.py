@@ -43,7 +43,7 @@ _COLLECTIVES = (
     "scatter", "gather", "barrier", "monitored_barrier", "all_gather_object",
     "broadcast_object_list", "gather_object", "scatter_object_list",
     "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
-    "_reduce_scatter_base",
+    "_reduce_scatter_base", "all_gather_single", "reduce_scatter_single",
 )
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
 _ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}

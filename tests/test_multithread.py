@@ -1,0 +1,131 @@
+"""What only the thread runner does: per-thread hooks, rank-local asserts,
+the decorator's skip and failure types, upstream's hook names."""
+
+from __future__ import annotations
+
+import threading
+import unittest
+
+import torch
+import torch.distributed as dist
+
+import disttest
+from disttest import RankFailure, spawn_threads_and_init_comms
+
+
+def run(case: unittest.TestCase) -> unittest.TestResult:
+    result = unittest.TestResult()
+    case.run(result)
+    return result
+
+
+class MultiThreadedTestCaseTest(unittest.TestCase):
+    def test_per_thread_hooks_and_group(self):
+        seen = []
+        lock = threading.Lock()
+
+        class Case(disttest.MultiThreadedTestCase):
+            @property
+            def world_size(self):
+                return 3
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def perThreadSetUp(self):
+                with lock:
+                    seen.append(("setup", self.rank, dist.is_initialized()))
+
+            def perThreadTearDown(self):
+                with lock:
+                    seen.append(("teardown", self.rank))
+
+            def test_body(self):
+                with lock:
+                    seen.append(("body", self.rank, dist.get_rank(), dist.get_world_size(),
+                                 self._current_test_name))
+
+        result = run(Case("test_body"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(sorted(e for e in seen if e[0] == "setup"), [("setup", r, True) for r in range(3)])
+        self.assertEqual(sorted(e for e in seen if e[0] == "body"),
+                         [("body", r, r, 3, "test_body") for r in range(3)])
+        self.assertEqual(sorted(e for e in seen if e[0] == "teardown"), [("teardown", r) for r in range(3)])
+        self.assertFalse(dist.is_initialized())  # no group leaks into the main thread
+
+    def test_assert_on_rank(self):
+        class Case(disttest.MultiThreadedTestCase):
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_only_rank_0_checks(self):
+                self.assertEqualOnRank(self.rank, 0)          # true on rank 0
+                self.assertEqualOnRank(self.rank, 2, rank=2)
+                self.assertNotEqualOnRank(self.rank, 1)       # rank 0: 0 != 1
+
+            def test_rank_1_fails(self):
+                self.assertEqualOnRank(self.rank, 5, rank=1)
+
+        self.assertTrue(run(Case("test_only_rank_0_checks")).wasSuccessful())
+        result = run(Case("test_rank_1_fails"))
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("rank 1/4 raised AssertionError", result.failures[0][1])
+
+    def test_forgetting_to_spawn_is_an_error(self):
+        class Case(disttest.MultiThreadedTestCase):
+            def test_body(self):
+                pass
+
+        result = run(Case("test_body"))
+        self.assertIn("call self._spawn_threads() in setUp", result.errors[0][1])
+
+    def test_upstream_hook_names(self):
+        from disttest import threaded_pg
+
+        self.assertIs(disttest._install_threaded_pg, threaded_pg.install_threaded_pg)
+        self.assertIs(disttest._uninstall_threaded_pg, threaded_pg.uninstall_threaded_pg)
+        self.assertTrue(issubclass(disttest.ProcessLocalGroup, dist.ProcessGroup))
+        self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
+
+
+class DecoratorTest(unittest.TestCase):
+    @spawn_threads_and_init_comms(world_size=3)
+    def test_each_rank_runs_with_a_group(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 3.0)
+
+    @spawn_threads_and_init_comms
+    def test_bare_decorator_uses_four_ranks(self):
+        self.assertEqual(dist.get_world_size(), 4)
+
+    def test_skip_propagates_as_skip(self):
+        class Case(unittest.TestCase):
+            @spawn_threads_and_init_comms(world_size=2)
+            def test_skip(self):
+                raise unittest.SkipTest("no accelerator here")
+
+        result = run(Case("test_skip"))
+        self.assertEqual([r for _, r in result.skipped], ["no accelerator here"])
+
+    def test_failure_is_assertion_and_runtime_error(self):
+        class Case(unittest.TestCase):
+            @spawn_threads_and_init_comms(world_size=2, timeout=10)
+            def test_fail(self):
+                if dist.get_rank() == 1:
+                    raise ValueError("bad rank")
+                dist.barrier()
+
+        with self.assertRaises(RuntimeError) as ctx:
+            Case("test_fail").test_fail()
+        self.assertIsInstance(ctx.exception, AssertionError)
+        self.assertIsInstance(ctx.exception, RankFailure)
+        self.assertIn("rank 1/2: ValueError: bad rank", str(ctx.exception))
+
+    def test_bad_arguments_are_named(self):
+        with self.assertRaisesRegex(disttest.ConfigError, r"spawn_threads_and_init_comms\(world_size=...\)"):
+            spawn_threads_and_init_comms(world_size=0)
+        with self.assertRaisesRegex(disttest.ConfigError, r"spawn_threads_and_init_comms\(timeout=...\)"):
+            spawn_threads_and_init_comms(timeout="soon")

@@ -1,0 +1,459 @@
+"""The threaded process group: every collective against the result computed
+directly, over world sizes, dtypes and reduce ops; async work, subgroups,
+object and functional collectives; argument errors; aborts."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import unittest
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import disttest
+from disttest import CollectiveAborted, CollectiveMismatch, spawn_threads_and_init_comms
+
+SIZES = (1, 2, 3, 4)
+R = dist.ReduceOp
+
+
+def on_ranks(test: unittest.TestCase, world_size: int, fn):
+    """Run ``fn(rank, world_size)`` in every rank thread; return the results
+    by rank."""
+    results: dict[int, object] = {}
+
+    @spawn_threads_and_init_comms(world_size=world_size, timeout=30)
+    def body(self):
+        rank = dist.get_rank()
+        results[rank] = fn(rank, world_size)
+
+    body(test)
+    return [results[r] for r in range(world_size)]
+
+
+def data(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
+    # Distinct, nonzero per rank (PRODUCT, MIN, MAX and bitwise ops all differ).
+    return (torch.arange(n) + 3 * rank + 1).to(dtype)
+
+
+def direct(op, tensors: list[torch.Tensor]) -> torch.Tensor:
+    stacked = torch.stack(tensors)
+    if op == R.SUM:
+        return stacked.sum(0).to(tensors[0].dtype)
+    if op == R.PRODUCT:
+        return stacked.prod(0).to(tensors[0].dtype)
+    if op == R.MIN:
+        return stacked.amin(0)
+    if op == R.MAX:
+        return stacked.amax(0)
+    if op == R.AVG:
+        return stacked.mean(0)
+    bitwise = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
+    return functools.reduce(bitwise, tensors)
+
+
+FLOAT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)
+INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+CASES = [(n, torch.float32, op) for n in SIZES for op in FLOAT_OPS] + \
+        [(n, torch.float64, R.SUM) for n in SIZES] + \
+        [(n, torch.int64, op) for n in SIZES for op in INT_OPS] + \
+        [(n, torch.int32, R.BXOR) for n in SIZES]
+
+
+class ReductionsTest(unittest.TestCase):
+    def test_all_reduce(self):
+        for n, dtype, op in CASES:
+            with self.subTest(world_size=n, dtype=dtype, op=op):
+                def fn(rank, n, dtype=dtype, op=op):
+                    t = data(rank, dtype)
+                    dist.all_reduce(t, op=op)
+                    return t
+
+                expected = direct(op, [data(r, dtype) for r in range(n)])
+                for got in on_ranks(self, n, fn):
+                    torch.testing.assert_close(got, expected)
+
+    def test_premul_sum(self):
+        for n in SIZES:
+            def fn(rank, n):
+                t = data(rank, torch.float32)
+                dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.5))
+                return t
+
+            expected = 2.5 * sum(data(r, torch.float32) for r in range(n))
+            for got in on_ranks(self, n, fn):
+                torch.testing.assert_close(got, expected)
+
+    def test_reduce_to_each_root(self):
+        for n in SIZES:
+            for root, op in itertools.product(range(n), (R.SUM, R.MAX)):
+                with self.subTest(world_size=n, root=root, op=op):
+                    def fn(rank, n, root=root, op=op):
+                        t = data(rank, torch.float32)
+                        dist.reduce(t, dst=root, op=op)
+                        return t
+
+                    got = on_ranks(self, n, fn)
+                    expected = direct(op, [data(r, torch.float32) for r in range(n)])
+                    torch.testing.assert_close(got[root], expected)
+                    for r in set(range(n)) - {root}:
+                        torch.testing.assert_close(got[r], data(r, torch.float32))
+
+    def test_reduce_scatter_variants(self):
+        for n, op in itertools.product(SIZES, (R.SUM, R.MIN, R.AVG)):
+            with self.subTest(world_size=n, op=op):
+                def fn(rank, n, op=op):
+                    inputs = [data(rank * n + j, torch.float32) for j in range(n)]
+                    out_list = torch.zeros(4)
+                    dist.reduce_scatter(out_list, inputs, op=op)
+                    out_tensor = torch.zeros(4)
+                    with warnings.catch_warnings():  # deprecated in 2.13, still used
+                        warnings.simplefilter("ignore", FutureWarning)
+                        dist.reduce_scatter_tensor(out_tensor, torch.cat(inputs), op=op)
+                    out_single = torch.zeros(4)
+                    dist.reduce_scatter_single(out_single, torch.cat(inputs), op=op)
+                    torch.testing.assert_close(out_single, out_tensor)
+                    return out_list, out_tensor
+
+                got = on_ranks(self, n, fn)
+                for dst in range(n):
+                    expected = direct(op, [data(src * n + dst, torch.float32) for src in range(n)])
+                    torch.testing.assert_close(got[dst][0], expected)
+                    torch.testing.assert_close(got[dst][1], expected)
+
+
+class DataMovementTest(unittest.TestCase):
+    def test_broadcast_from_each_source(self):
+        for n in SIZES:
+            for src in range(n):
+                def fn(rank, n, src=src):
+                    t = data(rank, torch.float32)
+                    dist.broadcast(t, src=src)
+                    return t
+
+                for got in on_ranks(self, n, fn):
+                    torch.testing.assert_close(got, data(src, torch.float32))
+
+    def test_all_gather_forms(self):
+        for n in SIZES:
+            def fn(rank, n):
+                mine = data(rank, torch.float64, 3)
+                listed = [torch.zeros(3, dtype=torch.float64) for _ in range(n)]
+                dist.all_gather(listed, mine)
+                concat = torch.zeros(3 * n, dtype=torch.float64)
+                dist.all_gather_single(concat, mine)
+                stacked = torch.zeros(n, 3, dtype=torch.float64)
+                with warnings.catch_warnings():  # deprecated in 2.13, still used
+                    warnings.simplefilter("ignore", FutureWarning)
+                    dist.all_gather_into_tensor(stacked, mine)
+                return listed, concat, stacked
+
+            expected = [data(r, torch.float64, 3) for r in range(n)]
+            for listed, concat, stacked in on_ranks(self, n, fn):
+                torch.testing.assert_close(listed, expected)
+                torch.testing.assert_close(concat, torch.cat(expected))
+                torch.testing.assert_close(stacked, torch.stack(expected))
+
+    def test_gather_and_scatter_at_each_root(self):
+        for n in SIZES:
+            for root in range(n):
+                def fn(rank, n, root=root):
+                    gathered = [torch.zeros(4) for _ in range(n)] if rank == root else None
+                    dist.gather(data(rank, torch.float32), gathered, dst=root)
+                    out = torch.zeros(4)
+                    pieces = [data(10 + r, torch.float32) for r in range(n)] if rank == root else None
+                    dist.scatter(out, pieces, src=root)
+                    return gathered, out
+
+                got = on_ranks(self, n, fn)
+                torch.testing.assert_close(got[root][0], [data(r, torch.float32) for r in range(n)])
+                for r in range(n):
+                    torch.testing.assert_close(got[r][1], data(10 + r, torch.float32))
+
+    def test_all_to_all(self):
+        for n in SIZES:
+            def fn(rank, n):
+                outs = [torch.zeros(2) for _ in range(n)]
+                dist.all_to_all(outs, [torch.full((2,), 10.0 * rank + d) for d in range(n)])
+                return outs
+
+            for dst, outs in enumerate(on_ranks(self, n, fn)):
+                torch.testing.assert_close(outs, [torch.full((2,), 10.0 * src + dst) for src in range(n)])
+
+    def test_all_to_all_single_even_and_uneven(self):
+        for n in SIZES:
+            def fn(rank, n):
+                even_out = torch.zeros(n)
+                dist.all_to_all_single(even_out, torch.arange(n, dtype=torch.float32) + 100 * rank)
+                # Rank r sends r + 1 + d elements to rank d.
+                in_splits = [rank + 1 + d for d in range(n)]
+                out_splits = [src + 1 + rank for src in range(n)]
+                inp = torch.cat([torch.full((k,), float(rank * 10 + d)) for d, k in enumerate(in_splits)])
+                uneven_out = torch.zeros(sum(out_splits))
+                dist.all_to_all_single(uneven_out, inp, out_splits, in_splits)
+                return even_out, uneven_out
+
+            for dst, (even, uneven) in enumerate(on_ranks(self, n, fn)):
+                torch.testing.assert_close(even, torch.tensor([100.0 * src + dst for src in range(n)]))
+                expected = torch.cat([torch.full((src + 1 + dst,), float(src * 10 + dst)) for src in range(n)])
+                torch.testing.assert_close(uneven, expected)
+
+
+class PointToPointTest(unittest.TestCase):
+    def test_send_recv_ring_and_any_source(self):
+        for n in (2, 3, 4):
+            def fn(rank, n):
+                nxt, prev = (rank + 1) % n, (rank - 1) % n
+                got = torch.zeros(2)
+                if rank % 2 == 0:
+                    dist.send(torch.full((2,), float(rank)), nxt)
+                    dist.recv(got, prev)
+                else:
+                    dist.recv(got, prev)
+                    dist.send(torch.full((2,), float(rank)), nxt)
+                anywhere = torch.zeros(1)
+                sender = None
+                if rank == 0:
+                    sender = dist.recv(anywhere)  # from any source
+                elif rank == n - 1:
+                    dist.send(torch.tensor([7.0]), 0)
+                return got, sender, anywhere
+
+            got = on_ranks(self, n, fn)
+            for rank, (ring, _, _) in enumerate(got):
+                torch.testing.assert_close(ring, torch.full((2,), float((rank - 1) % n)))
+            self.assertEqual(got[0][1], n - 1)
+            torch.testing.assert_close(got[0][2], torch.tensor([7.0]))
+
+    def test_isend_irecv_and_batch(self):
+        def fn(rank, n):
+            peer = 1 - rank
+            out = torch.zeros(3)
+            works = [dist.isend(torch.full((3,), rank + 1.0), peer), dist.irecv(out, peer)]
+            for w in works:
+                w.wait()
+            batched = torch.zeros(3)
+            ops = [dist.P2POp(dist.isend, torch.full((3,), rank + 5.0), peer),
+                   dist.P2POp(dist.irecv, batched, peer)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            return out, batched
+
+        for rank, (out, batched) in enumerate(on_ranks(self, 2, fn)):
+            torch.testing.assert_close(out, torch.full((3,), 2.0 - rank))
+            torch.testing.assert_close(batched, torch.full((3,), 6.0 - rank))
+
+
+class AsyncAndGroupsTest(unittest.TestCase):
+    def test_async_work_completes_on_wait(self):
+        def fn(rank, n):
+            a, b = torch.ones(2) * rank, torch.ones(2)
+            w1 = dist.all_reduce(a, async_op=True)
+            w2 = dist.broadcast(b, src=0, async_op=True)
+            w2.wait()
+            w1.wait()
+            return a, w1.is_completed(), w1.is_success(), w1.get_future().value()[0]
+
+        for a, done, ok, value in on_ranks(self, 3, fn):
+            torch.testing.assert_close(a, torch.full((2,), 3.0))
+            self.assertTrue(done and ok)
+            torch.testing.assert_close(value, a)
+
+    def test_async_does_not_block_the_caller(self):
+        def fn(rank, n):
+            t = torch.ones(1)
+            w = dist.all_reduce(t, async_op=True)  # must return before rank 1 joins
+            if rank == 0:
+                done_early = w.is_completed()
+                dist.send(torch.ones(1), 1)
+            else:
+                done_early = None
+                dist.recv(torch.zeros(1), 0)
+            w.wait()
+            return done_early, t
+
+        got = on_ranks(self, 2, fn)
+        self.assertFalse(got[0][0])
+        torch.testing.assert_close(got[1][1], torch.tensor([2.0]))
+
+    def test_subgroups(self):
+        def fn(rank, n):
+            evens = dist.new_group([0, 2])
+            t = torch.tensor([float(rank)])
+            if rank in (0, 2):
+                dist.all_reduce(t, group=evens)
+            pairs, _ = dist.new_subgroups(group_size=2)
+            u = torch.tensor([float(rank)])
+            dist.all_reduce(u, group=pairs)
+            return t, u, dist.get_world_size(pairs)
+
+        got = on_ranks(self, 4, fn)
+        self.assertEqual([g[0].item() for g in got], [2.0, 1.0, 2.0, 3.0])
+        self.assertEqual([g[1].item() for g in got], [1.0, 1.0, 5.0, 5.0])
+        self.assertEqual({g[2] for g in got}, {2})
+
+    def test_object_collectives(self):
+        def fn(rank, n):
+            gathered = [None] * n
+            dist.all_gather_object(gathered, {"rank": rank, "name": f"r{rank}"})
+            box = [f"from {rank}", rank] if rank == 1 else [None, None]
+            dist.broadcast_object_list(box, src=1)
+            at_root = [None] * n if rank == 0 else None
+            dist.gather_object(("g", rank), at_root, dst=0)
+            mine = [None]
+            dist.scatter_object_list(mine, [f"piece {r}" for r in range(n)] if rank == 2 else None, src=2)
+            return gathered, box, at_root, mine[0]
+
+        got = on_ranks(self, 3, fn)
+        for rank, (gathered, box, _, mine) in enumerate(got):
+            self.assertEqual(gathered, [{"rank": r, "name": f"r{r}"} for r in range(3)])
+            self.assertEqual(box, ["from 1", 1])
+            self.assertEqual(mine, f"piece {rank}")
+        self.assertEqual(got[0][2], [("g", 0), ("g", 1), ("g", 2)])
+
+    def test_functional_collectives(self):
+        import torch.distributed._functional_collectives as funcol
+
+        def fn(rank, n):
+            reduced = funcol.all_reduce(torch.ones(2) * rank, "sum", dist.group.WORLD)
+            gathered = funcol.all_gather_single(torch.tensor([float(rank)]), 0, dist.group.WORLD)
+            return funcol.wait_tensor(reduced), funcol.wait_tensor(gathered)
+
+        for reduced, gathered in on_ranks(self, 3, fn):
+            torch.testing.assert_close(reduced, torch.full((2,), 3.0))
+            torch.testing.assert_close(gathered, torch.tensor([0.0, 1.0, 2.0]))
+
+    def test_barrier_and_queries(self):
+        got = on_ranks(self, 3, lambda rank, n: (dist.barrier(), dist.get_backend(), dist.get_world_size())[1:])
+        self.assertEqual(got, [("threaded", 3)] * 3)
+
+
+class ArgumentErrorsTest(unittest.TestCase):
+    def errors_on_every_rank(self, n, fn, error, fragment):
+        def body(rank, n):
+            try:
+                fn(rank, n)
+            except error as e:
+                return str(e)
+            return None
+
+        for message in on_ranks(self, n, body):
+            self.assertIsNotNone(message, f"expected {error.__name__}")
+            self.assertIn(fragment, message)
+
+    def test_shape_mismatch_names_the_ranks(self):
+        self.errors_on_every_rank(
+            2, lambda rank, n: dist.all_reduce(torch.ones(2 + rank)), CollectiveMismatch,
+            "all_reduce: rank 1 passed torch.float32 [3], rank 0 passed torch.float32 [2]")
+
+    def test_different_collectives_at_the_same_step(self):
+        def fn(rank, n):
+            if rank == 0:
+                dist.all_reduce(torch.ones(1))
+            else:
+                dist.broadcast(torch.ones(1), src=0)
+
+        self.errors_on_every_rank(2, fn, CollectiveMismatch,
+                                  "rank 0 called all_reduce, rank 1 called broadcast")
+
+    def test_bitwise_op_on_floats(self):
+        self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1), op=R.BAND),
+                                  ValueError, "BAND needs integer or bool tensors")
+
+    def test_average_of_integers(self):
+        self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1, dtype=torch.int64), op=R.AVG),
+                                  ValueError, "AVG needs floating-point tensors")
+
+    def test_bad_split_sizes(self):
+        self.errors_on_every_rank(
+            2, lambda rank, n: dist.all_to_all_single(torch.zeros(4), torch.zeros(4), [2, 2], [3, 3]),
+            ValueError, "split sizes [3, 3] do not cover dim 0 of size 4")
+
+    def test_all_gather_into_tensor_size(self):
+        self.errors_on_every_rank(
+            2, lambda rank, n: dist.all_gather_single(torch.zeros(3), torch.ones(2)),
+            ValueError, "needs 2 x 2")
+
+    def test_recv_of_the_wrong_shape(self):
+        def fn(rank, n):
+            if rank == 0:
+                dist.send(torch.ones(3), 1)
+            else:
+                dist.recv(torch.zeros(2), 0)
+
+        results = {}
+
+        def body(rank, n):
+            try:
+                fn(rank, n)
+            except CollectiveMismatch as e:
+                results[rank] = str(e)
+
+        on_ranks(self, 2, body)
+        self.assertIn("recv expected torch.float32 [2] but rank 0 sent torch.float32 [3]", results[1])
+
+
+class WorldTest(unittest.TestCase):
+    def test_abort_releases_waiting_ranks(self):
+        world = disttest._install_threaded_pg()
+        self.addCleanup(disttest._uninstall_threaded_pg)
+        errors = []
+
+        def rank0():
+            from disttest.threaded_pg import _bind_thread
+
+            _bind_thread(world)
+            dist.init_process_group("threaded", rank=0, world_size=2, store=world.store)
+            try:
+                dist.all_reduce(torch.ones(1))
+            except CollectiveAborted as e:
+                errors.append(e)
+            finally:
+                dist.destroy_process_group()
+
+        t = threading.Thread(target=rank0)
+        t.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        world.abort("rank 1 raised ValueError")
+        t.join(5)
+        self.assertFalse(t.is_alive())
+        self.assertLess(time.monotonic() - start, 1)
+        self.assertEqual(errors[0].reason, "rank 1 raised ValueError")
+        self.assertIn("released by disttest: rank 1 raised ValueError", str(errors[0]))
+
+    def test_install_is_undone(self):
+        before = disttest._compat.c10d_world()
+        disttest._install_threaded_pg()
+        self.assertIsNot(disttest._compat.c10d_world(), before)
+        disttest._uninstall_threaded_pg()
+        self.assertIs(disttest._compat.c10d_world(), before)
+        self.assertFalse(dist.is_initialized())
+
+    def test_a_thread_stuck_in_c_does_not_keep_the_process_alive(self):
+        code = textwrap.dedent("""
+            import time, unittest, torch.distributed as dist
+            import disttest
+
+            class T(unittest.TestCase):
+                @disttest.spawn_threads_and_init_comms(world_size=2, timeout=1)
+                def test_stuck(self):
+                    if dist.get_rank() == 1:
+                        time.sleep(3600)
+                    dist.barrier()
+
+            unittest.main()
+        """)
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertLess(time.monotonic() - start, 60)
+        self.assertIn("rank 1/2 did not finish 'test_stuck' within 1s", proc.stderr)
+        self.assertIn("could not be stopped", proc.stderr)
+        self.assertIn("FAILED (failures=1)", proc.stderr)
