@@ -17,6 +17,7 @@ import expecttest
 import numpy as np
 import torch
 
+from disttest.devices import HAS_ACCELERATOR
 from disttest.skips import DistSkip, skip_for_exit_code
 
 __unittest = True
@@ -29,7 +30,12 @@ DEFAULT_SEED = 1234
 
 def set_rng_seed(seed: int = DEFAULT_SEED) -> None:
     """Seed torch, numpy and ``random`` in the calling process or thread."""
-    torch.manual_seed(seed)
+    if HAS_ACCELERATOR:
+        torch.manual_seed(seed)
+    else:
+        # torch.manual_seed also queues lazy seeding for every accelerator
+        # module, recording a stack trace for each (~0.5 ms): not needed here.
+        torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
 

@@ -634,7 +634,10 @@ class _ThreadLocalRegistry:
 
 
 def _register_backend() -> None:
-    if BACKEND.upper() not in dist.Backend._plugins:
+    # NB: importing torch.testing._internal's multi_threaded_pg re-registers
+    # "threaded" with upstream's creator; every install takes it back.
+    plugin = dist.Backend._plugins.get(BACKEND.upper())
+    if plugin is None or plugin.creator_fn is not _create:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
@@ -648,6 +651,7 @@ def install_threaded_pg() -> ThreadedWorld:
     ``init_process_group("threaded", ...)`` joins. Undo with
     :func:`uninstall_threaded_pg`."""
     with _install_lock:
+        _register_backend()
         world = ThreadedWorld()
         _installed.append((world, _compat.c10d_world()))
         _compat.set_c10d_world(_ThreadLocalRegistry())

@@ -117,6 +117,11 @@ class Behaviours:
             stuck_in_a_helper()
         dist.barrier()
 
+    def test_recv_from_a_peer_that_returned(self):
+        self.init()
+        if self.rank == 0:
+            dist.recv(torch.zeros(2), src=1)
+
     def test_early_return(self):
         self.init()
         dist.all_reduce(torch.ones(2))

@@ -129,3 +129,24 @@ class DecoratorTest(unittest.TestCase):
             spawn_threads_and_init_comms(world_size=0)
         with self.assertRaisesRegex(disttest.ConfigError, r"spawn_threads_and_init_comms\(timeout=...\)"):
             spawn_threads_and_init_comms(timeout="soon")
+
+
+class CoexistenceTest(unittest.TestCase):
+    def test_upstream_import_does_not_take_over_the_threaded_backend(self):
+        import subprocess
+        import sys
+
+        code = (
+            "import disttest, torch, torch.distributed as dist\n"
+            "import torch.testing._internal.common_distributed\n"
+            "import unittest\n"
+            "class T(disttest.MultiThreadedTestCase):\n"
+            "    def setUp(self):\n"
+            "        super().setUp(); self._spawn_threads()\n"
+            "    def test_ours(self):\n"
+            "        assert type(dist.group.WORLD).__module__ == 'disttest.threaded_pg'\n"
+            "        t = torch.ones(1); dist.all_reduce(t); assert t.item() == 4\n"
+            "unittest.main()\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        self.assertIn("OK", proc.stderr, proc.stderr[-3000:])

@@ -137,6 +137,13 @@ class BehaviourTest(unittest.TestCase):
                 self.assertIn("rank 1/2 finished; rank 0/2 waits in all_reduce #2 of the default group", text)
                 self.assertLess(elapsed, 10, "reported at the 30s timeout, not as a desync")
 
+    def test_recv_from_a_finished_peer_is_a_desync(self):
+        for sub, result, elapsed in self.each("test_recv_from_a_peer_that_returned"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("rank 1/2 finished; rank 0/2 waits in recv #1 from rank 1", text)
+                self.assertLess(elapsed, 10)
+
     def test_the_next_test_runs_after_each_bad_one(self):
         for runner in cases.RUNNERS:
             for bad in ("test_hang", "test_early_return", "test_fail_fast_while_peer_waits"):

@@ -118,6 +118,6 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if grace_end is None and time.monotonic() > deadline:
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
             break
-        time.sleep(poll_interval)
+        launcher.wait(poll_interval)
     _explain_errors(launcher, outcomes, seen, world)
     return [outcomes[r] for r in range(world)]

@@ -70,6 +70,10 @@ class Launcher(Protocol):
         """Stop every live rank; bounded."""
         ...
 
+    def wait(self, seconds: float) -> None:
+        """Block for at most ``seconds``, or less when a rank may have ended."""
+        ...
+
 
 class RankProcess:
     """Upstream's view of a rank process (``self.processes[i]``)."""
@@ -189,6 +193,9 @@ class ProcessLauncher:
         deadline = time.monotonic() + REAP_WAIT
         while len(self.poll()) < len(self.pids) and time.monotonic() < deadline:
             time.sleep(0.01)
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def close(self) -> None:
         self.stop()

@@ -16,6 +16,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,11 @@ __all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_proc
 PR_SET_PDEATHSIG = 1
 STACK_SIGNAL = signal.SIGUSR1
 TEST_ERROR_EXIT_CODE = 10
+#: Seconds a failed rank stays before it exits. Its exit would close its
+#: sockets under peers still completing communication with it (a gloo
+#: handshake, a collective it already joined), turning their own report into
+#: "connection closed by peer"; the parent stops it after its grace anyway.
+LINGER = 0.3
 
 
 @dataclass
@@ -163,6 +169,8 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
+        if code:
+            time.sleep(LINGER)
     finally:
         try:
             sys.stdout.flush()

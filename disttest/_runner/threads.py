@@ -21,7 +21,7 @@ from types import FrameType
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import (
     InFlight,
-    ProgressBoard,
+    MemoryBoard,
     find_desync,
     install_tracking,
     track_into,
@@ -62,10 +62,11 @@ class ThreadLauncher:
         self._body = body
         self._name = name
         self._outcomes: dict[int, Outcome] = {}
-        self.board = ProgressBoard(None, world_size)
+        self.board = MemoryBoard(world_size)
         self.threads: list[threading.Thread] = []
         self.unstoppable: list[int] = []
         self._in_body: set[int] = set()
+        self._ended = threading.Event()
 
     def start(self) -> None:
         install_tracking()
@@ -92,6 +93,7 @@ class ThreadLauncher:
             outcome.kind = Kind.STOPPED
             outcome.detail = f"rank {rank}/{self.world_size} was released by disttest"
         self._outcomes[rank] = outcome
+        self._ended.set()
 
     # -- Launcher --
     def poll(self) -> dict[int, ExitStatus]:
@@ -115,6 +117,13 @@ class ThreadLauncher:
             frame = frames.get(self.threads[r].ident or -1)
             stacks[r] = format_thread_stack(frame) if frame is not None else "(the thread has ended)"
         return stacks
+
+    def wait(self, seconds: float) -> None:
+        if self._ended.wait(seconds):
+            self._ended.clear()
+            # A rank that recorded its outcome is returning: let it finish.
+            for r in list(self._outcomes):
+                self.threads[r].join(0.05)
 
     def stop(self) -> None:
         """Release and end every live rank thread, bounded by

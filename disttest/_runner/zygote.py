@@ -244,6 +244,10 @@ class ZygoteLauncher(ProcessLauncher):
         elif kind == "exit":
             self._exits[message[2]] = ExitStatus.from_wait_status(message[3])
 
+    def wait(self, seconds: float) -> None:
+        # Exit reports arrive on the pipe: wake as soon as one does.
+        self._client.pump(seconds)
+
     def _reap(self) -> None:
         self._client.pump()
         if not self._client.alive():
