@@ -13,6 +13,7 @@ from disttest._runner.report import RankError, RankFailure, RankReport
 from disttest.barrier import Barrier, BarrierTimeout, lock
 from disttest.case import TestCase, assert_equal, set_rng_seed
 from disttest.config import DEFAULT_WORLD_SIZE, TIMEOUT_OVERRIDE, ConfigError, get_timeout
+from disttest.continuous import MultiProcContinousTest, MultiProcContinuousTest
 from disttest.devices import (
     ACCELERATOR_DIST_BACKENDS,
     HAS_ACCELERATOR,
@@ -125,6 +126,8 @@ __all__ = [
     "Foo",
     "HAS_ACCELERATOR",
     "LargeNet",
+    "MultiProcContinousTest",
+    "MultiProcContinuousTest",
     "MultiProcessTestCase",
     "MultiThreadedTestCase",
     "Net",

@@ -269,13 +269,16 @@ class AsyncAndGroupsTest(unittest.TestCase):
     def test_async_does_not_block_the_caller(self):
         def fn(rank, n):
             t = torch.ones(1)
-            w = dist.all_reduce(t, async_op=True)  # must return before rank 1 joins
             if rank == 0:
+                # Must return before rank 1 joins: rank 1 joins only after
+                # the send below, so a blocking call would deadlock here.
+                w = dist.all_reduce(t, async_op=True)
                 done_early = w.is_completed()
                 dist.send(torch.ones(1), 1)
             else:
                 done_early = None
                 dist.recv(torch.zeros(1), 0)
+                w = dist.all_reduce(t, async_op=True)
             w.wait()
             return done_early, t
 

@@ -31,7 +31,10 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "install_tracking", "track_into"]
+__all__ = [
+    "Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "install_tracking",
+    "restart_counts", "track_into",
+]
 
 SLOT = 1024
 _HEADER = struct.Struct("<IIB")  # seqlock version, payload length, state
@@ -276,6 +279,15 @@ def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
     else:
         _process_tracker[:] = [tracker]
     board.write(rank, {"counts": {}, "state": IDLE})
+
+
+def restart_counts() -> None:
+    """Count this rank's collectives from zero again (every rank of a pool
+    does it at the start of each test, so numbers read per test)."""
+    tracker = _current()
+    if tracker is not None:
+        tracker.counts = {}
+        tracker.board.write(tracker.rank, {"counts": {}, "state": IDLE})
 
 
 def _group_of(dist: Any, group: Any) -> tuple[str, list[int] | None]:

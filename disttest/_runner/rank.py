@@ -53,6 +53,9 @@ class RankSpec:
     cwd: str = "."
     sys_path: list[str] = field(default_factory=list)
     run_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: "test": run one test and exit; "pool": serve tests over ``address``.
+    entry: str = "test"
+    address: str = ""
 
 
 @dataclass
@@ -109,13 +112,15 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
+    # A test runner may have replaced the streams (pytest's capture).
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     if spec.threads is not None:
         # NB: first tensor-library call after fork; a parent that ran a
         # parallel op leaves OpenMP unusable here unless we go serial.
         import torch
 
         torch.set_num_threads(spec.threads)
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.enable(file=2, all_threads=True)  # fd 2: the rank's log
     progress.install_tracking()
     progress.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
     return files
@@ -155,6 +160,8 @@ def write_outcome(path: str, outcome: Outcome) -> None:
 
 def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
     """The body of a rank process (forked or spawned); never returns."""
+    if spec.entry == "pool":
+        _serve_pool(cls, spec, rank, parent_pid)
     code = TEST_ERROR_EXIT_CODE
     try:
         files = _prepare(spec, rank, parent_pid)
@@ -171,6 +178,51 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
         if code:
             time.sleep(LINGER)
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
+    """A pool worker: make the class's process group, then run each test the
+    parent sends, answering with its outcome, until told to exit or the
+    parent goes away. Never returns."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    code = 1
+    try:
+        files = _prepare(spec, rank, parent_pid)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(spec.address)
+        conn = Connection(sock.detach())
+        conn.send(("hello", rank))
+        _context[:] = [_Context(rank, spec)]
+        init: Outcome | None = None
+        try:
+            cls._pool_init(rank, spec.world_size, spec.file_name)
+        except BaseException as e:  # noqa: BLE001 (reported for every test)
+            init = outcome_from_exception(rank, e)
+            init.detail = "raised while making the class's process group"
+        conn.send(("ready", rank, init))
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "exit":
+                break
+            _, seq, test_name = message
+            progress.restart_counts()
+            outcome = init if init is not None else cls._pool_run_test(test_name, rank)
+            outcome.output_tail = tail(files["log"])
+            conn.send(("done", seq, outcome))
+        if init is None:
+            cls._pool_shutdown()
+        code = 0
     finally:
         try:
             sys.stdout.flush()

@@ -94,13 +94,26 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: disttest's rank entry points: frames below them are the launcher's past
+#: (a forked rank's stack goes on into its parent's frames at the fork).
+_ENTRIES = (" in run_rank_process", " in _serve_pool", " in _main")
+
+
 def _user_stack(stacks: str) -> str:
-    """A faulthandler dump without the frames of disttest's own rank loop."""
-    keep = [
-        line for line in stacks.rstrip().splitlines()
-        if not (line.strip().startswith("File ") and (_OWN in line or '"<string>"' in line))
-    ]
-    return "\n".join(keep)
+    """A stack dump without disttest's own frames, cut at the rank's entry."""
+    out = []
+    past = False  # below a rank entry: the launcher's frames, not the rank's
+    for line in stacks.rstrip().splitlines():
+        if not line.lstrip().startswith("File "):  # a thread's header, a blank line
+            past = False
+            out.append(line)
+        elif past:
+            continue
+        elif _OWN in line and line.endswith(_ENTRIES):
+            past = True
+        elif _OWN not in line and '"<string>"' not in line:
+            out.append(line)
+    return "\n".join(out)
 
 
 def _fill(detail: str, who: str) -> str:

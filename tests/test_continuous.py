@@ -1,0 +1,153 @@
+"""MultiProcContinousTest: a self-healing pool, and runs under launchers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from multiprocessing import Pipe
+from unittest import mock
+
+import pool_cases as cases
+from runner_cases import live_ranks
+
+import disttest
+from disttest._runner.outcome import Kind, Outcome
+from disttest._runner.pool import Pool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_class(cls) -> tuple[unittest.TestResult, float]:
+    result = unittest.TestResult()
+    start = time.monotonic()
+    unittest.defaultTestLoader.loadTestsFromTestCase(cls).run(result)
+    return result, time.monotonic() - start
+
+
+def by_name(entries):
+    return {case._testMethodName: text for case, text in entries}
+
+
+class SelfHealingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.log = tempfile.NamedTemporaryFile(delete=False).name
+        with mock.patch.dict(os.environ, {"POOL_LOG": cls.log}):
+            cls.result, cls.elapsed = run_class(cases.Mixed)
+
+    @classmethod
+    def tearDownClass(cls):
+        os.remove(cls.log)
+
+    def test_every_passing_test_passes(self):
+        bad = set(by_name(self.result.failures)) | set(by_name(self.result.errors))
+        self.assertEqual(self.result.testsRun, 14)
+        self.assertFalse({n for n in bad if n.endswith("_pass")}, bad)
+
+    def test_each_bad_test_is_reported_as_what_it_is(self):
+        failures, errors = by_name(self.result.failures), by_name(self.result.errors)
+        self.assertEqual(set(failures), {"test_02_assertion"})
+        self.assertIn("rank 1/2 raised AssertionError", failures["test_02_assertion"])
+        self.assertEqual(set(errors), {"test_04_os_exit", "test_06_signal", "test_08_hang",
+                                       "test_10_early_return"})
+        self.assertIn("rank 1/2 exited with code 3", errors["test_04_os_exit"])
+        self.assertIn("rank 0/2 was killed by SIGKILL", errors["test_06_signal"])
+        self.assertIn("rank 1/2 did not finish 'test_08_hang' within 3s", errors["test_08_hang"])
+        self.assertIn("in stuck_in_pool_helper", errors["test_08_hang"])
+        self.assertIn("in barrier", errors["test_08_hang"])  # the other rank's stack
+        self.assertIn("rank 1/2 finished; rank 0/2 waits in all_reduce #2 of the default group",
+                      errors["test_10_early_return"])
+        skipped = by_name(self.result.skipped)
+        self.assertEqual(skipped, {"test_12_skip": "not in this rank's mood",
+                                   "test_13_exit_code_skip": "c10d not compiled with NCCL support"})
+
+    def test_bounded_and_nothing_left(self):
+        self.assertLess(self.elapsed, 40)
+        self.assertEqual(live_ranks(), [])
+
+    def test_set_up_and_tear_down_ran_in_the_ranks(self):
+        with open(self.log) as f:
+            lines = [line.split() for line in f]
+        torn = {(name, rank) for _, name, rank, _ in lines}
+        self.assertIn(("test_01_pass", "0"), torn)
+        self.assertIn(("test_01_pass", "1"), torn)
+        self.assertIn(("test_02_assertion", "1"), torn)  # also after a failure
+
+    def test_the_pool_is_kept_until_it_breaks(self):
+        with open(self.log) as f:
+            pids = {}
+            for _, name, rank, pid in (line.split() for line in f):
+                pids[(name, rank)] = pid
+        # The same processes served tests 01-03 (a failure keeps the pool)...
+        self.assertEqual(pids[("test_01_pass", "0")], pids[("test_03_pass", "0")])
+        # ...and a crash made a fresh pool.
+        self.assertNotEqual(pids[("test_03_pass", "0")], pids[("test_05_pass", "0")])
+
+
+class PoolTest(unittest.TestCase):
+    def tearDown(self):
+        self.assertEqual(live_ranks(), [])
+
+    def test_unavailable_backend_skips_the_class(self):
+        result, _ = run_class(cases.NoBackend)
+        self.assertEqual(by_name(result.skipped), {"test_never_runs": "Backend 'nccl' is not available (disttest)"})
+
+    def test_group_that_cannot_be_made_is_an_error(self):
+        result, _ = run_class(cases.InitFails)
+        text = by_name(result.errors)["test_any"]
+        self.assertIn("rank 1/2 raised RuntimeError", text)
+        self.assertIn("no group for rank 1", text)
+
+    def test_world_size_property_and_default_backend(self):
+        result, _ = run_class(cases.Wide)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_both_spellings(self):
+        self.assertIs(disttest.MultiProcContinuousTest, disttest.MultiProcContinousTest)
+        self.assertEqual(disttest.MultiProcContinousTest.world_size, 2)
+
+    def test_answers_to_an_older_dispatch_are_dropped(self):
+        pool = Pool.__new__(Pool)
+        parent, child = Pipe()
+        pool.conns = {0: parent}
+        pool._answers = {5: {}}
+        child.send(("done", 4, Outcome(0, Kind.FAILED, "AssertionError", "stale")))
+        child.send(("done", 5, Outcome(0, Kind.PASSED)))
+        for _ in range(2):
+            pool.pump(1)
+        self.assertEqual(pool.answers(5)[0].kind, Kind.PASSED)
+        self.assertEqual(pool.answers(4), {})
+
+
+class LaunchersTest(unittest.TestCase):
+    def test_run_rank_with_a_rendezvous_file(self):
+        rdvz = tempfile.mktemp(prefix="disttest-rdvz-")
+        self.addCleanup(lambda: os.path.exists(rdvz) and os.remove(rdvz))
+        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "pool_cases.py"), str(r), "2", rdvz],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        for p, (_, err) in zip(procs, outs, strict=True):
+            self.assertEqual(p.returncode, 0, err[-3000:])
+            self.assertIn("Ran 2 tests", err)
+
+    def test_two_torchrun_nodes_on_loopback(self):
+        port = str(disttest.find_free_port())
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                 f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                 os.path.join(HERE, "pool_cases.py")],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for node in range(2)
+        ]
+        outs = [p.communicate(timeout=240) for p in procs]
+        for p, (out, err) in zip(procs, outs, strict=True):
+            self.assertEqual(p.returncode, 0, (out + err)[-3000:])
+            self.assertIn("Ran 2 tests", out + err)
+            self.assertIn("OK", out + err)
