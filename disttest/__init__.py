@@ -23,6 +23,16 @@ from disttest.devices import (
     init_multigpu_helper,
     tp_transports,
 )
+from disttest.fake import (
+    AlreadyInitialized,
+    FakeStore,
+    MockProcessGroup,
+    create_mock_pg,
+    mock_init_dist,
+    register_fake_backend,
+    with_dist,
+    with_fake_comms,
+)
 from disttest.helpers import (
     captured_output,
     run_subtests,
@@ -101,6 +111,7 @@ _rank_temp_file = rank_temp_file
 
 __all__ = [
     "ACCELERATOR_DIST_BACKENDS",
+    "AlreadyInitialized",
     "BN_NET",
     "BN_NET_NO_AFFINE",
     "Barrier",
@@ -123,9 +134,11 @@ __all__ = [
     "EXPECTED_FIELDS",
     "EmbeddingNetDifferentParams",
     "FC2",
+    "FakeStore",
     "Foo",
     "HAS_ACCELERATOR",
     "LargeNet",
+    "MockProcessGroup",
     "MultiProcContinousTest",
     "MultiProcContinuousTest",
     "MultiProcessTestCase",
@@ -166,6 +179,7 @@ __all__ = [
     "cleanup_temp_dir",
     "create_collectives_object_test_list",
     "create_device",
+    "create_mock_pg",
     "create_tcp_store",
     "dynamo_dist_per_rank_init",
     "find_free_port",
@@ -176,8 +190,10 @@ __all__ = [
     "init_multigpu_helper",
     "initialize_temp_directories",
     "lock",
+    "mock_init_dist",
     "nccl_skip_if_lt_x_gpu",
     "rank_temp_file",
+    "register_fake_backend",
     "require_n_gpus_for_nccl_backend",
     "requires_accelerator_dist_backend",
     "requires_gloo",
@@ -203,7 +219,9 @@ __all__ = [
     "spawn_threads_and_init_comms",
     "tp_transports",
     "verify_ddp_error_logged",
+    "with_dist",
     "with_dist_debug_levels",
+    "with_fake_comms",
     "with_nccl_blocking_wait",
 ]
 

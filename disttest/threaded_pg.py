@@ -35,9 +35,11 @@ __all__ = [
     "BACKEND",
     "CollectiveAborted",
     "CollectiveMismatch",
+    "FutureWork",
     "ProcessLocalGroup",
     "ThreadedWork",
     "ThreadedWorld",
+    "completed_work",
     "install_threaded_pg",
     "uninstall_threaded_pg",
 ]
@@ -217,9 +219,10 @@ def _copyable(error: BaseException) -> bool:
     return True
 
 
-class ThreadedWork(dist._Work):
-    """The Work of a threaded collective: ``wait()`` blocks until the
-    collective completes or the world is aborted (then it raises)."""
+class FutureWork(dist._Work):
+    """A c10d Work over a ``torch.futures.Future`` whose value is the output
+    tensors: ``wait()`` blocks until it completes, or raises its error (a
+    threaded world's abort sets one)."""
 
     def __init__(self, future: Future[Any], op: str) -> None:
         super().__init__()
@@ -263,6 +266,16 @@ class ThreadedWork(dist._Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+
+ThreadedWork = FutureWork
+
+
+def completed_work(value: Any, op: str = "") -> FutureWork:
+    """A Work that has already completed with ``value``."""
+    fut: Future[Any] = Future()
+    fut.set_result(value)
+    return FutureWork(fut, op)
 
 
 # --- reductions -------------------------------------------------------------------

@@ -1,0 +1,322 @@
+"""Fake communication for one-process tests: a world without peers.
+
+``mock_init_dist(rank, world_size)`` makes the current process rank
+``rank`` of a world of ``world_size`` with no other process: every
+collective completes at once, as if *every rank had passed this rank's
+tensors* (``all_reduce`` SUM multiplies by the world size, ``all_gather``
+fills each slot with this rank's tensor, ``broadcast`` and ``recv`` leave
+tensors as they are). Output shapes are right and Works carry their output
+tensors, so code such as ``DistributedDataParallel(model)`` runs forward and
+backward in one process with a fake world of 8. Object collectives whose
+data would come from another rank (``broadcast_object_list`` and
+``scatter_object_list`` on a non-source rank) leave the caller's list as it
+was.
+
+Upstream's names: ``MockProcessGroup``, ``create_mock_pg``, the backend
+``"mock_process_group"``, ``mock_init_dist``, ``with_dist``,
+``with_fake_comms``, ``FakeStore``. torch's own ``fake`` backend is
+registered too (:func:`register_fake_backend`) for code that asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from disttest import _compat
+from disttest.config import parse_world_size
+from disttest.threaded_pg import FutureWork, _copy, _splits, completed_work
+
+__unittest = True
+
+__all__ = [
+    "BACKEND",
+    "ALREADY_INITIALIZED",
+    "AlreadyInitialized",
+    "FakeStore",
+    "MockProcessGroup",
+    "create_mock_pg",
+    "mock_init_dist",
+    "register_fake_backend",
+    "with_dist",
+    "with_fake_comms",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+BACKEND = "mock_process_group"
+ALREADY_INITIALIZED = (
+    "a process group already exists (backend {backend!r}, rank {rank} of {size}); "
+    "fake comms need none (disttest): destroy it first, or do not nest with_dist / with_fake_comms"
+)
+R: Any = dist.ReduceOp.RedOpType  # (the stubs lack most members)
+
+
+class AlreadyInitialized(RuntimeError):
+    """Fake comms were asked for while a process group exists."""
+
+
+class FakeStore(dist.HashStore):
+    """A store that needs no peers (in memory, in this process)."""
+
+
+def register_fake_backend() -> None:
+    """Register torch's ``fake`` backend (``FakeProcessGroup``), once."""
+    _compat.ensure_fake_backend()
+
+
+def _same_everywhere(t: torch.Tensor, op: Any, n: int) -> torch.Tensor:
+    """The reduction of ``n`` copies of ``t`` under ``op``, in closed form."""
+    kind, factor = _compat.reduce_op_parts(op)
+    if kind in (R.MIN, R.MAX, R.BAND, R.BOR, R.AVG):
+        return t
+    if kind == R.SUM:
+        return t * n
+    if kind == R.PRODUCT:
+        return t ** n
+    if kind == R.BXOR:
+        return t if n % 2 else torch.zeros_like(t)
+    if kind == R.PREMUL_SUM:
+        return t * (factor * n)
+    raise ValueError(f"reduce op {kind} is not supported by fake comms (disttest)")
+
+
+class MockProcessGroup(dist.ProcessGroup):
+    """One rank of a world with no peers: collectives complete at once, as if
+    every rank had passed this rank's tensors."""
+
+    def __init__(self, rank: int, world_size: int, name: str = "") -> None:
+        super().__init__(rank, world_size)  # type: ignore[call-arg]
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"MockProcessGroup(rank={self.rank()}, world_size={self.size()})"
+
+    def _reduced(self, tensors: list[torch.Tensor], op: Any) -> FutureWork:
+        with torch.no_grad():
+            for t in tensors:
+                _copy(t, _same_everywhere(t.detach(), op, self.size()))
+        return completed_work(tensors, "all_reduce")
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        return self._reduced(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> FutureWork:
+        if opts.rootRank == self.rank():
+            return self._reduced(tensors, opts.reduceOp)
+        return completed_work(tensors, "reduce")
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> FutureWork:
+        return completed_work(tensors, "broadcast")
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        with torch.no_grad():
+            for out in outputs[0]:
+                _copy(out, inputs[0].reshape(out.shape))
+        return completed_work(outputs, "all_gather")
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        with torch.no_grad():
+            for per_rank in outputs:
+                for out, inp in zip(per_rank, inputs, strict=True):
+                    _copy(out, inp)
+        return completed_work(outputs, "all_gather_coalesced")
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> FutureWork:
+        with torch.no_grad():
+            _copy(output, input.reshape(-1).repeat(self.size()).reshape(output.shape))
+        return completed_work([output], "all_gather_single")
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        for out, inp in zip(outputs, inputs, strict=True):
+            self.all_gather_single(out, inp)
+        return completed_work(outputs, "all_gather_single_coalesced")
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> FutureWork:
+        if opts.rootRank == self.rank():
+            with torch.no_grad():
+                for out in outputs[0]:
+                    _copy(out, inputs[0])
+        return completed_work(outputs, "gather")
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> FutureWork:
+        if opts.rootRank == self.rank():
+            with torch.no_grad():
+                _copy(outputs[0], inputs[0][self.rank()])
+        return completed_work(outputs, "scatter")
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> FutureWork:
+        with torch.no_grad():
+            _copy(outputs[0], _same_everywhere(inputs[0][self.rank()].detach(), opts.reduceOp, self.size()))
+        return completed_work(outputs, "reduce_scatter")
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> FutureWork:
+        piece = input.reshape(-1).chunk(self.size())[self.rank()]
+        with torch.no_grad():
+            _copy(output, _same_everywhere(piece.detach(), opts.reduceOp, self.size()).reshape(output.shape))
+        return completed_work([output], "reduce_scatter_single")
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> FutureWork:
+        for out, inp in zip(outputs, inputs, strict=True):
+            self.reduce_scatter_single(out, inp, opts)
+        return completed_work(outputs, "reduce_scatter_single_coalesced")
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        mine = inputs[self.rank()]
+        with torch.no_grad():
+            for out in outputs:
+                if out.shape == mine.shape:
+                    _copy(out, mine)
+        return completed_work(outputs, "all_to_all")
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> FutureWork:
+        n = self.size()
+        mine = input.split(_splits(input_split_sizes, input.size(0), n, "all_to_all_single"))[self.rank()]
+        with torch.no_grad():
+            for slot in output.split(_splits(output_split_sizes, output.size(0), n, "all_to_all_single")):
+                if slot.shape == mine.shape:
+                    _copy(slot, mine)
+        return completed_work([output], "all_to_all_single")
+
+    # The names other torch versions call.
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts: Any = None) -> FutureWork:
+        return completed_work(None, "barrier")
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> FutureWork:
+        return completed_work(tensors, "send")
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> FutureWork:
+        work = completed_work(tensors, "recv")
+        work.source = src
+        return work
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FutureWork:
+        work = completed_work(tensors, "recv")
+        work.source = 1 if self.rank() == 0 else 0
+        return work
+
+
+def create_mock_pg(prefix_store: Any, rank: int, world_size: int, timeout: timedelta) -> MockProcessGroup:
+    """The backend's creator (upstream's signature)."""
+    return MockProcessGroup(rank, world_size)
+
+
+def _create(opts: Any, backend_opts: Any) -> MockProcessGroup:
+    return MockProcessGroup(opts.group_rank, opts.group_size, str(opts.group_id))
+
+
+def _register() -> None:
+    plugin = dist.Backend._plugins.get(BACKEND.upper())
+    if plugin is None or plugin.creator_fn is not _create:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+_register()
+
+
+# --- object collectives whose data comes from another rank ---------------------
+
+
+def _fake_target(group: Any) -> bool:
+    pg = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
+    return isinstance(pg, MockProcessGroup)
+
+
+def _keep_when_fake(func: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(func)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind_partial(*args, **kwargs).arguments
+        src = bound.get("src", bound.get("group_src"))
+        if _fake_target(bound.get("group")) and src is not None and src != dist.get_rank():
+            return None  # no rank can send: the caller's list stays as it was
+        return func(*args, **kwargs)
+
+    wrapper.__disttest_fake_aware__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _install_object_wrappers() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in ("broadcast_object_list", "scatter_object_list"):
+        func = getattr(c10d, name)
+        if getattr(func, "__disttest_fake_aware__", False):
+            continue
+        wrapped = _keep_when_fake(func)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name) is func:
+            setattr(dist, name, wrapped)
+
+
+_install_object_wrappers()
+
+
+# --- the fake world ------------------------------------------------------------
+
+
+def mock_init_dist(rank: int, world_size: int) -> None:
+    """Make this process rank ``rank`` of a fake world of ``world_size``.
+
+    Raises :class:`AlreadyInitialized` if a process group exists.
+    """
+    size = parse_world_size(world_size, "mock_init_dist(world_size=...)")
+    if not isinstance(rank, int) or not 0 <= rank < size:
+        from disttest.config import ConfigError
+
+        raise ConfigError("rank", rank, "mock_init_dist(rank=...)", f"expected 0 <= rank < {size}")
+    if dist.is_initialized():
+        raise AlreadyInitialized(ALREADY_INITIALIZED.format(
+            backend=dist.get_backend(), rank=dist.get_rank(), size=dist.get_world_size()))
+    _register()
+    dist.init_process_group(backend=BACKEND, rank=rank, world_size=size, store=FakeStore(),
+                            timeout=timedelta(seconds=30))
+
+
+@contextlib.contextmanager
+def with_dist(rank: int = 0, world_size: int = 2) -> Iterator[None]:
+    """A fake world for the block; its group is destroyed on exit, also when
+    the block raises. Refuses to nest (:class:`AlreadyInitialized`)."""
+    mock_init_dist(rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -> Any:
+    """Decorator: run a test method, or any function, in a fake world."""
+    if func is None:
+        return functools.partial(with_fake_comms, rank=rank, world_size=world_size)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with with_dist(rank, world_size):
+            return func(*args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,166 @@
+"""Fake comms: a world without peers, in one process."""
+
+from __future__ import annotations
+
+import unittest
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import disttest
+from disttest import AlreadyInitialized, MockProcessGroup, mock_init_dist, with_dist, with_fake_comms
+
+R = dist.ReduceOp
+
+
+class QueriesTest(unittest.TestCase):
+    @with_fake_comms(rank=3, world_size=8)
+    def test_rank_and_world_size(self):
+        self.assertEqual((dist.get_rank(), dist.get_world_size()), (3, 8))
+        self.assertIsInstance(dist.group.WORLD, MockProcessGroup)
+        self.assertEqual(dist.get_backend(), "mock_process_group")
+
+    def test_decorates_plain_functions_and_returns_their_value(self):
+        @with_fake_comms(world_size=4)
+        def sizes():
+            return dist.get_world_size()
+
+        self.assertEqual(sizes(), 4)
+        self.assertFalse(dist.is_initialized())
+
+    def test_bare_decorator(self):
+        @with_fake_comms
+        def size():
+            return dist.get_world_size()
+
+        self.assertEqual(size(), 2)
+
+    def test_bad_arguments_are_named(self):
+        with self.assertRaisesRegex(disttest.ConfigError, r"mock_init_dist\(world_size=...\)"):
+            mock_init_dist(0, 0)
+        with self.assertRaisesRegex(disttest.ConfigError, r"mock_init_dist\(rank=...\)"):
+            mock_init_dist(5, 4)
+
+
+class CollectivesTest(unittest.TestCase):
+    @with_fake_comms(rank=1, world_size=4)
+    def test_every_collective_completes_with_the_right_shapes(self):
+        n, me = 4, 1
+        t = torch.arange(3.0) + 1
+        for op, expected in ((R.SUM, t * n), (R.AVG, t), (R.MAX, t), (R.PRODUCT, t ** n)):
+            x = t.clone()
+            dist.all_reduce(x, op=op)
+            torch.testing.assert_close(x, expected)
+        x = t.clone()
+        dist.broadcast(x, src=0)
+        torch.testing.assert_close(x, t)
+        outs = [torch.zeros(3) for _ in range(n)]
+        dist.all_gather(outs, t)
+        torch.testing.assert_close(outs, [t] * n)
+        flat = torch.zeros(3 * n)
+        dist.all_gather_single(flat, t)
+        torch.testing.assert_close(flat, t.repeat(n))
+        out = torch.zeros(3)
+        dist.reduce_scatter(out, [t + i for i in range(n)])
+        torch.testing.assert_close(out, (t + me) * n)
+        small = torch.zeros(2)
+        dist.reduce_scatter_single(small, torch.arange(8.0))
+        torch.testing.assert_close(small, torch.tensor([2.0, 3.0]) * n)
+        a2a = [torch.zeros(2) for _ in range(n)]
+        dist.all_to_all(a2a, [torch.full((2,), float(i)) for i in range(n)])
+        torch.testing.assert_close(a2a, [torch.full((2,), float(me))] * n)
+        single = torch.zeros(n)
+        dist.all_to_all_single(single, torch.arange(float(n)))
+        torch.testing.assert_close(single, torch.full((n,), float(me)))
+        scattered = torch.zeros(2)
+        dist.scatter(scattered, [torch.full((2,), float(i)) for i in range(n)], src=me)
+        torch.testing.assert_close(scattered, torch.full((2,), float(me)))
+        gathered = [torch.zeros(3) for _ in range(n)]
+        dist.gather(t, gathered, dst=me)
+        torch.testing.assert_close(gathered, [t] * n)
+        dist.barrier()
+        dist.send(t, dst=2)
+        got = torch.zeros(3)
+        self.assertEqual(dist.recv(got, src=0), 0)
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        work.wait()
+        self.assertTrue(work.is_completed())
+        torch.testing.assert_close(work.get_future().value()[0], torch.full((2,), 4.0))
+
+    @with_fake_comms(rank=2, world_size=4)
+    def test_object_collectives(self):
+        objs = [None] * 4
+        dist.all_gather_object(objs, {"me": 2})
+        self.assertEqual(objs, [{"me": 2}] * 4)
+        box = ["mine", 1]
+        dist.broadcast_object_list(box, src=0)  # data from rank 0: none here
+        self.assertEqual(box, ["mine", 1])
+        dist.broadcast_object_list(box, src=2)
+        self.assertEqual(box, ["mine", 1])
+        at_root = [None] * 4
+        dist.gather_object("x", at_root, dst=2)
+        self.assertEqual(at_root, ["x"] * 4)
+        out = [None]
+        dist.scatter_object_list(out, ["a", "b", "c", "d"], src=2)
+        self.assertEqual(out, ["c"])
+        kept = ["before"]
+        dist.scatter_object_list(kept, None, src=0)
+        self.assertEqual(kept, ["before"])
+
+    @with_fake_comms(rank=0, world_size=8)
+    def test_ddp_in_a_fake_world_of_eight(self):
+        model = nn.parallel.DistributedDataParallel(disttest.Net())
+        loss = model(torch.randn(4, 2)).sum()
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        self.assertTrue(grads and all(g is not None for g in grads))
+
+    @with_fake_comms(world_size=2)
+    def test_subgroups(self):
+        g = dist.new_group([0, 1])
+        t = torch.ones(1)
+        dist.all_reduce(t, group=g)
+        self.assertEqual(t.item(), 2.0)
+
+
+class LifecycleTest(unittest.TestCase):
+    def test_group_destroyed_when_the_body_raises(self):
+        with self.assertRaises(ValueError), with_dist(rank=0, world_size=2):
+            self.assertTrue(dist.is_initialized())
+            raise ValueError("body fails")
+        self.assertFalse(dist.is_initialized())
+
+    def test_refuses_to_nest_with_a_clear_message(self):
+        with with_dist(world_size=2):
+            with self.assertRaises(AlreadyInitialized) as ctx, with_dist(world_size=4):
+                pass
+            self.assertIn("a process group already exists (backend 'mock_process_group', rank 0 of 2)",
+                          str(ctx.exception))
+            self.assertTrue(dist.is_initialized())  # the outer world is untouched
+        self.assertFalse(dist.is_initialized())
+
+    def test_an_existing_real_group_is_a_clear_error(self):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            with self.assertRaisesRegex(AlreadyInitialized, "backend 'gloo', rank 0 of 1"):
+                mock_init_dist(0, 2)
+        finally:
+            dist.destroy_process_group()
+
+    def test_torch_fake_backend_and_fake_store(self):
+        disttest.register_fake_backend()
+        dist.init_process_group("fake", store=disttest.FakeStore(), rank=1, world_size=4)
+        try:
+            self.assertEqual(dist.get_world_size(), 4)
+        finally:
+            dist.destroy_process_group()
+        store = disttest.FakeStore()
+        store.set("k", "v")
+        self.assertEqual(store.get("k"), b"v")
+
+    def test_upstream_creator_signature(self):
+        from datetime import timedelta
+
+        pg = disttest.create_mock_pg(None, 1, 3, timedelta(seconds=1))
+        self.assertEqual((pg.rank(), pg.size(), pg.getBackendName()), (1, 3, "mock_process_group"))
