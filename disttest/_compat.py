@@ -16,11 +16,14 @@ __all__ = [
     "dynamo_config_patch",
     "ensure_fake_backend",
     "group_name",
+    "load_faulty_rpc_agent",
     "new_c10d_world",
     "reduce_op_parts",
     "remove_dynamo_trace_handler",
     "reset_dynamo",
+    "rref_debug_info",
     "set_c10d_world",
+    "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
 ]
@@ -164,3 +167,22 @@ def reduce_op_parts(op: Any) -> tuple[Any, Any]:
         state: Any = op.__getstate__()
         return state[0], (state[1] if len(state) > 1 else None)
     return op, None
+
+
+def set_rref_leak_check(enabled: bool) -> None:
+    """Whether RPC reports leaked RRefs at shutdown (``rpc.api._ignore_rref_leak``)."""
+    import torch.distributed.rpc.api as api
+
+    api._ignore_rref_leak = not enabled
+
+
+def rref_debug_info() -> dict[str, str]:
+    """This node's RRef context counters (``rpc._rref_context_get_debug_info``)."""
+    from torch.distributed.rpc import _rref_context_get_debug_info
+
+    return dict(_rref_context_get_debug_info())
+
+
+def load_faulty_rpc_agent() -> None:
+    """Register the FAULTY_TENSORPIPE RPC backend (``rpc._testing``)."""
+    import torch.distributed.rpc._testing  # noqa: F401

@@ -1,0 +1,298 @@
+"""Helpers for testing ``torch.distributed.rpc``, and ready test bases.
+
+Upstream's names (``dist_utils.py`` and the RPC agent fixtures):
+``dist_init``, ``noop``, ``worker_name``, ``initialize_pg``, the RRef wait
+helpers, ``get_function_event``, ``INIT_METHOD_TEMPLATE``,
+``RpcAgentTestFixture`` with TensorPipe and faulty flavours, and
+``RpcTestCase`` (MultiProcessTestCase + the TensorPipe fixture) so that a
+suite writes only test methods. Every wait loop is bounded: it raises
+:class:`WaitTimeout` (a ``TimeoutError`` and, as upstream raised, a
+``ValueError``) saying what it waited for and what it last saw.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+
+from disttest import _compat
+from disttest.config import parse_timeout
+from disttest.devices import tp_transports
+from disttest.multiprocess import MultiProcessTestCase
+from disttest.tempdirs import FILE_SCHEMA
+
+__unittest = True
+
+__all__ = [
+    "FAULTY_MESSAGES",
+    "INIT_METHOD_TEMPLATE",
+    "MESSAGES_TO_DELAY",
+    "FaultyRpcAgentTestFixture",
+    "FaultyRpcTestCase",
+    "RpcAgentTestFixture",
+    "RpcTestCase",
+    "TensorPipeRpcAgentTestFixture",
+    "WaitTimeout",
+    "dist_init",
+    "get_function_event",
+    "get_num_owners_and_forks",
+    "initialize_pg",
+    "noop",
+    "wait_until_node_failure",
+    "wait_until_owners_and_forks_on_rank",
+    "wait_until_pending_futures_and_users_flushed",
+    "worker_name",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+INIT_METHOD_TEMPLATE = FILE_SCHEMA + "{file_name}"
+#: Message types the faulty agent fails by default (they are retried).
+FAULTY_MESSAGES = ["RREF_FORK_REQUEST", "RREF_CHILD_ACCEPT", "RREF_USER_DELETE",
+                   "CLEANUP_AUTOGRAD_CONTEXT_REQ"]
+#: Message types the faulty agent delays by default, in seconds.
+MESSAGES_TO_DELAY = {"PYTHON_CALL": 1.5, "SCRIPT_CALL": 1.5}
+WAITED_TOO_LONG = "waited {timeout}s for {what} (disttest); last seen: {last}"
+
+
+class WaitTimeout(TimeoutError, ValueError):
+    """A bounded wait ran out. Fields: ``timeout``, ``what``, ``last``."""
+
+    def __init__(self, timeout: float, what: str, last: str) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.last = last
+        super().__init__(WAITED_TOO_LONG.format(timeout=timeout, what=what, last=last))
+
+
+def worker_name(rank: int) -> str:
+    """The RPC name of ``rank`` (``worker{rank}``)."""
+    return f"worker{rank}"
+
+
+def noop() -> None:
+    """Does nothing (an RPC target)."""
+
+
+def initialize_pg(init_method: str, rank: int, world_size: int) -> None:
+    """Make a gloo default group through ``init_method``, unless one exists."""
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo", init_method=init_method, rank=rank, world_size=world_size)
+
+
+def dist_init(
+    old_test_method: F | None = None,
+    setup_rpc: bool = True,
+    clean_shutdown: bool = True,
+    faulty_messages: Sequence[str] | None = None,
+    messages_to_delay: dict[str, float] | None = None,
+) -> Any:
+    """Decorator for RPC test methods (of a test case with an RPC fixture).
+
+    In each rank: configures fault injection, starts RPC as ``worker{rank}``,
+    runs the test, then shuts RPC down (gracefully with ``clean_shutdown``),
+    also when the test raises.
+    """
+    if old_test_method is None:
+        return functools.partial(dist_init, setup_rpc=setup_rpc, clean_shutdown=clean_shutdown,
+                                 faulty_messages=faulty_messages, messages_to_delay=messages_to_delay)
+
+    @functools.wraps(old_test_method)
+    def new_test_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _compat.set_rref_leak_check(True)
+        self.worker_id = self.rank
+        self.setup_fault_injection(faulty_messages, messages_to_delay)
+        if not setup_rpc:
+            return old_test_method(self, *args, **kwargs)
+        rpc.init_rpc(name=worker_name(self.rank), backend=self.rpc_backend, rank=self.rank,
+                     world_size=self.world_size, rpc_backend_options=self.rpc_backend_options)
+        failed = True
+        try:
+            result = old_test_method(self, *args, **kwargs)
+            failed = False
+            return result
+        finally:
+            # After a failure, a graceful shutdown would wait for peers that
+            # may never come: do not let it mask the test's own error.
+            rpc.shutdown(graceful=clean_shutdown and not failed)
+
+    return new_test_method
+
+
+def wait_until_node_failure(rank: int, expected_error_regex: str = ".*", timeout: float = 60) -> str:
+    """Call ``noop`` on ``rank`` until a call fails with an error matching
+    ``expected_error_regex``; return that error's text. Bounded by ``timeout``."""
+    limit = parse_timeout(timeout, "wait_until_node_failure(timeout=...)")
+    deadline = time.monotonic() + limit
+    last = "every call succeeded"
+    while time.monotonic() < deadline:
+        try:
+            rpc.rpc_sync(worker_name(rank), noop, args=(), timeout=max(1.0, min(5.0, limit)))
+            time.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 (any failure is what we wait for)
+            if re.search(expected_error_regex, str(e)):
+                return str(e)
+            last = f"{type(e).__name__}: {e}"
+    raise WaitTimeout(limit, f"an RPC to {worker_name(rank)} to fail matching {expected_error_regex!r}", last)
+
+
+def wait_until_pending_futures_and_users_flushed(timeout: float = 20) -> None:
+    """Wait until this node's RRef context has no pending futures or users."""
+    limit = parse_timeout(timeout, "wait_until_pending_futures_and_users_flushed(timeout=...)")
+    deadline = time.monotonic() + limit
+    while True:
+        info = _compat.rref_debug_info()
+        futures, users = int(info["num_pending_futures"]), int(info["num_pending_users"])
+        if futures == 0 and users == 0:
+            return
+        if time.monotonic() > deadline:
+            raise WaitTimeout(limit, "pending RRef futures and users to flush",
+                              f"{futures} pending futures, {users} pending users")
+        time.sleep(0.05)
+
+
+def get_num_owners_and_forks() -> tuple[str, str]:
+    """(number of OwnerRRefs, number of forks) on this node."""
+    info = _compat.rref_debug_info()
+    return info["num_owner_rrefs"], info["num_forks"]
+
+
+def wait_until_owners_and_forks_on_rank(num_owners: int, num_forks: int, rank: int,
+                                        timeout: float = 20) -> None:
+    """Wait until ``rank`` holds ``num_owners`` OwnerRRefs and ``num_forks`` forks."""
+    limit = parse_timeout(timeout, "wait_until_owners_and_forks_on_rank(timeout=...)")
+    deadline = time.monotonic() + limit
+    while True:
+        owners, forks = rpc.rpc_sync(worker_name(rank), get_num_owners_and_forks, args=(), timeout=5)
+        if int(owners) == num_owners and int(forks) == num_forks:
+            return
+        if time.monotonic() > deadline:
+            raise WaitTimeout(limit, f"{num_owners} owners and {num_forks} forks on rank {rank}",
+                              f"{owners} owners, {forks} forks")
+        time.sleep(0.1)
+
+
+def get_function_event(function_events: Sequence[Any], partial_event_name: str) -> Any:
+    """The first profiler event whose name contains ``partial_event_name``."""
+    for event in function_events:
+        if partial_event_name in event.name:
+            return event
+    names = sorted({e.name for e in function_events})
+    raise LookupError(f"no profiler event contains {partial_event_name!r} (disttest); events: {names}")
+
+
+class RpcAgentTestFixture:
+    """What ``dist_init`` needs from a test case: the RPC backend, its
+    options, the init method and the error texts tests match against."""
+
+    file_name: str
+
+    @property
+    def world_size(self) -> int:
+        return 4
+
+    @property
+    def init_method(self) -> str:
+        """``tcp://MASTER_ADDR:MASTER_PORT`` with ``RPC_INIT_WITH_TCP=1``, else
+        the test's rendezvous file."""
+        if os.environ.get("RPC_INIT_WITH_TCP") == "1":
+            return f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        return self.file_init_method
+
+    @property
+    def file_init_method(self) -> str:
+        return INIT_METHOD_TEMPLATE.format(file_name=self.file_name)
+
+    @property
+    def rpc_backend(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def rpc_backend_options(self) -> Any:
+        raise NotImplementedError
+
+    def setup_fault_injection(self, faulty_messages: Sequence[str] | None,
+                              messages_to_delay: dict[str, float] | None) -> None:
+        """Hook method for preparing a faulty agent; does nothing for others."""
+
+    def get_shutdown_error_regex(self) -> str:
+        raise NotImplementedError
+
+    def get_timeout_error_regex(self) -> str:
+        raise NotImplementedError
+
+
+class TensorPipeRpcAgentTestFixture(RpcAgentTestFixture):
+    """The TensorPipe agent (without InfiniBand where EFA is present)."""
+
+    @property
+    def rpc_backend(self) -> Any:
+        return rpc.backend_registry.BackendType["TENSORPIPE"]
+
+    @property
+    def rpc_backend_options(self) -> Any:
+        return rpc.backend_registry.construct_rpc_backend_options(
+            self.rpc_backend, init_method=self.init_method, _transports=tp_transports())
+
+    def get_shutdown_error_regex(self) -> str:
+        return "(.*)"
+
+    def get_timeout_error_regex(self) -> str:
+        return "RPC ran for more than"
+
+
+class FaultyRpcAgentTestFixture(RpcAgentTestFixture):
+    """torch's FaultyTensorPipeAgent: fails sends of ``messages_to_fail`` a
+    few times, and delays ``messages_to_delay`` (seconds by type)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.messages_to_fail = list(FAULTY_MESSAGES)
+        self.messages_to_delay = dict(MESSAGES_TO_DELAY)
+
+    @property
+    def rpc_backend(self) -> Any:
+        _compat.load_faulty_rpc_agent()
+        return rpc.backend_registry.BackendType["FAULTY_TENSORPIPE"]
+
+    @property
+    def rpc_backend_options(self) -> Any:
+        return rpc.backend_registry.construct_rpc_backend_options(
+            self.rpc_backend, init_method=self.init_method, num_worker_threads=8, num_fail_sends=3,
+            messages_to_fail=self.messages_to_fail, messages_to_delay=self.messages_to_delay)
+
+    def setup_fault_injection(self, faulty_messages: Sequence[str] | None,
+                              messages_to_delay: dict[str, float] | None) -> None:
+        if faulty_messages is not None:
+            self.messages_to_fail = list(faulty_messages)
+        if messages_to_delay is not None:
+            self.messages_to_delay = dict(messages_to_delay)
+
+    def get_shutdown_error_regex(self) -> str:
+        errors = ["Exception in thread pool task", "Connection reset by peer", "Connection closed by peer"]
+        return "|".join(f"({e})" for e in errors)
+
+    def get_timeout_error_regex(self) -> str:
+        return "RPC ran for more than"
+
+
+class RpcTestCase(TensorPipeRpcAgentTestFixture, MultiProcessTestCase):
+    """Ranks start in ``setUp``; decorate test methods with ``@dist_init``."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+
+class FaultyRpcTestCase(FaultyRpcAgentTestFixture, MultiProcessTestCase):
+    """As :class:`RpcTestCase`, over the faulty agent."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()

@@ -1,0 +1,92 @@
+"""RPC helpers: dist_init, the agent fixtures, the bounded wait helpers."""
+
+from __future__ import annotations
+
+import time
+import unittest
+from types import SimpleNamespace
+from unittest import mock
+
+import rpc_cases as cases
+from runner_cases import live_ranks
+
+import disttest
+from disttest import WaitTimeout
+
+
+def run(cls, name):
+    result = unittest.TestResult()
+    cls(name).run(result)
+    return result
+
+
+class RpcBetweenWorkersTest(unittest.TestCase):
+    def tearDown(self):
+        deadline = time.monotonic() + 5
+        while live_ranks() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(live_ranks(), [])
+
+    def check(self, cls, name):
+        result = run(cls, name)
+        self.assertTrue(result.wasSuccessful(), (result.errors + result.failures)[:1])
+
+    def test_rpc_sync_async_and_remote(self):
+        self.check(cases.Rpc, "test_sync_async_remote")
+
+    def test_rref_wait_helpers(self):
+        self.check(cases.Rpc, "test_rref_wait_helpers")
+
+    def test_dist_init_without_rpc(self):
+        self.check(cases.Rpc, "test_without_rpc")
+
+    def test_killed_worker_detected(self):
+        self.check(cases.Rpc, "test_killed_worker_is_detected")
+
+    def test_delayed_message_type_times_out(self):
+        self.check(cases.Faulty, "test_delayed_message_type_times_out")
+
+    def test_fault_injection_setup(self):
+        self.check(cases.Faulty, "test_no_faults_when_none_asked")
+
+
+class HelpersTest(unittest.TestCase):
+    def test_names_and_templates(self):
+        self.assertEqual(disttest.worker_name(3), "worker3")
+        self.assertEqual(disttest.INIT_METHOD_TEMPLATE.format(file_name="/x"), "file:///x")
+        self.assertIsNone(disttest.noop())
+
+    def test_fixture_init_method(self):
+        fixture = disttest.TensorPipeRpcAgentTestFixture()
+        fixture.file_name = "/tmp/rdvz"
+        self.assertEqual(fixture.init_method, "file:///tmp/rdvz")
+        env = {"RPC_INIT_WITH_TCP": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+        with mock.patch.dict("os.environ", env):
+            self.assertEqual(fixture.init_method, "tcp://127.0.0.1:1234")
+        self.assertEqual(fixture.get_timeout_error_regex(), "RPC ran for more than")
+
+    def test_node_failure_wait_is_bounded(self):
+        with mock.patch("torch.distributed.rpc.rpc_sync", return_value=None):
+            start = time.monotonic()
+            with self.assertRaises(WaitTimeout) as ctx:
+                disttest.wait_until_node_failure(1, timeout=0.5)
+        self.assertLess(time.monotonic() - start, 3)
+        self.assertIn("an RPC to worker1 to fail", str(ctx.exception))
+        self.assertIsInstance(ctx.exception, ValueError)  # upstream raised ValueError
+
+    def test_node_failure_returns_the_matching_error(self):
+        errors = [RuntimeError("other"), RuntimeError("Connection reset by peer")]
+        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=errors):
+            self.assertEqual(disttest.wait_until_node_failure(2, "reset", timeout=5), "Connection reset by peer")
+
+    def test_flush_wait_is_bounded_and_says_what_it_saw(self):
+        info = {"num_pending_futures": "2", "num_pending_users": "1"}
+        with mock.patch("disttest._compat.rref_debug_info", return_value=info):
+            with self.assertRaisesRegex(WaitTimeout, "2 pending futures, 1 pending users"):
+                disttest.wait_until_pending_futures_and_users_flushed(timeout=0.3)
+
+    def test_get_function_event(self):
+        events = [SimpleNamespace(name="aten::add"), SimpleNamespace(name="rpc_sync#worker1")]
+        self.assertIs(disttest.get_function_event(events, "rpc_sync"), events[1])
+        with self.assertRaisesRegex(LookupError, "no profiler event contains 'missing'"):
+            disttest.get_function_event(events, "missing")
