@@ -100,6 +100,15 @@ class AssertEqualTest(disttest.TestCase):
         with self.assertRaises(AssertionError):
             self.assertNotEqual(torch.zeros(2), torch.zeros(2))
 
+    def test_assert_greater_almost_equal(self):
+        self.assertGreaterAlmostEqual(2.0, 1.0)
+        self.assertGreaterAlmostEqual(1.0, 1.0 + 1e-9)
+        self.assertGreaterAlmostEqual(0.9, 1.0, delta=0.2)
+        with self.assertRaisesRegex(AssertionError, "0.5 is not greater than or equal to 1.0 within 0.2 delta"):
+            self.assertGreaterAlmostEqual(0.5, 1.0, delta=0.2)
+        with self.assertRaises(TypeError):
+            self.assertGreaterAlmostEqual(1, 2, places=1, delta=1)
+
     def test_assert_expected_inline_available(self):
         self.assertExpectedInline(str(1 + 1), """2""")
 

@@ -9,7 +9,13 @@ import torch.distributed as dist
 from torch import nn
 
 import disttest
-from disttest import AlreadyInitialized, MockProcessGroup, mock_init_dist, with_dist, with_fake_comms
+from disttest import (
+    AlreadyInitialized,
+    MockProcessGroup,
+    mock_init_dist,
+    with_dist,
+    with_fake_comms,
+)
 
 R = dist.ReduceOp
 
