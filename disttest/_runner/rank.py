@@ -30,7 +30,7 @@ __all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_proc
 PR_SET_PDEATHSIG = 1
 STACK_SIGNAL = signal.SIGUSR1
 TEST_ERROR_EXIT_CODE = 10
-#: Seconds a failed rank stays before it exits. Its exit would close its
+#: Seconds a failed or skipped rank stays before it exits. Its exit would close its
 #: sockets under peers still completing communication with it (a gloo
 #: handshake, a collective it already joined), turning their own report into
 #: "connection closed by peer"; the parent stops it after its grace anyway.
@@ -176,7 +176,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
-        if code:
+        if outcome.kind is not Kind.PASSED:
             time.sleep(LINGER)
     finally:
         try:
