@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.disttest-installed
 
-.PHONY: install test examples lint bench clean
+.PHONY: install test examples lint backend-suite clean
 
 install: $(STAMP)
 
@@ -18,6 +18,11 @@ test: $(STAMP)
 
 examples: $(STAMP)
 	$(PY) examples/run_all.py
+
+# PyTorch's own backend suite (DistributedTest._DistTestBase) on disttest,
+# gloo, world sizes 2 and 3. Too slow for every CI run; a subset is in tests/.
+backend-suite: $(STAMP)
+	for n in 2 3; do BACKEND=gloo WORLD_SIZE=$$n $(PY) benchmarks/distributed_suite.py disttest || exit 1; done
 
 lint: $(STAMP)
 	$(PY) -m ruff check disttest tests examples benchmarks && $(PY) -m mypy disttest

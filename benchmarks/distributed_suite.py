@@ -69,6 +69,7 @@ def main() -> None:
         "passed_names": _Record.passed,
         "failed_names": sorted(t.id().rsplit(".", 1)[-1] for t, _ in result.failures + result.errors),
     }))
+    sys.exit(0 if result.wasSuccessful() else 1)
 
 
 if __name__ == "__main__":
