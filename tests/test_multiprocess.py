@@ -4,7 +4,6 @@ runner shares are in test_runners.py."""
 
 from __future__ import annotations
 
-import glob
 import os
 import tempfile
 import time
@@ -152,11 +151,13 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
 
 class HygieneTest(OutcomeMixin, unittest.TestCase):
     def test_run_directory_and_rendezvous_file_are_removed(self):
-        before = set(glob.glob(os.path.join(tempfile.gettempdir(), "disttest-run-*")))
-        self.assertPassed(run(cases.Files, "test_rendezvous_file_is_fresh")[0])
-        run(cases.Hangs, "test_hang")
-        after = set(glob.glob(os.path.join(tempfile.gettempdir(), "disttest-run-*")))
-        self.assertEqual(after - before, set())
+        # Each test's own directory (other tests may run beside this one).
+        for cls, name in ((cases.Files, "test_rendezvous_file_is_fresh"), (cases.Hangs, "test_hang")):
+            case = cls(name)
+            case.run(unittest.TestResult())
+            self.assertTrue(case.run_dir.startswith(os.path.join(tempfile.gettempdir(), "disttest-run-")))
+            self.assertFalse(os.path.exists(case.run_dir), case.run_dir)
+            self.assertFalse(os.path.exists(case.file_name))
 
     def test_report_types_are_public(self):
         self.assertTrue(issubclass(RankFailure, AssertionError))
