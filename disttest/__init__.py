@@ -83,6 +83,7 @@ from disttest.models import (
     UnusedParamTwoLinLayerNet,
     create_collectives_object_test_list,
 )
+from disttest.modes import MODE_ENV, MODES, run_in
 from disttest.multiprocess import DistributedTestBase, MultiProcessTestCase
 from disttest.multithread import MultiThreadedTestCase, spawn_threads_and_init_comms
 from disttest.skips import (
@@ -167,6 +168,8 @@ __all__ = [
     "HAS_ACCELERATOR",
     "INIT_METHOD_TEMPLATE",
     "LargeNet",
+    "MODES",
+    "MODE_ENV",
     "MockProcessGroup",
     "MultiProcContinousTest",
     "MultiProcContinuousTest",
@@ -257,6 +260,7 @@ __all__ = [
     "requires_ucc",
     "requires_world_size",
     "retry_on_connect_failures",
+    "run_in",
     "run_subtests",
     "set_rng_seed",
     "simple_sparse_reduce_tests",

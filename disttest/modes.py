@@ -1,0 +1,115 @@
+"""One test body, three ways to run its ranks.
+
+``@run_in("threads", "processes", "pool")`` on a plain class of test methods
+makes one test class per mode, in the class's own module, named
+``<Class>_threads``, ``<Class>_processes`` and ``<Class>_pool``; each has the
+default group made before its tests run (the threaded backend for threads,
+``backend`` (default gloo) otherwise). So a collective bug can be debugged in
+threads and confirmed in processes without rewriting the test.
+
+``DISTTEST_MODE=threads`` (or ``processes``, ``pool``) runs one mode only:
+the other classes skip, saying why. The decorated class itself is left as a
+plain mixin, so it is not collected as a test.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import unittest
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from disttest.config import ConfigError, parse_world_size
+
+__unittest = True
+
+__all__ = ["MODES", "MODE_ENV", "run_in"]
+
+MODES = ("threads", "processes", "pool")
+MODE_ENV = "DISTTEST_MODE"
+
+
+def _forced() -> str | None:
+    raw = os.environ.get(MODE_ENV)
+    if not raw:
+        return None
+    if raw not in MODES:
+        raise ConfigError("mode", raw, f"environment variable {MODE_ENV}", f"expected one of {MODES}")
+    return raw
+
+
+def _threads(body: type) -> type:
+    from disttest.multithread import MultiThreadedTestCase
+
+    class Threads(body, MultiThreadedTestCase):
+        def setUp(self) -> None:
+            super().setUp()
+            self._spawn_threads()
+
+    return Threads
+
+
+def _processes(body: type) -> type:
+    from disttest.multiprocess import MultiProcessTestCase
+
+    class Processes(body, MultiProcessTestCase):
+        def setUp(self) -> None:
+            super().setUp()
+            self._spawn_processes()
+
+        @classmethod
+        def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any) -> None:
+            size = cls._mode_world_size()
+            dist.init_process_group(getattr(cls, "backend", "gloo"), rank=rank, world_size=size,
+                                     store=dist.FileStore(file_name, size))
+            super()._run(rank, test_name, file_name, parent_pipe, **kwargs)
+
+    return Processes
+
+
+def _pool(body: type) -> type:
+    from disttest.continuous import MultiProcContinousTest
+
+    class Pool(body, MultiProcContinousTest):
+        @classmethod
+        def backend_str(cls) -> str:
+            return str(getattr(cls, "backend", "gloo"))
+
+    return Pool
+
+
+_MAKERS: dict[str, Callable[[type], type]] = {"threads": _threads, "processes": _processes, "pool": _pool}
+
+
+def run_in(*modes: str) -> Callable[[type], type]:
+    """Class decorator: one test class per mode in ``modes`` (default all
+    three), in the decorated class's module. The body class may set
+    ``world_size`` (an int, default 2), ``backend`` (for processes and pool,
+    default "gloo") and ``timeout``."""
+    chosen = modes or MODES
+    for mode in chosen:
+        if mode not in MODES:
+            raise ConfigError("mode", mode, "run_in(...)", f"expected one of {MODES}")
+
+    def decorator(body: type) -> type:
+        if isinstance(body, type) and issubclass(body, unittest.TestCase):
+            raise TypeError(f"run_in: {body.__name__} must be a plain class of test methods, "
+                            "not a TestCase (disttest makes the TestCase per mode)")
+        size = parse_world_size(body.__dict__.get("world_size", 2), f"{body.__name__}.world_size")
+        module = sys.modules[body.__module__]
+        forced = _forced()
+        for mode in chosen:
+            cls: Any = _MAKERS[mode](body)
+            cls.__name__ = cls.__qualname__ = f"{body.__name__}_{mode}"
+            cls.__module__ = body.__module__
+            cls.world_size = size
+            cls._mode_world_size = classmethod(lambda c, s=size: s)
+            if forced is not None and forced != mode:
+                cls = unittest.skip(f"{MODE_ENV}={forced} runs the {forced} mode only")(cls)
+            setattr(module, cls.__name__, cls)
+        return body
+
+    return decorator

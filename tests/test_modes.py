@@ -1,0 +1,44 @@
+"""One test body, three modes, and the variable that forces one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import unittest
+
+import modes_cases as cases
+
+import disttest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class ModesTest(unittest.TestCase):
+    def test_one_class_per_mode(self):
+        for mode in disttest.MODES:
+            cls = getattr(cases, f"Collectives_{mode}")
+            with self.subTest(mode=mode):
+                result = unittest.TestResult()
+                unittest.defaultTestLoader.loadTestsFromTestCase(cls).run(result)
+                self.assertEqual(result.testsRun, 2)
+                self.assertEqual(result.errors, [])
+                self.assertEqual(len(result.failures), 1)
+                self.assertIn("rank 1/3 raised AssertionError", result.failures[0][1])
+                self.assertIn("rank 1 disagrees", result.failures[0][1])
+
+    def test_the_body_is_not_a_test(self):
+        self.assertFalse(issubclass(cases.Collectives, unittest.TestCase))
+
+    def test_environment_forces_one_mode(self):
+        env = dict(os.environ, DISTTEST_MODE="threads")
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "modes_cases"], cwd=HERE,
+                              capture_output=True, text=True, timeout=300, env=env)
+        self.assertIn("skipped 'DISTTEST_MODE=threads runs the threads mode only'", proc.stderr)
+        self.assertIn("test_all_reduce (modes_cases.Collectives_threads.test_all_reduce) ... ok", proc.stderr)
+
+    def test_bad_mode_is_named(self):
+        with self.assertRaisesRegex(disttest.ConfigError, r"Invalid mode 'gpu' from run_in"):
+            disttest.run_in("gpu")
+        with self.assertRaisesRegex(TypeError, "must be a plain class"):
+            disttest.run_in("threads")(type("T", (unittest.TestCase,), {}))
