@@ -39,6 +39,12 @@ def migration_map() -> dict[str, list[str]]:
 
 
 class ReadmeTest(unittest.TestCase):
+    def test_readme_is_valid_restructuredtext(self):
+        import docutils.core
+
+        docutils.core.publish_string(readme(), writer_name="null",
+                                     settings_overrides={"report_level": 2, "halt_level": 2})
+
     def test_quickstart_runs(self):
         block = section("Quickstart\n", "``TestCase``\n------------")
         code = textwrap.dedent(block.split(".. code-block:: python\n", 1)[1])
