@@ -10,13 +10,11 @@ processes and a fresh process group per test, at fork speed).
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import sys
 import tempfile
 import time
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +23,12 @@ import torch
 import torch.distributed as dist
 
 from disttest._runner import rank as rank_mod
+from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
-from disttest.case import TestCase
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
     ConfigError,
@@ -51,7 +49,7 @@ _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
 }
 
 
-class MultiProcessTestCase(TestCase):
+class MultiProcessTestCase(RankDispatch):
     """Runs each test method in ``world_size`` fresh rank processes.
 
     Call ``self._spawn_processes()`` in ``setUp``. The test body then runs in
@@ -90,29 +88,11 @@ class MultiProcessTestCase(TestCase):
         return self.rank == 0
 
     def __init__(self, method_name: str = "runTest", methodName: str = "runTest") -> None:
-        if methodName != "runTest":
-            method_name = methodName
-        super().__init__(method_name)
-        self.rank = self.MAIN_PROCESS_RANK
         self._launcher: ProcessLauncher | None = None
-        try:
-            fn = getattr(self, method_name)
-        except AttributeError as e:
-            if methodName != "runTest":
-                raise ValueError(f"no such test method in {self.__class__}: {methodName}") from e
-        else:
-            setattr(self, method_name, self.join_or_run(fn))
+        super().__init__(method_name, methodName)
 
-    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        """Hook: the parent joins the ranks; a rank runs ``fn``."""
-
-        @functools.wraps(fn)
-        def wrapper(self: MultiProcessTestCase) -> Any:
-            if self.rank == self.MAIN_PROCESS_RANK:
-                return self._join_processes(fn)
-            return fn()
-
-        return types.MethodType(wrapper, self)
+    def _join(self, fn: Callable[[], Any]) -> None:
+        self._join_processes(fn)
 
     def setUp(self) -> None:
         super().setUp()

@@ -11,18 +11,17 @@ shared by the threads, so random values differ between ranks
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.outcome import Outcome
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
-from disttest.case import TestCase
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
 from disttest.skips import get_required_world_size, precheck_skip
 from disttest.threaded_pg import BACKEND, install_threaded_pg, uninstall_threaded_pg
@@ -72,7 +71,7 @@ class _ThreadRun:
             raise
 
 
-class MultiThreadedTestCase(TestCase):
+class MultiThreadedTestCase(RankDispatch):
     """Runs each test method in ``world_size`` threads over the threaded group.
 
     Call ``self._spawn_threads()`` in ``setUp``. In every thread the default
@@ -96,29 +95,11 @@ class MultiThreadedTestCase(TestCase):
         return self.id().split(".")[-1]
 
     def __init__(self, method_name: str = "runTest", methodName: str = "runTest") -> None:
-        if methodName != "runTest":
-            method_name = methodName
-        super().__init__(method_name)
-        self.rank = self.MAIN_THREAD_RANK
         self._run_state: _ThreadRun | None = None
-        try:
-            fn = getattr(self, method_name)
-        except AttributeError as e:
-            if methodName != "runTest":
-                raise ValueError(f"no such test method in {self.__class__}: {methodName}") from e
-        else:
-            setattr(self, method_name, self.join_or_run(fn))
+        super().__init__(method_name, methodName)
 
-    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        """Hook: the main thread joins the ranks; a rank thread runs ``fn``."""
-
-        @functools.wraps(fn)
-        def wrapper(self: MultiThreadedTestCase) -> Any:
-            if self.rank == self.MAIN_THREAD_RANK:
-                return self._join_threads(self.threads, fn)
-            return fn()
-
-        return types.MethodType(wrapper, self)
+    def _join(self, fn: Callable[[], Any]) -> None:
+        self._join_threads(self.threads, fn)
 
     def perThreadSetUp(self) -> None:
         """Hook method for setting up each rank thread before the test body."""

@@ -179,11 +179,17 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         if outcome.kind is not Kind.PASSED:
             time.sleep(LINGER)
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Leave the rank process now: flush, then skip the atexit handlers it
+    inherited (they belong to the process that forked it)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
@@ -224,8 +230,4 @@ def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
             cls._pool_shutdown()
         code = 0
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        _exit(code)

@@ -1,0 +1,54 @@
+"""The test-method dispatch shared by the per-test runners.
+
+The test case object unittest makes in the parent has each test method
+replaced by a wrapper: in the parent (``rank`` is the main rank) it joins
+the ranks; in a rank it runs the body. Upstream's hook names are kept
+(``join_or_run``).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+from disttest.case import TestCase
+
+__unittest = True
+
+__all__ = ["RankDispatch"]
+
+
+class RankDispatch(TestCase):
+    """Base of MultiProcessTestCase and MultiThreadedTestCase."""
+
+    _MAIN_RANK = -1
+
+    def __init__(self, method_name: str = "runTest", methodName: str = "runTest") -> None:
+        if methodName != "runTest":
+            method_name = methodName
+        super().__init__(method_name)
+        self.rank = self._MAIN_RANK
+        try:
+            fn = getattr(self, method_name)
+        except AttributeError as e:
+            if methodName != "runTest":
+                raise ValueError(f"no such test method in {self.__class__}: {methodName}") from e
+        else:
+            setattr(self, method_name, self.join_or_run(fn))
+
+    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Hook: the parent joins the ranks; a rank runs ``fn``."""
+
+        @functools.wraps(fn)
+        def wrapper(self: RankDispatch) -> Any:
+            if self.rank == self._MAIN_RANK:
+                return self._join(fn)
+            return fn()
+
+        return types.MethodType(wrapper, self)
+
+    def _join(self, fn: Callable[[], Any]) -> None:
+        """Hook: wait for the ranks of the current test and raise its result."""
+        raise NotImplementedError
