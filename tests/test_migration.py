@@ -42,7 +42,7 @@ class ReadmeTest(unittest.TestCase):
     def test_readme_is_valid_restructuredtext(self):
         import docutils.core
 
-        docutils.core.publish_string(readme(), writer_name="null",
+        docutils.core.publish_string(readme(), writer="null",
                                      settings_overrides={"report_level": 2, "halt_level": 2})
 
     def test_quickstart_runs(self):
