@@ -110,6 +110,14 @@ class PytestTest(unittest.TestCase):
         self.assertIn("1 failed, 1 passed", proc.stdout)
         self.assertIn("stopping after 1 failures", proc.stdout)
 
+    def test_xdist_runs_classes_in_parallel(self):
+        # Two workers, each with its own fork server, ports and directories.
+        proc = self.suite.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                              "test_suite.py", "-k", "not pids")
+        self.assertIn("2 failed, 1 passed, 1 skipped", proc.stdout, proc.stdout[-2000:])
+        self.assertIn("bringing up nodes", proc.stdout)
+        self.assertIn("rank 1/2 raised ValueError", proc.stdout)
+
     def test_unittest_main(self):
         proc = self.suite.run("-m", "unittest", "test_suite.Suite.test_a_pass",
                               "test_suite.Suite.test_b_failure", "test_suite.Suite.test_d_skip")
