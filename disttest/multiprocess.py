@@ -32,12 +32,8 @@ from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
     ConfigError,
-    get_timeout,
-    parse_timeout,
-    parse_world_size,
 )
 from disttest.helpers import set_environ
-from disttest.skips import get_required_world_size, precheck_skip
 
 __unittest = True
 
@@ -116,15 +112,6 @@ class MultiProcessTestCase(RankDispatch):
     def _current_test_name(self) -> str:
         return self.id().split(".")[-1]
 
-    def _effective_world_size(self) -> int:
-        size = get_required_world_size(self, self.world_size)
-        return parse_world_size(size, f"{type(self).__name__}.world_size")
-
-    def _test_timeout(self) -> float:
-        if self.timeout is not None:
-            return parse_timeout(self.timeout, f"{type(self).__name__}.timeout")
-        return get_timeout(self.id())
-
     def _spawn_processes(self, start_method: str | None = None) -> None:
         """Start the ranks for the current test (call in ``setUp``).
 
@@ -133,10 +120,7 @@ class MultiProcessTestCase(RankDispatch):
         A skip decided by the test's decorators is raised here, before any
         rank starts.
         """
-        method = self._test_method_function()
-        skip = precheck_skip(self, method) if method is not None else None
-        if skip is not None:
-            raise skip
+        self._precheck()
         if start_method is not None:
             where = "_spawn_processes(start_method=...)"
         elif os.environ.get(START_METHOD_ENV):
@@ -146,9 +130,6 @@ class MultiProcessTestCase(RankDispatch):
         if start_method not in START_METHODS:
             raise ConfigError("start method", start_method, where, f"expected one of {START_METHODS}")
         self._start_processes(start_method)
-
-    def _test_method_function(self) -> Callable[..., Any] | None:
-        return getattr(type(self), self._testMethodName, None)
 
     def _start_processes(self, proc: Any = None) -> None:
         """Hook: start the ranks with ``proc`` (a start method name; an

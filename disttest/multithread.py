@@ -23,7 +23,6 @@ from disttest._runner.outcome import Outcome
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
-from disttest.skips import get_required_world_size, precheck_skip
 from disttest.threaded_pg import BACKEND, install_threaded_pg, uninstall_threaded_pg
 
 __unittest = True
@@ -120,21 +119,9 @@ class MultiThreadedTestCase(RankDispatch):
             self._run_state = None
         self.threads = []
 
-    def _effective_world_size(self) -> int:
-        size = get_required_world_size(self, self.world_size)
-        return parse_world_size(size, f"{type(self).__name__}.world_size")
-
-    def _test_timeout(self) -> float:
-        if self.timeout is not None:
-            return parse_timeout(self.timeout, f"{type(self).__name__}.timeout")
-        return get_timeout(self.id())
-
     def _spawn_threads(self) -> None:
         """Start the rank threads for the current test (call in ``setUp``)."""
-        method = getattr(type(self), self._testMethodName, None)
-        skip = precheck_skip(self, method) if method is not None else None
-        if skip is not None:
-            raise skip
+        self._precheck()
         world_size = self._effective_world_size()
         test_name = self._current_test_name
         cls = type(self)

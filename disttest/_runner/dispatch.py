@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from disttest.case import TestCase
+from disttest.config import get_timeout, parse_timeout, parse_world_size
+from disttest.skips import get_required_world_size, precheck_skip
 
 __unittest = True
 
@@ -52,3 +54,20 @@ class RankDispatch(TestCase):
     def _join(self, fn: Callable[[], Any]) -> None:
         """Hook: wait for the ranks of the current test and raise its result."""
         raise NotImplementedError
+
+    def _precheck(self) -> None:
+        """Raise the skip the test's decorators decide, before any rank starts."""
+        method = getattr(type(self), self._testMethodName, None)
+        skip = precheck_skip(self, method) if method is not None else None
+        if skip is not None:
+            raise skip
+
+    def _effective_world_size(self) -> int:
+        size = get_required_world_size(self, self.world_size)  # type: ignore[attr-defined]
+        return parse_world_size(size, f"{type(self).__name__}.world_size")
+
+    def _test_timeout(self) -> float:
+        limit = getattr(self, "timeout", None)
+        if limit is not None:
+            return parse_timeout(limit, f"{type(self).__name__}.timeout")
+        return get_timeout(self.id())
