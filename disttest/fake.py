@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._pg import FutureWork, _copy, _splits, completed_work
 from disttest.config import parse_world_size
-from disttest.threaded_pg import FutureWork, _copy, _splits, completed_work
 
 __unittest = True
 
