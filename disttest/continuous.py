@@ -298,6 +298,10 @@ class MultiProcContinousTest(TestCase):
             suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
             return unittest.TextTestRunner(verbosity=2).run(suite)
         finally:
+            if dist.is_initialized():
+                # NB: every rank (every node) finishes its tests before any
+                # tears the group down; a node leaving early aborts the others.
+                dist.barrier()
             cls._pool_shutdown()
 
 

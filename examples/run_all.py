@@ -21,7 +21,7 @@ def main() -> int:
         start = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "unittest", "-v", suite.name],
-            cwd=HERE, capture_output=True, text=True, timeout=600,
+            cwd=HERE, capture_output=True, text=True, timeout=240,
         )
         took = time.monotonic() - start
         status = "ok" if proc.returncode == 0 else "FAILED"

@@ -27,7 +27,11 @@ class TwoNodes(unittest.TestCase):
                 env=dict(os.environ, OMP_NUM_THREADS="1"))
             for node in (0, 1)
         ]
-        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+        try:
+            outputs = [node.communicate(timeout=120)[0] for node in nodes]
+        finally:
+            for node in nodes:  # a node that failed must not leave the other waiting
+                node.kill()
         for node, out in zip(nodes, outputs, strict=True):
             self.assertEqual(node.returncode, 0, out[-3000:])
             self.assertIn("Ran 2 tests", out)

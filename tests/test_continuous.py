@@ -146,7 +146,11 @@ class LaunchersTest(unittest.TestCase):
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for node in range(2)
         ]
-        outs = [p.communicate(timeout=240) for p in procs]
+        try:
+            outs = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
         for p, (out, err) in zip(procs, outs, strict=True):
             self.assertEqual(p.returncode, 0, (out + err)[-3000:])
             self.assertIn("Ran 2 tests", out + err)

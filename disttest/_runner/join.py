@@ -50,13 +50,20 @@ def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], seen: dict
     """Explain every errored rank that can be; return the finished ranks.
     ``seen[rank]`` is the poll in which the rank's end was seen."""
     finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
-    for r, o in outcomes.items():
+    for o in outcomes.values():
         if o.kind is Kind.ERRORED:
-            late = float("inf")  # stopped by disttest: after every rank that ended
-            earlier = [p for p, q in outcomes.items()
-                       if q.kind.is_cause and seen.get(p, late) < seen.get(r, late)]
+            earlier = [p for p, q in outcomes.items() if q.kind.is_cause and _before(q, o, seen)]
             _explain(launcher, o, finished, earlier, world)
     return finished
+
+
+def _before(a: Outcome, b: Outcome, seen: dict[int, int]) -> bool:
+    """Whether rank ``a``'s test ended before rank ``b``'s: by the times the
+    ranks reported when both did, else by the poll that saw each end."""
+    if a.at and b.at:
+        return a.at < b.at
+    late = float("inf")  # stopped by disttest: after every rank that ended
+    return seen.get(a.rank, late) < seen.get(b.rank, late)
 
 
 def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed_before: list[int],

@@ -117,6 +117,7 @@ class ProcessLauncher:
         self.world_size = spec.world_size
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
+        self._released: set[int] = set()
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
 
     # -- subclasses --
@@ -131,7 +132,19 @@ class ProcessLauncher:
     def poll(self) -> dict[int, ExitStatus]:
         if len(self._exits) < len(self.pids):
             self._reap()
+            self._release_when_all_reported()
         return self._exits
+
+    def _release_when_all_reported(self) -> None:
+        # A failed or skipped rank lingers (rank.LINGER) so that its peers can
+        # finish talking to it; once every live rank has reported, none needs
+        # it any more.
+        live = [r for r in self.pids if r not in self._exits and r not in self._released]
+        if live and all(os.path.exists(rank_mod.paths(self.spec.run_dir, r)["outcome"]) for r in live):
+            for r in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pids[r], rank_mod.RELEASE_SIGNAL)
+                self._released.add(r)
 
     def outcome(self, rank: int) -> Outcome | None:
         path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import signal
+import time
 import traceback
 import unittest
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class Outcome:
     #: The rank's traceback (user frames only) as tblib data, so the parent
     #: can attach it to the report and pytest shows the failing line.
     tb_data: dict[str, Any] | None = None
+    #: When the rank's test ended (time.time(): one clock for every rank of a
+    #: host); 0 when unknown (a rank that died without reporting).
+    at: float = 0.0
 
     @property
     def skip_reason(self) -> str:
@@ -155,6 +159,12 @@ def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
     skipped; ``sys.exit(0)`` or ``sys.exit(None)``: passed (upstream's
     ``_run`` overrides exit this way); other exceptions and exit codes: errored.
     """
+    outcome = _classify(rank, exc)
+    outcome.at = time.time()
+    return outcome
+
+
+def _classify(rank: int, exc: BaseException | None) -> Outcome:
     if exc is None:
         return Outcome(rank, Kind.PASSED)
     name = type(exc).__qualname__

@@ -16,7 +16,6 @@ import os
 import pickle
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +28,14 @@ __all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_proc
 
 PR_SET_PDEATHSIG = 1
 STACK_SIGNAL = signal.SIGUSR1
+#: The parent's word that every rank has reported: a lingering rank leaves.
+RELEASE_SIGNAL = signal.SIGUSR2
 TEST_ERROR_EXIT_CODE = 10
-#: Seconds a failed or skipped rank stays before it exits. Its exit would close its
-#: sockets under peers still completing communication with it (a gloo
+#: Seconds at most a failed or skipped rank stays before it exits, unless the
+#: parent releases it sooner (every rank has reported). Its exit would close
+#: its sockets under peers still completing communication with it (a gloo
 #: handshake, a collective it already joined), turning their own report into
-#: "connection closed by peer"; the parent stops it after its grace anyway.
+#: "connection closed by peer".
 LINGER = 0.3
 
 
@@ -102,6 +104,8 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    # Held pending until _linger waits for it (threads made later inherit the mask).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {RELEASE_SIGNAL})
     os.chdir(spec.cwd)
     os.environ.clear()
     os.environ.update(spec.environ)
@@ -177,7 +181,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
         if outcome.kind is not Kind.PASSED:
-            time.sleep(LINGER)
+            signal.sigtimedwait({RELEASE_SIGNAL}, LINGER)
     finally:
         _exit(code)
 
