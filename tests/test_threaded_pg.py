@@ -4,7 +4,6 @@ object and functional collectives; argument errors; aborts."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import torch.distributed as dist
 
 import disttest
 from disttest import CollectiveAborted, CollectiveMismatch, spawn_threads_and_init_comms
+from disttest.conformance.suite import rank_data as data
+from disttest.conformance.suite import reference_reduce as direct
 
 SIZES = (1, 2, 3, 4)
 R = dist.ReduceOp
@@ -36,27 +37,6 @@ def on_ranks(test: unittest.TestCase, world_size: int, fn):
 
     body(test)
     return [results[r] for r in range(world_size)]
-
-
-def data(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
-    # Distinct, nonzero per rank (PRODUCT, MIN, MAX and bitwise ops all differ).
-    return (torch.arange(n) + 3 * rank + 1).to(dtype)
-
-
-def direct(op, tensors: list[torch.Tensor]) -> torch.Tensor:
-    stacked = torch.stack(tensors)
-    if op == R.SUM:
-        return stacked.sum(0).to(tensors[0].dtype)
-    if op == R.PRODUCT:
-        return stacked.prod(0).to(tensors[0].dtype)
-    if op == R.MIN:
-        return stacked.amin(0)
-    if op == R.MAX:
-        return stacked.amax(0)
-    if op == R.AVG:
-        return stacked.mean(0)
-    bitwise = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
-    return functools.reduce(bitwise, tensors)
 
 
 FLOAT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)

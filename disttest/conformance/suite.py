@@ -24,7 +24,7 @@ from disttest.skips import TestSkip
 
 __unittest = True
 
-__all__ = ["UNSUPPORTED", "CollectiveConformance", "Unsupported"]
+__all__ = ["UNSUPPORTED", "CollectiveConformance", "Unsupported", "rank_data", "reference_reduce"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 R = dist.ReduceOp
@@ -88,15 +88,18 @@ def supports(collective: str, detail: str = "") -> Callable[[F], F]:
     return decorator
 
 
-def _data(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
+def rank_data(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
+    """Rank ``rank``'s input: distinct and nonzero per rank, so that every
+    reduce op (PRODUCT, MIN, MAX, bitwise) gives a telling result."""
     return (torch.arange(n) + 3 * rank + 1).to(dtype)
 
 
 def _all_ranks(dtype: torch.dtype, world: int, n: int = 4) -> list[torch.Tensor]:
-    return [_data(r, dtype, n) for r in range(world)]
+    return [rank_data(r, dtype, n) for r in range(world)]
 
 
-def _reference(op: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+def reference_reduce(op: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` reduced under ``op``, computed directly (the expected value)."""
     stacked = torch.stack(tensors)
     if op == R.SUM:
         return stacked.sum(0).to(tensors[0].dtype)
@@ -129,9 +132,9 @@ class CollectiveConformance:
         return dist.get_world_size()
 
     def _all_reduce(self, op: Any, dtype: torch.dtype) -> None:
-        t = _data(self.rank, dtype)
+        t = rank_data(self.rank, dtype)
         dist.all_reduce(t, op=op)
-        self.assertEqual(t, _reference(op, _all_ranks(dtype, self.world)))
+        self.assertEqual(t, reference_reduce(op, _all_ranks(dtype, self.world)))
 
     @supports("all_reduce", "SUM")
     def test_all_reduce_sum(self) -> None:
@@ -156,9 +159,9 @@ class CollectiveConformance:
 
     @supports("all_reduce", "PREMUL_SUM")
     def test_all_reduce_premul_sum(self) -> None:
-        t = _data(self.rank, torch.float32)
+        t = rank_data(self.rank, torch.float32)
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
-        self.assertEqual(t, 2.0 * _reference(R.SUM, _all_ranks(torch.float32, self.world)))
+        self.assertEqual(t, 2.0 * reference_reduce(R.SUM, _all_ranks(torch.float32, self.world)))
 
     @supports("all_reduce", "BAND")
     def test_all_reduce_band(self) -> None:
@@ -174,59 +177,59 @@ class CollectiveConformance:
 
     @supports("all_reduce", "async")
     def test_all_reduce_async(self) -> None:
-        t = _data(self.rank, torch.float32)
+        t = rank_data(self.rank, torch.float32)
         work = dist.all_reduce(t, async_op=True)
         work.wait()
-        self.assertEqual(t, _reference(R.SUM, _all_ranks(torch.float32, self.world)))
+        self.assertEqual(t, reference_reduce(R.SUM, _all_ranks(torch.float32, self.world)))
 
     @supports("broadcast")
     def test_broadcast_each_source(self) -> None:
         for src in range(self.world):
-            t = _data(self.rank, torch.float32)
+            t = rank_data(self.rank, torch.float32)
             dist.broadcast(t, src=src)
-            self.assertEqual(t, _data(src, torch.float32))
+            self.assertEqual(t, rank_data(src, torch.float32))
 
     @supports("reduce")
     def test_reduce_to_each_root(self) -> None:
         for root in range(self.world):
-            t = _data(self.rank, torch.float32)
+            t = rank_data(self.rank, torch.float32)
             dist.reduce(t, dst=root, op=R.SUM)
             if self.rank == root:
-                self.assertEqual(t, _reference(R.SUM, _all_ranks(torch.float32, self.world)))
+                self.assertEqual(t, reference_reduce(R.SUM, _all_ranks(torch.float32, self.world)))
 
     @supports("all_gather")
     def test_all_gather_list(self) -> None:
         out = [torch.zeros(4) for _ in range(self.world)]
-        dist.all_gather(out, _data(self.rank, torch.float32))
+        dist.all_gather(out, rank_data(self.rank, torch.float32))
         self.assertEqual(out, _all_ranks(torch.float32, self.world))
 
     @supports("all_gather_single")
     def test_all_gather_single_concat(self) -> None:
         out = torch.zeros(4 * self.world)
-        dist.all_gather_single(out, _data(self.rank, torch.float32))
+        dist.all_gather_single(out, rank_data(self.rank, torch.float32))
         self.assertEqual(out, torch.cat(_all_ranks(torch.float32, self.world)))
 
     @supports("reduce_scatter", "SUM")
     def test_reduce_scatter_sum(self) -> None:
         out = torch.zeros(4)
-        dist.reduce_scatter(out, [_data(self.rank * self.world + d, torch.float32) for d in range(self.world)])
-        expected = _reference(R.SUM, [_data(s * self.world + self.rank, torch.float32) for s in range(self.world)])
+        dist.reduce_scatter(out, [rank_data(self.rank * self.world + d, torch.float32) for d in range(self.world)])
+        expected = reference_reduce(R.SUM, [rank_data(s * self.world + self.rank, torch.float32) for s in range(self.world)])
         self.assertEqual(out, expected)
 
     @supports("reduce_scatter", "AVG")
     def test_reduce_scatter_avg(self) -> None:
         out = torch.zeros(4)
-        dist.reduce_scatter(out, [_data(self.rank * self.world + d, torch.float32) for d in range(self.world)],
+        dist.reduce_scatter(out, [rank_data(self.rank * self.world + d, torch.float32) for d in range(self.world)],
                             op=R.AVG)
-        expected = _reference(R.AVG, [_data(s * self.world + self.rank, torch.float32) for s in range(self.world)])
+        expected = reference_reduce(R.AVG, [rank_data(s * self.world + self.rank, torch.float32) for s in range(self.world)])
         self.assertEqual(out, expected)
 
     @supports("reduce_scatter_single")
     def test_reduce_scatter_single(self) -> None:
         out = torch.zeros(4)
-        inp = torch.cat([_data(self.rank * self.world + d, torch.float32) for d in range(self.world)])
+        inp = torch.cat([rank_data(self.rank * self.world + d, torch.float32) for d in range(self.world)])
         dist.reduce_scatter_single(out, inp)
-        expected = _reference(R.SUM, [_data(s * self.world + self.rank, torch.float32) for s in range(self.world)])
+        expected = reference_reduce(R.SUM, [rank_data(s * self.world + self.rank, torch.float32) for s in range(self.world)])
         self.assertEqual(out, expected)
 
     @supports("all_to_all")
@@ -255,7 +258,7 @@ class CollectiveConformance:
     @supports("gather")
     def test_gather_to_rank_0(self) -> None:
         got = [torch.zeros(4) for _ in range(self.world)] if self.rank == 0 else None
-        dist.gather(_data(self.rank, torch.float32), got, dst=0)
+        dist.gather(rank_data(self.rank, torch.float32), got, dst=0)
         if self.rank == 0:
             self.assertEqual(got, _all_ranks(torch.float32, self.world))
 
