@@ -12,13 +12,19 @@ from typing import Any
 __unittest = True
 
 __all__ = [
+    "backend_creator",
     "c10d_world",
+    "default_group",
     "dynamo_config_patch",
     "ensure_fake_backend",
     "group_name",
     "load_faulty_rpc_agent",
     "new_c10d_world",
+    "preload_dynamo",
+    "premul_sum",
     "reduce_op_parts",
+    "register_backend",
+    "registered_backend_names",
     "remove_dynamo_trace_handler",
     "reset_dynamo",
     "rref_debug_info",
@@ -26,6 +32,7 @@ __all__ = [
     "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
+    "work_base",
 ]
 
 
@@ -74,6 +81,92 @@ def ensure_fake_backend() -> None:
     dist.Backend.register_backend(
         dist.Backend.FAKE, create, extended_api=True, devices=["cpu", "cuda", "hpu", "xpu"]
     )
+
+
+_MISSING = object()
+
+
+def register_backend(name: str, creator: Any, devices: list[str]) -> Any:
+    """Register a c10d backend (``Backend.register_backend``, extended API);
+    return a function that undoes exactly that registration.
+
+    The undo puts back what this name had before (another harness's plugin
+    of the same name, e.g. torch's own ``threaded``) or removes it: the class
+    attribute, ``backend_list``, ``backend_type_map``, ``backend_capability``,
+    ``default_device_backend_map`` entries and ``_plugins`` (all private
+    c10d state).
+    """
+    import torch.distributed as dist
+
+    backend = dist.Backend
+    low, up = name.lower(), name.upper()
+    saved = {
+        "attr": backend.__dict__.get(up, _MISSING),
+        "listed": low in backend.backend_list,
+        "type": backend.backend_type_map.get(low, _MISSING),
+        "capability": backend.backend_capability.get(low, _MISSING),
+        "plugin": backend._plugins.get(up, _MISSING),
+        "devices": {d: backend.default_device_backend_map.get(d, _MISSING) for d in devices},
+    }
+    backend.register_backend(name, creator, extended_api=True, devices=devices)
+
+    def put(mapping: dict[str, Any], key: str, value: Any) -> None:
+        if value is _MISSING:
+            mapping.pop(key, None)
+        else:
+            mapping[key] = value
+
+    def undo() -> None:
+        if saved["attr"] is _MISSING:
+            if up in backend.__dict__:
+                delattr(backend, up)
+        else:
+            setattr(backend, up, saved["attr"])
+        if not saved["listed"] and low in backend.backend_list:
+            backend.backend_list.remove(low)
+        put(backend.backend_type_map, low, saved["type"])
+        put(backend.backend_capability, low, saved["capability"])
+        put(backend._plugins, up, saved["plugin"])
+        for device, value in saved["devices"].items():
+            if backend.default_device_backend_map.get(device) == low:
+                put(backend.default_device_backend_map, device, value)
+
+    return undo
+
+
+def backend_creator(name: str) -> Any:
+    """The creator function registered for backend ``name``, or None
+    (``Backend._plugins``)."""
+    import torch.distributed as dist
+
+    plugin = dist.Backend._plugins.get(name.upper())
+    return None if plugin is None else plugin.creator_fn
+
+
+def registered_backend_names() -> set[str]:
+    """Lower-case names of every registered plugin backend (``Backend._plugins``)."""
+    import torch.distributed as dist
+
+    return {name.lower() for name in dist.Backend._plugins}
+
+
+def work_base() -> type:
+    """The Python-subclassable c10d Work (``torch.distributed._Work``)."""
+    import torch.distributed as dist
+
+    return dist._Work  # type: ignore[attr-defined,no-any-return]
+
+
+def default_group() -> Any:
+    """The default process group (``distributed_c10d._get_default_group``)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()
+
+
+def preload_dynamo() -> None:
+    """Import ``torch._dynamo`` (a fork server does it once for its ranks)."""
+    import torch._dynamo  # noqa: F401
 
 
 def dynamo_config_patch(**changes: Any) -> Any:
@@ -157,6 +250,13 @@ def new_c10d_world() -> Any:
         namespace["__init__"] = init
         _isolated_world_class.append(type("_IsolatedWorld", (distributed_c10d._World,), namespace))
     return _isolated_world_class[0]()
+
+
+def premul_sum(factor: Any) -> Any:
+    """The PREMUL_SUM reduce op with ``factor`` (``dist._make_nccl_premul_sum``)."""
+    import torch.distributed as dist
+
+    return dist._make_nccl_premul_sum(factor)  # type: ignore[attr-defined]
 
 
 def reduce_op_parts(op: Any) -> tuple[Any, Any]:

@@ -22,7 +22,7 @@ class CollectiveMismatch(RuntimeError):
     at the same step of a group."""
 
 
-class FutureWork(dist._Work):
+class FutureWork(_compat.work_base()):  # type: ignore[misc]
     """A c10d Work over a ``torch.futures.Future`` whose value is the output
     tensors: ``wait()`` blocks until it completes, or raises its error (a
     threaded world's abort sets one)."""

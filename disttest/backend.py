@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest.barrier import Barrier
 from disttest.config import ConfigError, parse_world_size
 from disttest.multiprocess import MultiProcessTestCase
@@ -100,7 +101,7 @@ def backend_from_env() -> str:
     if not raw:
         raise ConfigError("backend", raw, "environment variable BACKEND",
                           "set it to a c10d backend, e.g. BACKEND=gloo")
-    known = set(dist.Backend.backend_list) | {name.lower() for name in dist.Backend._plugins}
+    known = set(dist.Backend.backend_list) | _compat.registered_backend_names()
     if raw.lower() not in known:
         raise ConfigError("backend", raw, "environment variable BACKEND",
                           f"expected one of {sorted(known - {'undefined'})}")
@@ -120,7 +121,7 @@ def backend_available(backend: str) -> bool:
     probe = _AVAILABLE.get(backend)
     if probe is not None:
         return bool(probe())
-    return backend.upper() in dist.Backend._plugins or backend in DistTestCases.backend_feature["plugin"]
+    return backend.lower() in _compat.registered_backend_names() or backend in DistTestCases.backend_feature["plugin"]
 
 
 def require_backend_is_available(backends: Sequence[str]) -> Callable[[F], F]:

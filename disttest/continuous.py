@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
@@ -118,7 +119,7 @@ class MultiProcContinousTest(TestCase):
         else:
             kwargs["init_method"] = "env://"
         dist.init_process_group(**kwargs)
-        cls.pg = dist.distributed_c10d._get_default_group()
+        cls.pg = _compat.default_group()
 
     # --- settings ----------------------------------------------------------------
 

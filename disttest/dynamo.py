@@ -5,8 +5,10 @@ Upstream's names: ``_dynamo_dist_per_rank_init``,
 ``DynamoDistributedMultiProcTestCase``. The backend follows the device
 (gloo on a host without accelerators, so these run on CPU), rendezvous is on
 loopback at a free port (upstream uses fixed ports 6789 and 12355), and
-dynamo's state is reset around every test. Importing this module imports
-``torch._dynamo`` (seconds): ``disttest`` loads it only on first use.
+dynamo's state is reset around every test. ``torch._dynamo`` (seconds to
+import; its import registers torch's ``fake`` backend) is imported on first
+use, not by importing this module; the fork server preloads it for the ranks
+of a test module that uses this one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch._dynamo  # noqa: F401 (here, so a fork server preloads it for the ranks)
 import torch.distributed as dist
 
 from disttest import _compat

@@ -14,8 +14,13 @@ was.
 
 Upstream's names: ``MockProcessGroup``, ``create_mock_pg``, the backend
 ``"mock_process_group"``, ``mock_init_dist``, ``with_dist``,
-``with_fake_comms``, ``FakeStore``. torch's own ``fake`` backend is
+``with_fake_comms``, ``FakeStore``. torch's own ``fake`` backend can be
 registered too (:func:`register_fake_backend`) for code that asks for it.
+
+Importing this module changes nothing in torch. The backend and the object
+collective wrappers are installed by ``mock_init_dist`` (and stay for the
+process, as upstream's registration does) or by ``with_dist`` /
+``with_fake_comms``, which remove them again on exit.
 """
 
 from __future__ import annotations
@@ -228,13 +233,6 @@ def _create(opts: Any, backend_opts: Any) -> MockProcessGroup:
     return MockProcessGroup(opts.group_rank, opts.group_size, str(opts.group_id))
 
 
-def _register() -> None:
-    plugin = dist.Backend._plugins.get(BACKEND.upper())
-    if plugin is None or plugin.creator_fn is not _create:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
-
-
-_register()
 
 
 # --- object collectives whose data comes from another rank ---------------------
@@ -260,20 +258,47 @@ def _keep_when_fake(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _install_object_wrappers() -> None:
+def _install_object_wrappers() -> Callable[[], None]:
+    """Wrap the object collectives of c10d; return the undo."""
     import torch.distributed.distributed_c10d as c10d
 
+    undo: list[tuple[Any, str, Any]] = []
     for name in ("broadcast_object_list", "scatter_object_list"):
         func = getattr(c10d, name)
         if getattr(func, "__disttest_fake_aware__", False):
             continue
         wrapped = _keep_when_fake(func)
-        setattr(c10d, name, wrapped)
-        if getattr(dist, name) is func:
-            setattr(dist, name, wrapped)
+        for module in (c10d, dist):
+            if getattr(module, name) is func:
+                setattr(module, name, wrapped)
+                undo.append((module, name, func))
+
+    def restore() -> None:
+        for module, name, func in undo:
+            if getattr(getattr(module, name), "__wrapped__", None) is func:
+                setattr(module, name, func)
+
+    return restore
 
 
-_install_object_wrappers()
+_undo: list[Callable[[], None]] = []  # while a fake world is installed
+
+
+def _install() -> bool:
+    """Register the ``mock_process_group`` backend and wrap the object
+    collectives, unless already done; True if this call did it."""
+    if _undo:
+        return False
+    if _compat.backend_creator(BACKEND) is not _create:
+        _undo.append(_compat.register_backend(BACKEND, _create, ["cpu", "cuda"]))
+    _undo.append(_install_object_wrappers())
+    return True
+
+
+def _uninstall() -> None:
+    """Undo :func:`_install`: torch is as it was before."""
+    while _undo:
+        _undo.pop()()
 
 
 # --- the fake world ------------------------------------------------------------
@@ -292,7 +317,7 @@ def mock_init_dist(rank: int, world_size: int) -> None:
     if dist.is_initialized():
         raise AlreadyInitialized(ALREADY_INITIALIZED.format(
             backend=dist.get_backend(), rank=dist.get_rank(), size=dist.get_world_size()))
-    _register()
+    _install()
     dist.init_process_group(backend=BACKEND, rank=rank, world_size=size, store=FakeStore(),
                             timeout=timedelta(seconds=30))
 
@@ -300,13 +325,22 @@ def mock_init_dist(rank: int, world_size: int) -> None:
 @contextlib.contextmanager
 def with_dist(rank: int = 0, world_size: int = 2) -> Iterator[None]:
     """A fake world for the block; its group is destroyed on exit, also when
-    the block raises. Refuses to nest (:class:`AlreadyInitialized`)."""
-    mock_init_dist(rank=rank, world_size=world_size)
+    the block raises, and the backend and wrappers it installed are removed.
+    Refuses to nest (:class:`AlreadyInitialized`)."""
+    owner = not _undo
+    try:
+        mock_init_dist(rank=rank, world_size=world_size)
+    except BaseException:
+        if owner:
+            _uninstall()
+        raise
     try:
         yield
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and isinstance(dist.group.WORLD, MockProcessGroup):
             dist.destroy_process_group()
+        if owner:
+            _uninstall()
 
 
 def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -> Any:

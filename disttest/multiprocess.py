@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
@@ -257,7 +258,7 @@ class DistributedTestBase(MultiProcessTestCase):
             dev = torch.device(f"{accelerator.type}:{self.rank}")
             torch.set_default_device(dev)
             torch.accelerator.set_device_index(dev)
-        return dist.distributed_c10d._get_default_group()
+        return _compat.default_group()
 
     def rank_to_device(self, device: str) -> dict[int, list[int]]:
         """``{rank: [device index]}``, round-robin over the visible devices."""

@@ -533,23 +533,28 @@ class _ThreadLocalRegistry:
         setattr(self._get(), name, value)
 
 
-def _register_backend() -> None:
-    # NB: importing torch.testing._internal's multi_threaded_pg re-registers
-    # "threaded" with upstream's creator; every install takes it back.
-    plugin = dist.Backend._plugins.get(BACKEND.upper())
-    if plugin is None or plugin.creator_fn is not _create:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
-
-
-_register_backend()
 _install_lock = threading.Lock()
+_unregister: list[Any] = []  # the undo of the outermost install's registration
+
+
+def _register_backend() -> None:
+    """Make ``threaded`` our backend for the installed world. NB: importing
+    torch.testing._internal's multi_threaded_pg re-registers "threaded" with
+    upstream's creator; every install takes it back, and the outermost
+    uninstall restores what was there before (upstream's or nothing)."""
+    if _compat.backend_creator(BACKEND) is _create:
+        return
+    undo = _compat.register_backend(BACKEND, _create, ["cpu", "cuda"])
+    if not _unregister:
+        _unregister.append(undo)
 
 
 def install_threaded_pg() -> ThreadedWorld:
-    """Start a threaded world: c10d's registry becomes thread-local (each
-    thread its own default group) and a new :class:`ThreadedWorld` is what
-    ``init_process_group("threaded", ...)`` joins. Undo with
-    :func:`uninstall_threaded_pg`."""
+    """Start a threaded world: the ``threaded`` backend is registered, c10d's
+    registry becomes thread-local (each thread its own default group) and a
+    new :class:`ThreadedWorld` is what ``init_process_group("threaded", ...)``
+    joins. Undo with :func:`uninstall_threaded_pg`; nothing of it is there
+    before the first install or after the last uninstall."""
     with _install_lock:
         _register_backend()
         world = ThreadedWorld()
@@ -560,7 +565,8 @@ def install_threaded_pg() -> ThreadedWorld:
 
 
 def uninstall_threaded_pg() -> None:
-    """Restore c10d's registry as it was before the matching install."""
+    """Restore c10d's registry (and, after the outermost install, the backend
+    list) as it was before the matching install."""
     with _install_lock:
         if not _installed:
             return
@@ -569,6 +575,8 @@ def uninstall_threaded_pg() -> None:
         _compat.set_c10d_world(previous)
         if not _installed:
             _compat.set_thread_isolation(False)
+            while _unregister:
+                _unregister.pop()()
 
 
 # Upstream's names.

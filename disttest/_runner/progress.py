@@ -362,19 +362,41 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return tracked
 
 
-def install_tracking() -> None:
-    """Wrap the collectives of ``torch.distributed`` (idempotent).
+_installed: list[tuple[Any, str, Any]] = []  # (module, name, original) while tracking
+_users = [0]
 
-    Pure Python, no tensor work: safe in a fork server before it forks.
+
+def install_tracking() -> Callable[[], None]:
+    """Wrap the collectives of ``torch.distributed``; return the undo.
+
+    Counted: the wrappers stay until every install is undone. Pure Python,
+    no tensor work: safe in a fork server before it forks.
     """
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    for name in (*_COLLECTIVES, *_P2P, "batch_isend_irecv", *_RENDEZVOUS):
-        func = getattr(c10d, name, None)
-        if func is None or getattr(func, "__disttest_tracked__", False):
-            continue
-        tracked = _wrap(dist, name, func)
-        setattr(c10d, name, tracked)
-        if getattr(dist, name, None) is func:
-            setattr(dist, name, tracked)
+    _users[0] += 1
+    if _users[0] == 1:
+        for name in (*_COLLECTIVES, *_P2P, "batch_isend_irecv", *_RENDEZVOUS):
+            func = getattr(c10d, name, None)
+            if func is None or getattr(func, "__disttest_tracked__", False):
+                continue
+            tracked = _wrap(dist, name, func)
+            for module in (c10d, dist):
+                if getattr(module, name, None) is func:
+                    setattr(module, name, tracked)
+                    _installed.append((module, name, func))
+    done = [False]
+
+    def undo() -> None:
+        if done[0]:
+            return
+        done[0] = True
+        _users[0] -= 1
+        if _users[0] == 0:
+            while _installed:
+                module, name, func = _installed.pop()
+                if getattr(getattr(module, name, None), "__wrapped__", None) is func:
+                    setattr(module, name, func)
+
+    return undo

@@ -69,7 +69,7 @@ class ThreadLauncher:
         self._ended = threading.Event()
 
     def start(self) -> None:
-        install_tracking()
+        self._untrack = install_tracking()
         for rank in range(self.world_size):
             t = threading.Thread(target=self._main, args=(rank,), name=f"{self._name} {rank}", daemon=True)
             self.threads.append(t)
@@ -146,6 +146,9 @@ class ThreadLauncher:
                     raised.add(r)
             time.sleep(0.01)
         self.unstoppable = [r for r, t in enumerate(self.threads) if t.is_alive()]
+        untrack = getattr(self, "_untrack", None)
+        if untrack is not None:
+            untrack()
 
 
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:

@@ -30,6 +30,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.outcome import ExitStatus
@@ -111,6 +112,8 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         try:
             sys.path[:] = spec.sys_path
             cls = resolve_class(spec)
+            if "disttest.dynamo" in sys.modules:
+                _compat.preload_dynamo()  # once here, not in every rank
         except BaseException:  # noqa: BLE001 (reported to the test process)
             outbox.send(("error", run_id, traceback.format_exc()))
             continue

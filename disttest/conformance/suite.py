@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest.skips import TestSkip
 
 __unittest = True
@@ -160,7 +161,7 @@ class CollectiveConformance:
     @supports("all_reduce", "PREMUL_SUM")
     def test_all_reduce_premul_sum(self) -> None:
         t = rank_data(self.rank, torch.float32)
-        dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
+        dist.all_reduce(t, op=_compat.premul_sum(2.0))
         self.assertEqual(t, 2.0 * reference_reduce(R.SUM, _all_ranks(torch.float32, self.world)))
 
     @supports("all_reduce", "BAND")

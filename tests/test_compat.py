@@ -1,0 +1,226 @@
+"""disttest/_compat.py is the one place that touches private torch API, and
+importing disttest leaves torch as it found it."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+import textwrap
+import unittest
+
+import torch.distributed as dist
+
+from disttest import _compat
+from disttest.fake import BACKEND as MOCK_BACKEND
+from disttest.fake import with_dist
+from disttest.threaded_pg import BACKEND as THREADED_BACKEND
+from disttest.threaded_pg import install_threaded_pg, uninstall_threaded_pg
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "disttest"
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def private_torch_uses(source: str) -> list[str]:
+    """Where ``source`` reaches a private torch name: a private module in an
+    import, a private name imported from torch, or ``x._name`` on a name
+    bound to a torch module or object."""
+    tree = ast.parse(source)
+    bound: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    bound.add(alias.asname or "torch")
+                    if any(map(_private, alias.name.split("."))):
+                        found.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            module = node.module or ""
+            if any(map(_private, module.split("."))):
+                found.append(f"line {node.lineno}: from {module}")
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _private(alias.name):
+                    found.append(f"line {node.lineno}: from {module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+class PrivateApiTest(unittest.TestCase):
+    def test_only_compat_touches_private_torch_names(self):
+        offenders = {}
+        for path in sorted(PACKAGE.rglob("*.py")):
+            if path.name != "_compat.py":
+                uses = private_torch_uses(path.read_text())
+                if uses:
+                    offenders[str(path.relative_to(PACKAGE.parent))] = uses
+        self.assertEqual(offenders, {}, "private torch API outside disttest/_compat.py")
+
+    def test_the_scan_finds_each_kind_of_use(self):
+        source = textwrap.dedent("""
+            import torch._dynamo
+            import torch.distributed as dist
+            from torch._C import _distributed_c10d
+            from torch.distributed import _functional_collectives
+            x = dist.distributed_c10d._get_default_group()
+            y = dist.Backend.__name__
+        """)
+        uses = private_torch_uses(source)
+        self.assertEqual(len(uses), 5, uses)
+        self.assertIn("line 6: dist.distributed_c10d._get_default_group", uses)
+
+
+class CompatFunctionsTest(unittest.TestCase):
+    """Each private API that _compat reaches exists in the installed torch."""
+
+    def test_register_backend_undo_restores_everything(self):
+        def state():
+            b = dist.Backend
+            return (list(b.backend_list), dict(b.backend_type_map), dict(b.backend_capability),
+                    dict(b._plugins), dict(b.default_device_backend_map), "DISTTEST_PROBE" in b.__dict__)
+
+        before = state()
+        undo = _compat.register_backend("disttest_probe", lambda *a: None, ["cpu"])
+        self.assertIn("disttest_probe", dist.Backend.backend_list)
+        self.assertIsNotNone(_compat.backend_creator("disttest_probe"))
+        self.assertIn("disttest_probe", _compat.registered_backend_names())
+        undo()
+        self.assertEqual(state(), before)
+        self.assertIsNone(_compat.backend_creator("disttest_probe"))
+
+    def test_register_backend_undo_puts_back_a_previous_plugin(self):
+        first = _compat.register_backend("disttest_probe", "first", ["cpu"])
+        try:
+            second = _compat.register_backend("disttest_probe", "second", ["cpu"])
+            self.assertEqual(_compat.backend_creator("disttest_probe"), "second")
+            second()
+            self.assertEqual(_compat.backend_creator("disttest_probe"), "first")
+        finally:
+            first()
+
+    def test_threaded_backend_exists_only_while_a_world_is_installed(self):
+        self.assertNotIn(THREADED_BACKEND, dist.Backend.backend_list)
+        install_threaded_pg()
+        try:
+            self.assertIn(THREADED_BACKEND, dist.Backend.backend_list)
+        finally:
+            uninstall_threaded_pg()
+        self.assertNotIn(THREADED_BACKEND, dist.Backend.backend_list)
+
+    def test_fake_backend_and_wrappers_exist_only_inside_with_dist(self):
+        original = dist.broadcast_object_list
+        with with_dist(rank=0, world_size=2):
+            self.assertIn(MOCK_BACKEND, dist.Backend.backend_list)
+            self.assertIsNot(dist.broadcast_object_list, original)
+        self.assertNotIn(MOCK_BACKEND, dist.Backend.backend_list)
+        self.assertIs(dist.broadcast_object_list, original)
+
+    def test_group_and_op_helpers(self):
+        kind, factor = _compat.reduce_op_parts(_compat.premul_sum(2.0))
+        self.assertEqual(kind, dist.ReduceOp.RedOpType.PREMUL_SUM)
+        self.assertEqual(factor, 2.0)
+        world = _compat.new_c10d_world()
+        self.assertEqual(world.pg_map, {})
+        self.assertIsNot(world.pg_map, _compat.new_c10d_world().pg_map)
+        self.assertTrue(issubclass(_compat.work_base(), dist.Work))
+
+
+IMPORT_CHECK = textwrap.dedent("""
+    import importlib, pkgutil, sys
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    def snapshot():
+        names = {f"{m.__name__}.{k}": id(getattr(m, k)) for m in (dist, c10d) for k in dir(m)}
+        return names, list(dist.Backend.backend_list), sorted(dist.Backend._plugins)
+
+    before = snapshot()
+    import disttest
+    for info in pkgutil.walk_packages(disttest.__path__, "disttest."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    after = snapshot()
+    changed = sorted(k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k))
+    print("changed:", changed, before[1:] == after[1:])
+""")
+
+
+class ImportTest(unittest.TestCase):
+    def test_import_disttest_leaves_torch_unchanged(self):
+        out = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True,
+                             timeout=240, check=True).stdout
+        self.assertEqual(out.strip().splitlines()[-1], "changed: [] True")
+
+
+BOTH_HARNESSES = textwrap.dedent("""
+    import sys, unittest
+    import torch, torch.distributed as dist
+    import disttest
+    from torch.testing._internal.common_distributed import MultiThreadedTestCase as UpstreamThreaded
+
+    class Bodies:
+        @property
+        def world_size(self):
+            return 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_pass(self):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2, t
+
+        def test_fail(self):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            self.assertEqual(t.item(), 3)
+
+    class Ours(Bodies, disttest.MultiThreadedTestCase):
+        pass
+
+    class Theirs(Bodies, UpstreamThreaded):
+        pass
+
+    order = [Ours, Theirs] if sys.argv[1] == "ours-first" else [Theirs, Ours]
+    for cls in order + order:  # twice: each after the other
+        for name in ("test_pass", "test_fail"):
+            result = unittest.TestResult()
+            cls(name).run(result)
+            bad = len(result.failures) + len(result.errors)
+            print(cls.__name__, name, "ok" if bad == 0 else "fail")
+""")
+
+
+class BothHarnessesTest(unittest.TestCase):
+    """disttest's threaded tests and torch's own can share one process, in
+    either order, and each keeps its own outcomes."""
+
+    def check(self, order: str) -> None:
+        proc = subprocess.run([sys.executable, "-c", BOTH_HARNESSES, order], capture_output=True,
+                              text=True, timeout=300)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(("Ours", "Theirs"))]
+        expected = ["ok", "fail"] * 4
+        self.assertEqual([line.split()[-1] for line in lines], expected, proc.stdout + proc.stderr[-3000:])
+
+    def test_ours_first(self):
+        self.check("ours-first")
+
+    def test_theirs_first(self):
+        self.check("theirs-first")
+
+
+if __name__ == "__main__":
+    unittest.main()
