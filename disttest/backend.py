@@ -113,7 +113,7 @@ def world_size_from_env() -> int:
     raw = os.environ.get("WORLD_SIZE")
     if raw is None:
         raise ConfigError("world size", raw, "environment variable WORLD_SIZE", "set it, e.g. WORLD_SIZE=2")
-    return parse_world_size(raw, "environment variable WORLD_SIZE")
+    return parse_world_size(raw, "environment variable WORLD_SIZE", text=True)
 
 
 def backend_available(backend: str) -> bool:

@@ -81,13 +81,16 @@ def parse_timeout(value: object, where: str) -> float:
     return int(seconds) if seconds.is_integer() else seconds
 
 
-def parse_world_size(value: object, where: str) -> int:
+def parse_world_size(value: object, where: str, text: bool = False) -> int:
     """Return ``value`` as a world size (an integer >= 1).
 
-    Raises :class:`ConfigError` naming ``value`` and ``where`` otherwise.
+    ``text``: the value comes from text (an environment variable, a command
+    line), so a string of digits is read as a number; elsewhere a string is
+    an error (``world_size = "2"`` in a class). Raises :class:`ConfigError`
+    naming ``value`` and ``where`` otherwise.
     """
     why = "expected an integer >= 1"
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, str) and not text):
         raise ConfigError("world size", value, where, why)
     if isinstance(value, str):
         try:

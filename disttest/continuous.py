@@ -16,7 +16,6 @@ Spelled as upstream, ``MultiProcContinousTest``, with the corrected spelling
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import sys
 import threading
@@ -30,14 +29,15 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest._runner import rank as rank_mod
+from disttest._runner import settings
 from disttest._runner.join import join
-from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
-from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
-from disttest._runner.pool import Pool
+from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
+from disttest._runner.outcome import Kind, Outcome, PhaseResult
+from disttest._runner.pool import Pool, PoolUnavailable
 from disttest._runner.report import raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher
 from disttest.case import TestCase, set_rng_seed
-from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world_size
+from disttest.config import ConfigError, parse_world_size
 from disttest.skips import precheck_skip
 
 __unittest = True
@@ -46,6 +46,11 @@ __all__ = ["MultiProcContinousTest", "MultiProcContinuousTest"]
 
 #: Seconds the class's group waits beyond the test's limit before it raises.
 PG_TIMEOUT_MARGIN = 60
+POOL_FAILED = "the pool of {cls} could not start, so its tests do not run (disttest): {cause}"
+REBUILD_CAP = (
+    "the pool of {cls} broke and was rebuilt {n} times (max_pool_rebuilds); "
+    "its remaining tests do not run (disttest)"
+)
 _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
     "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
 }
@@ -80,9 +85,14 @@ class MultiProcContinousTest(TestCase):
     #: thread each), "zygote" or "spawn".
     start_method: str = "fork"
     rank_threads: int | None = 1
+    #: Fresh pools a class may get after breakage (crash, hang, desync)
+    #: before its remaining tests fail at once.
+    max_pool_rebuilds: int = 10
     pg: ClassVar[Any] = None
     _pool: ClassVar[Pool | None] = None
     _pool_skip: ClassVar[str | None] = None
+    _pool_failed: ClassVar[str | None] = None
+    _pool_breaks: ClassVar[int] = 0  # how often it broke (crash, hang...)
 
     # --- hooks -----------------------------------------------------------------
 
@@ -125,29 +135,15 @@ class MultiProcContinousTest(TestCase):
 
     @classmethod
     def _limit(cls, test_id: str | None) -> float | None:
-        raw = inspect.getattr_static(cls, "timeout", None)
-        if isinstance(raw, property):
-            raw = raw.fget(object.__new__(cls))  # type: ignore[misc]
-        if raw is None:
-            return get_timeout(test_id) if test_id is not None else None
-        if isinstance(raw, timedelta):
-            raw = raw.total_seconds()
-        return parse_timeout(raw, f"{cls.__name__}.timeout")
+        return settings.test_timeout(cls, test_id)
 
     @classmethod
-    def _pool_world_size(cls) -> int:
-        raw = inspect.getattr_static(cls, "world_size", None)
-        if isinstance(raw, property):
-            raw = raw.fget(object.__new__(cls))  # type: ignore[misc]
-        return parse_world_size(raw, f"{cls.__name__}.world_size")
+    def _pool_world_size(cls, method_name: str | None = None) -> int:
+        return settings.world_size(cls, method_name)
 
     @classmethod
     def _start_method(cls) -> str:
-        method = os.environ.get("DISTTEST_START_METHOD") or cls.start_method
-        where = ("environment variable DISTTEST_START_METHOD" if os.environ.get("DISTTEST_START_METHOD")
-                 else f"{cls.__name__}.start_method")
-        if method not in START_METHODS:
-            raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
+        method, _ = settings.start_method(cls)
         if method == "fork" and threading.active_count() > 1:
             # NB: forking a process with other threads can copy a lock they
             # hold; the fork server has none.
@@ -159,15 +155,26 @@ class MultiProcContinousTest(TestCase):
     # --- the pool (in the test process) -------------------------------------------
 
     @classmethod
-    def _ensure_pool(cls) -> Pool:
+    def _ensure_pool(cls, world_size: int) -> Pool:
+        """The class's pool of ``world_size`` ranks: the one it has, or a new
+        one. A pool that could not start is not tried again for the class
+        (:class:`PoolUnavailable` with the first cause, at once); fresh pools
+        after breakage are capped at ``max_pool_rebuilds``."""
         reason = cls.__dict__.get("_pool_skip")
         if reason:
             raise unittest.SkipTest(reason)
+        failed = cls.__dict__.get("_pool_failed")
+        if failed:
+            raise PoolUnavailable(failed)
         pool = cls.__dict__.get("_pool")
-        if pool is not None and not pool.broken:
+        if pool is not None and not pool.broken and pool.world_size == world_size:
             return pool
         if pool is not None:
             pool.close()
+            cls._pool = None
+        if cls.__dict__.get("_pool_breaks", 0) > cls.max_pool_rebuilds:
+            cls._pool_failed = REBUILD_CAP.format(cls=cls.__name__, n=cls.max_pool_rebuilds)
+            raise PoolUnavailable(cls._pool_failed)
         backend = cls.backend_str()
         if backend is not None and not dist.is_backend_available(backend):
             cls._pool_skip = f"Backend {backend!r} is not available (disttest)"
@@ -181,7 +188,11 @@ class MultiProcContinousTest(TestCase):
             "environ": dict(os.environ), "cwd": os.getcwd(), "sys_path": list(sys.path),
         }
         start_limit = max(30.0, cls._limit(None) or 0)
-        pool = Pool(cls, cls._pool_world_size(), _LAUNCHERS[method], fields, start_limit)
+        try:
+            pool = Pool(cls, world_size, _LAUNCHERS[method], fields, start_limit)
+        except PoolUnavailable as e:
+            cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)
+            raise PoolUnavailable(cls._pool_failed) from None
         cls._pool = pool
         _live_pools.add(pool)
         skips = [o for o in pool.init_outcomes.values() if o.skip_reason]
@@ -199,44 +210,37 @@ class MultiProcContinousTest(TestCase):
             pool.close()
             _live_pools.discard(pool)
             cls._pool = None
+        # The next run of the class starts afresh.
+        cls._pool_failed = None
+        cls._pool_breaks = 0
         super().tearDownClass()
 
     def _dispatching(self) -> bool:
         return type(self).rank < 0
 
-    def _callSetUp(self) -> None:
-        if not self._dispatching():  # run_rank: an ordinary test in this rank
-            set_rng_seed(self.seed)
-            super()._callSetUp()  # type: ignore[misc]
-            return
-        # The parent runs neither setUp nor tearDown: the ranks do.
-        self.rank = self.MAIN_PROCESS_RANK
-        method = getattr(type(self), self._testMethodName, None)
-        skip = precheck_skip(self, method) if method is not None else None
-        if skip is not None:
-            raise skip
-        self._pool_in_use = self._ensure_pool()
-
     def _callTestMethod(self, method: Any) -> None:
         if not self._dispatching():
+            self._phase = "test"
             super()._callTestMethod(method)
             return
         pool = self._pool_in_use
         name = self._testMethodName
         if any(o.kind.is_cause for o in pool.init_outcomes.values()):
-            pool.broken = True  # the next test tries a fresh pool
+            # The group could not be made: the class's remaining tests fail
+            # at once with this cause instead of trying again.
+            pool.broken = True
             outcomes = [pool.init_outcomes.get(r, Outcome(r, Kind.PASSED)) for r in range(pool.world_size)]
+            type(self)._pool_failed = POOL_FAILED.format(
+                cls=type(self).__name__, cause="its process group could not be made; see the first test's report")
         else:
             outcomes = join(pool.dispatch(name), self._limit(self.id()) or 0)
             pool.note(outcomes)
         if pool.broken:
             pool.close()
-            type(self)._pool = None
+            cls = type(self)
+            cls._pool = None
+            cls._pool_breaks = cls.__dict__.get("_pool_breaks", 0) + 1
         raise_for_outcomes(name, pool.world_size, self._limit(self.id()), outcomes)
-
-    def _callTearDown(self) -> None:
-        if not self._dispatching():
-            super()._callTearDown()  # type: ignore[misc]
 
     # --- inside a rank -------------------------------------------------------------
 
@@ -249,29 +253,38 @@ class MultiProcContinousTest(TestCase):
 
     @classmethod
     def _pool_run_test(cls, test_name: str, rank: int) -> Outcome:
-        """Run one test in this rank as unittest would: setUp, the test,
-        tearDown, cleanups; the first exception decides the outcome."""
+        """Run one test in this rank through unittest's own machinery (setUp,
+        the test, subTests, tearDown, cleanups, expectedFailure); the outcome
+        names the phase that failed."""
         case = cls(test_name)
-        error: BaseException | None = None
         set_rng_seed(case.seed)
-        try:
-            case.setUp()
-        except BaseException as e:  # noqa: BLE001
-            error = e
-        else:
-            try:
-                getattr(case, test_name)()
-            except BaseException as e:  # noqa: BLE001
-                error = e
-            try:
-                case.tearDown()
-            except BaseException as e:  # noqa: BLE001
-                error = error or e
-        try:
-            case.doCleanups()
-        except BaseException as e:  # noqa: BLE001
-            error = error or e
-        return outcome_from_exception(rank, error)
+        result = PhaseResult(rank)
+        case.run(result)
+        return result.outcome()
+
+    def _callSetUp(self) -> None:
+        if not self._dispatching():  # run_rank: an ordinary test in this rank
+            set_rng_seed(self.seed)
+            self._phase = "setUp"
+            super()._callSetUp()  # type: ignore[misc]
+            return
+        # The parent runs neither setUp nor tearDown: the ranks do.
+        self.rank = self.MAIN_PROCESS_RANK
+        method = getattr(type(self), self._testMethodName, None)
+        skip = precheck_skip(self, method) if method is not None else None
+        if skip is not None:
+            raise skip
+        # (In the ranks, ``_pool_init`` makes ``world_size`` the pool's size.)
+        self._pool_in_use = self._ensure_pool(self._pool_world_size(self._testMethodName))
+
+    def _callTearDown(self) -> None:
+        if not self._dispatching():
+            self._phase = "tearDown"
+            super()._callTearDown()  # type: ignore[misc]
+
+    def _callCleanup(self, function: Any, /, *args: Any, **kwargs: Any) -> None:
+        self._phase = "cleanup"
+        super()._callCleanup(function, *args, **kwargs)  # type: ignore[misc]
 
     @classmethod
     def _pool_shutdown(cls) -> None:

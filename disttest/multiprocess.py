@@ -24,15 +24,15 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest._runner import rank as rank_mod
+from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
-from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
+from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
-    ConfigError,
 )
 from disttest.helpers import set_environ
 
@@ -40,7 +40,7 @@ __unittest = True
 
 __all__ = ["START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
 
-START_METHOD_ENV = "DISTTEST_START_METHOD"
+START_METHOD_ENV = settings.START_METHOD_ENV
 _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
     "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
 }
@@ -122,15 +122,8 @@ class MultiProcessTestCase(RankDispatch):
         rank starts.
         """
         self._precheck()
-        if start_method is not None:
-            where = "_spawn_processes(start_method=...)"
-        elif os.environ.get(START_METHOD_ENV):
-            start_method, where = os.environ[START_METHOD_ENV], f"environment variable {START_METHOD_ENV}"
-        else:
-            start_method, where = self.start_method, f"{type(self).__name__}.start_method"
-        if start_method not in START_METHODS:
-            raise ConfigError("start method", start_method, where, f"expected one of {START_METHODS}")
-        self._start_processes(start_method)
+        method, _ = settings.start_method(type(self), start_method)
+        self._start_processes(method)
 
     def _start_processes(self, proc: Any = None) -> None:
         """Hook: start the ranks with ``proc`` (a start method name; an
@@ -197,6 +190,9 @@ class MultiProcessTestCase(RankDispatch):
         self = cls(test_name)
         self.rank = rank
         self.file_name = file_name
+        ctx = rank_mod.current()
+        if ctx is not None:
+            settings.pin_world_size(self, ctx.spec.world_size)
         self.run_test(test_name, parent_pipe)
 
     def run_test(self, test_name: str, parent_pipe: Any = None) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.outcome import Outcome
@@ -137,6 +138,7 @@ class MultiThreadedTestCase(RankDispatch):
         """Hook, in a rank thread: build the test case and run the test."""
         self = cls(test_name)
         self.rank = rank
+        settings.pin_world_size(self, world_size)
         self.run_test_with_threaded_pg(test_name, rank, world_size)
 
     def run_test_with_threaded_pg(self, test_name: str, rank: int, world_size: int) -> None:

@@ -5,7 +5,11 @@
 - ``--disttest-mode=threads|processes|pool``: run tests made with
   ``disttest.run_in`` in that mode only (as ``DISTTEST_MODE``).
 - ``@pytest.mark.world_size(n)``: run a disttest test (or every test of a
-  class) with ``n`` ranks.
+  class) with ``n`` ranks; ``self.world_size`` reads ``n`` in every runner.
+- Under pytest-timeout (``--timeout``, ``@pytest.mark.timeout``), disttest's
+  own limit for a test stays below pytest-timeout's, so that a hang is
+  reported by disttest, with every rank's stack, before pytest-timeout
+  kills the process.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from typing import Any
 
 import pytest
 
+from disttest._runner import settings
 from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.modes import MODE_ENV, MODES
 
-__all__ = ["pytest_addoption", "pytest_collection_modifyitems", "pytest_configure"]
+__all__ = ["pytest_addoption", "pytest_collection_modifyitems", "pytest_configure", "pytest_runtest_call"]
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -57,3 +62,31 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         func = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
         if func is not None:
             func._required_world_size = size
+
+
+def _pytest_timeout(item: Any) -> float | None:
+    """The limit pytest-timeout puts on ``item`` (None: none, or no plugin)."""
+    if not item.config.pluginmanager.hasplugin("timeout"):
+        return None
+    marker = item.get_closest_marker("timeout")
+    raw: Any = None
+    if marker is not None:
+        raw = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+    if raw is None:
+        raw = item.config.getoption("timeout", None)
+    if raw is None:
+        try:
+            raw = item.config.getini("timeout")
+        except (ValueError, KeyError):
+            raw = None
+    try:
+        seconds = float(raw) if raw not in (None, "") else 0.0
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: Any) -> Any:
+    with settings.outer_limit(_pytest_timeout(item)):
+        yield

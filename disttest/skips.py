@@ -195,7 +195,7 @@ def _world_size_of(args: Sequence[Any], decorator: str) -> int:
         return parse_world_size(owner.world_size, f"{type(owner).__name__}.world_size")
     raw = os.environ.get("WORLD_SIZE")
     if raw is not None:
-        return parse_world_size(raw, "environment variable WORLD_SIZE")
+        return parse_world_size(raw, "environment variable WORLD_SIZE", text=True)
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     raise ConfigError(

@@ -141,6 +141,97 @@ class Launched(disttest.MultiProcContinousTest):
         self.assertTrue(0 <= self.rank < self.world_size)
 
 
+class Phases(disttest.MultiProcContinousTest):
+    """Failures in each phase, run by unittest's machinery in the ranks."""
+
+    def setUp(self):
+        super().setUp()
+        if self._testMethodName == "test_setup_fails" and self.rank == 1:
+            raise RuntimeError("setUp broke in rank 1")
+
+    def tearDown(self):
+        if self._testMethodName in ("test_teardown_fails", "test_both_fail") and self.rank == 0:
+            raise ValueError("tearDown broke in rank 0")
+        super().tearDown()
+
+    def test_setup_fails(self):
+        pass
+
+    def test_teardown_fails(self):
+        pass
+
+    def test_both_fail(self):
+        self.assertEqual(self.rank, 99)
+
+    def test_cleanup_fails(self):
+        def broken():
+            raise KeyError("cleanup broke")
+
+        self.addCleanup(broken)
+
+    def test_subtest_fails(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertNotEqual(i, 2)
+
+    @unittest.expectedFailure
+    def test_expected_failure(self):
+        self.assertEqual(1, 2)
+
+    def test_z_pass(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2.0)
+
+
+class StartDies(disttest.MultiProcContinousTest):
+    """A rank dies while the pool starts: every test fails, only the first waits."""
+
+    @classmethod
+    def _init_pg(cls, rank, world_size, rdvz_file):
+        if rank == 1:
+            os._exit(3)
+        super()._init_pg(rank, world_size, rdvz_file)
+
+    def test_a(self):
+        pass
+
+    def test_b(self):
+        pass
+
+    def test_c(self):
+        pass
+
+
+class Crashes(disttest.MultiProcContinousTest):
+    """Every test crashes a rank; the pool may be rebuilt once."""
+
+    max_pool_rebuilds = 1
+
+    def test_1(self):
+        if self.rank == 1:
+            os._exit(5)
+
+    def test_2(self):
+        if self.rank == 1:
+            os._exit(5)
+
+    def test_3(self):
+        pass
+
+
+class Marked(disttest.MultiProcContinousTest):
+    """A test that asks for 3 ranks in a class of 2 (as @pytest.mark.world_size does)."""
+
+    def test_default(self):
+        self.assertEqual((self.world_size, dist.get_world_size()), (2, 2))
+
+    def test_three(self):
+        self.assertEqual((self.world_size, dist.get_world_size()), (3, 3))
+
+    test_three._required_world_size = 3
+
+
 if __name__ == "__main__":
     # python pool_cases.py RANK WORLD_SIZE [RDVZ_FILE]; without a file,
     # env:// (as torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).

@@ -54,9 +54,14 @@ class TimeoutTest(unittest.TestCase):
 
 class WorldSizeTest(unittest.TestCase):
     def test_parse(self):
-        self.assertEqual(parse_world_size("3", "WORLD_SIZE"), 3)
+        self.assertEqual(parse_world_size("3", "WORLD_SIZE", text=True), 3)
         self.assertEqual(parse_world_size(2, "x"), 2)
         for bad in ("0", "two", -1, True, 2.5, None):
             with self.subTest(bad=bad), self.assertRaises(ConfigError) as ctx:
-                parse_world_size(bad, "environment variable WORLD_SIZE")
+                parse_world_size(bad, "environment variable WORLD_SIZE", text=True)
             self.assertIn("environment variable WORLD_SIZE", str(ctx.exception))
+
+    def test_a_string_outside_text_settings_is_an_error(self):
+        with self.assertRaises(ConfigError) as ctx:
+            parse_world_size("2", "Suite.world_size")
+        self.assertEqual((ctx.exception.value, ctx.exception.where), ("2", "Suite.world_size"))

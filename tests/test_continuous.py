@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,6 +122,57 @@ class PoolTest(unittest.TestCase):
             pool.pump(1)
         self.assertEqual(pool.answers(5)[0].kind, Kind.PASSED)
         self.assertEqual(pool.answers(4), {})
+
+
+class PoolHygieneTest(unittest.TestCase):
+    def tearDown(self):
+        self.assertEqual(live_ranks(), [])
+
+    def test_each_phase_is_named(self):
+        result, _ = run_class(cases.Phases)
+        errors, failures = by_name(result.errors), by_name(result.failures)
+        self.assertIn("rank 1/2 raised RuntimeError in setUp", errors["test_setup_fails"])
+        self.assertIn("rank 0/2 raised ValueError in tearDown", errors["test_teardown_fails"])
+        self.assertIn("ranks 0, 1/2 raised KeyError in cleanup", errors["test_cleanup_fails"])
+        both = failures["test_both_fail"]
+        self.assertIn("raised AssertionError", both)
+        self.assertIn("then also raised in tearDown: ValueError", both)
+        self.assertIn("raised AssertionError in test (i=2)", failures["test_subtest_fails"])
+        self.assertEqual([c._testMethodName for c, _ in result.expectedFailures], ["test_expected_failure"])
+        self.assertNotIn("test_z_pass", set(errors) | set(failures))
+
+    def test_a_pool_that_cannot_start_fails_the_rest_at_once(self):
+        result, elapsed = run_class(cases.StartDies)
+        errors = by_name(result.errors)
+        self.assertEqual(set(errors), {"test_a", "test_b", "test_c"})
+        self.assertIn("rank 1/2 exited with code 3 while making its group", errors["test_a"])
+        for name in ("test_b", "test_c"):
+            self.assertIn("the pool of StartDies could not start", errors[name])
+            self.assertIn("exited with code 3", errors[name])
+        self.assertLess(elapsed, 20)
+
+    def test_rebuilds_are_capped(self):
+        result, _ = run_class(cases.Crashes)
+        errors = by_name(result.errors)
+        self.assertIn("exited with code 5", errors["test_1"])
+        self.assertIn("exited with code 5", errors["test_2"])
+        self.assertIn("rebuilt 1 times (max_pool_rebuilds)", errors["test_3"])
+
+    def test_a_deep_tmpdir_works(self):
+        deep = tempfile.mkdtemp(prefix="disttest-" + "d" * 60)
+        deep = os.path.join(deep, *["nested-directory-level"] * 6)
+        os.makedirs(deep)
+        self.addCleanup(shutil.rmtree, deep.split("/nested-directory-level")[0])
+        self.assertGreater(len(deep), 150)
+        with mock.patch.object(tempfile, "tempdir", deep), mock.patch.dict(os.environ, {"TMPDIR": deep}):
+            result, _ = run_class(cases.Wide)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(result.testsRun, 1)
+
+    def test_world_size_marker_starts_that_many_ranks(self):
+        result, _ = run_class(cases.Marked)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(result.testsRun, 2)
 
 
 class LaunchersTest(unittest.TestCase):

@@ -13,9 +13,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from disttest._runner import settings
 from disttest.case import TestCase
-from disttest.config import get_timeout, parse_timeout, parse_world_size
-from disttest.skips import get_required_world_size, precheck_skip
+from disttest.skips import precheck_skip
 
 __unittest = True
 
@@ -63,11 +63,13 @@ class RankDispatch(TestCase):
             raise skip
 
     def _effective_world_size(self) -> int:
-        size = get_required_world_size(self, self.world_size)  # type: ignore[attr-defined]
-        return parse_world_size(size, f"{type(self).__name__}.world_size")
+        """The ranks to start (the run settings' world size), pinned so that
+        ``self.world_size`` reads it too."""
+        size = settings.world_size(self, self._testMethodName)
+        settings.pin_world_size(self, size)
+        return size
 
     def _test_timeout(self) -> float:
-        limit = getattr(self, "timeout", None)
-        if limit is not None:
-            return parse_timeout(limit, f"{type(self).__name__}.timeout")
-        return get_timeout(self.id())
+        limit = settings.test_timeout(self, self.id())
+        assert limit is not None  # a test id always gives one
+        return limit

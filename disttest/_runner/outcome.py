@@ -19,7 +19,7 @@ from disttest.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["ExitStatus", "Kind", "Outcome", "outcome_from_exception"]
+__all__ = ["ExitStatus", "Kind", "Outcome", "PhaseResult", "outcome_from_exception"]
 
 
 class Kind(str, enum.Enum):
@@ -89,6 +89,9 @@ class Outcome:
     #: When the rank's test ended (time.time(): one clock for every rank of a
     #: host); 0 when unknown (a rank that died without reporting).
     at: float = 0.0
+    #: The phase that failed: "setUp", "test", "tearDown", "cleanup" (or ""
+    #: where the runner runs only the test body).
+    phase: str = ""
 
     @property
     def skip_reason(self) -> str:
@@ -181,3 +184,54 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
         )
     kind = Kind.FAILED if isinstance(exc, AssertionError) else Kind.ERRORED
     return Outcome(rank, kind, name, str(exc), _format(exc), tb_data=_tb_data(exc))
+
+
+class PhaseResult(unittest.TestResult):
+    """Records, in a rank, what unittest's own machinery reports for one
+    test (setUp, the test, subTests, tearDown, cleanups), with the phase
+    each error came from (the case's ``_phase``), as one :class:`Outcome`.
+
+    The first error decides the outcome; later ones are named in its
+    detail. An expected failure is reported as the failure it is, and an
+    unexpected success as a pass: the parent's copy of the test carries the
+    same ``expectedFailure`` mark and judges it there.
+    """
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self._errors: list[tuple[str, BaseException]] = []
+        self._skip: str | None = None
+
+    def _add(self, test: Any, err: Any, sub: str = "") -> None:
+        phase = getattr(test, "_phase", "test") or "test"
+        self._errors.append((phase + sub, err[1]))
+
+    def addError(self, test: Any, err: Any) -> None:  # noqa: N802 (unittest's name)
+        self._add(test, err)
+
+    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        self._add(test, err)
+
+    def addExpectedFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        self._add(test, err)
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+        if err is not None:
+            self._add(test, err, f" {subtest._subDescription()}")
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        self._skip = reason
+
+    def outcome(self) -> Outcome:
+        if self._errors:
+            phase, exc = self._errors[0]
+            outcome = outcome_from_exception(self.rank, exc)
+            outcome.phase = phase
+            later = [f"{p}: {type(e).__qualname__}" for p, e in self._errors[1:]]
+            if later:
+                outcome.detail = "then also raised in " + ", ".join(later)
+            return outcome
+        if self._skip is not None:
+            return outcome_from_exception(self.rank, unittest.SkipTest(self._skip))
+        return outcome_from_exception(self.rank, None)

@@ -1,7 +1,8 @@
 """A pool of rank processes kept for a whole test class.
 
 The workers are started by the ordinary process launchers, connect back to
-the parent over a Unix socket in a private run directory, make the class's
+the parent over the rank channel (:mod:`.channel`: an abstract Unix socket,
+whatever TMPDIR's length), make the class's
 process group, then run the tests the parent sends (see
 ``rank._serve_pool``). Each test is joined by the one join loop through a
 :class:`TestRun`, the per-test view of the pool that the
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from disttest._runner import rank as rank_mod
+from disttest._runner.channel import Endpoint
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
@@ -56,27 +57,24 @@ class Pool:
         self.conns: dict[int, Connection] = {}
         self._answers: dict[int, dict[int, Outcome]] = {}
         self.init_outcomes: dict[int, Outcome] = {}
-        address = os.path.join(self.run_dir, "pool.sock")
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.endpoint = Endpoint(world_size)
         try:
-            server.bind(address)
-            server.listen(world_size)
             spec = rank_mod.RankSpec(
                 world_size=world_size, run_dir=self.run_dir, file_name=self.file_name,
-                entry="pool", address=address, test_name="", **spec_fields,
+                entry="pool", address=self.endpoint.address, token=self.endpoint.token,
+                test_name="", **spec_fields,
             )
             self.launcher = launcher_cls(spec)
             self.launcher.start(cls)
-            self._connect(server)
+            self._connect()
         except BaseException:
             self.close()
             raise
         finally:
-            server.close()
+            self.endpoint.close()
 
-    def _connect(self, server: socket.socket) -> None:
+    def _connect(self) -> None:
         deadline = time.monotonic() + self.start_timeout
-        server.settimeout(0.05)
         pending: list[Connection] = []
         while len(self.conns) < self.world_size:
             dead = self.launcher.poll()
@@ -86,14 +84,21 @@ class Pool:
                     + _tail(self.launcher, dead))
             if time.monotonic() > deadline:
                 raise PoolUnavailable(f"the pool's ranks did not start within {self.start_timeout}s")
-            with contextlib.suppress(TimeoutError, socket.timeout):
-                sock, _ = server.accept()
-                sock.setblocking(True)
-                pending.append(Connection(sock.detach()))
+            wait([self.endpoint, *pending], timeout=0.05)
+            conn = self.endpoint.accept()
+            if conn is not None:
+                pending.append(conn)
             for conn in _ready(pending, 0) if pending else []:
-                message = conn.recv()
                 pending.remove(conn)
-                self.conns[message[1]] = conn
+                try:
+                    kind, rank, token = conn.recv()
+                except (EOFError, OSError, ValueError, TypeError):
+                    conn.close()
+                    continue
+                if kind != "hello" or token != self.endpoint.token or rank not in range(self.world_size):
+                    conn.close()  # not one of our ranks
+                    continue
+                self.conns[rank] = conn
         waiting = set(self.conns)
         while waiting:
             if any(o.kind.is_cause for o in self.init_outcomes.values()):
@@ -116,10 +121,24 @@ class Pool:
                     "; ".join(f"rank {r}/{self.world_size} {s.describe()} while making its group"
                               for r, s in dead.items()) + _tail(self.launcher, dead))
             for conn in _ready([self.conns[r] for r in waiting], 0.05):
-                _, rank, init = conn.recv()
+                try:
+                    _, rank, init = conn.recv()
+                except (EOFError, OSError):
+                    self._lost(next(r for r in waiting if self.conns[r] is conn))
                 waiting.discard(rank)
                 if init is not None:
                     self.init_outcomes[rank] = init
+
+    def _lost(self, rank: int) -> None:
+        """Rank ``rank`` closed its channel while making its group: raise
+        with how it ended (it is reaped within a moment)."""
+        deadline = time.monotonic() + EXIT_WAIT
+        while rank not in self.launcher.poll() and time.monotonic() < deadline:
+            self.launcher.wait(0.01)
+        status = self.launcher.poll().get(rank)
+        how = status.describe() if status is not None else "closed its channel"
+        raise PoolUnavailable(f"rank {rank}/{self.world_size} {how} while making its group"
+                              + (_tail(self.launcher, {rank: status}) if status is not None else ""))
 
     def dispatch(self, test_name: str) -> TestRun:
         """Send ``test_name`` to every worker; return the test's view."""

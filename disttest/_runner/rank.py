@@ -58,6 +58,7 @@ class RankSpec:
     #: "test": run one test and exit; "pool": serve tests over ``address``.
     entry: str = "test"
     address: str = ""
+    token: str = ""
 
 
 @dataclass
@@ -200,16 +201,13 @@ def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
     """A pool worker: make the class's process group, then run each test the
     parent sends, answering with its outcome, until told to exit or the
     parent goes away. Never returns."""
-    import socket
-    from multiprocessing.connection import Connection
+    from disttest._runner.channel import connect
 
     code = 1
     try:
         files = _prepare(spec, rank, parent_pid)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(spec.address)
-        conn = Connection(sock.detach())
-        conn.send(("hello", rank))
+        conn = connect(spec.address)
+        conn.send(("hello", rank, spec.token))
         _context[:] = [_Context(rank, spec)]
         init: Outcome | None = None
         try:

@@ -88,7 +88,13 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
         return CRASHED.format(who=who, exit=exit_text, test=test) + (f" ({o.detail})" if o.detail else "")
     if o.kind is Kind.STOPPED:
         return f"{o.detail} (a consequence)" if o.detail else STOPPED.format(who=who)
-    return f"{who}: {o.exc_type}: {o.message}".rstrip(": ")
+    text = f"{who}{_in(o)}: {o.exc_type}: {o.message}".rstrip(": ")
+    return f"{text}\n({o.detail})" if o.detail else text
+
+
+def _in(o: Outcome) -> str:
+    """" in tearDown": where a rank's error came from, when not the test body."""
+    return f" in {o.phase}" if o.phase and o.phase != "test" else ""
 
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,7 +134,7 @@ def _short(o: Outcome, who: str, timeout: float | None) -> str:
         return "desync: " + _fill(o.detail, who)
     if o.kind is Kind.CRASHED:
         return f"{who} {o.exit.describe() if o.exit else 'exited'}"
-    return f"{who} raised {o.exc_type}"
+    return f"{who} raised {o.exc_type}{_in(o)}"
 
 
 def _body(o: Outcome) -> str:
@@ -153,7 +159,7 @@ def format_report(test: str, world_size: int, timeout: float | None,
             # (ports, addresses) differs from rank to rank.
             key: tuple[str, ...] = (o.kind.value, o.detail)
         elif o.kind.is_cause or o.kind is Kind.STOPPED:
-            key = (o.kind.value, o.exc_type, o.message, o.traceback, o.stacks, o.detail)
+            key = (o.kind.value, o.exc_type, o.message, o.traceback, o.stacks, o.detail, o.phase)
         else:
             continue
         groups.setdefault(key, []).append(o)

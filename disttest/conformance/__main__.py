@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="pattern", help="only tests whose name matches this fnmatch pattern")
     args = parser.parse_args(argv)
     try:
-        world_size = parse_world_size(args.world_size, "--world-size")
+        world_size = parse_world_size(args.world_size, "--world-size", text=True)
         timeout = parse_timeout(args.timeout, "--timeout")
     except ConfigError as e:
         parser.error(str(e))

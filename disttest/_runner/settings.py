@@ -1,0 +1,124 @@
+"""One run configuration for every runner: world size, timeout, start method.
+
+Resolved here, once, for the three test-case classes:
+
+- world size: the test method's recorded size (``@pytest.mark.world_size``,
+  ``requires_world_size``), else the class's ``world_size`` (attribute or
+  property); :func:`pin_world_size` makes ``self.world_size`` read the
+  resolved value in the parent and in every rank, whatever the class says;
+- timeout: the class's ``timeout`` (seconds or a timedelta, attribute or
+  property), else :func:`~disttest.config.get_timeout`; kept below an outer
+  limit (pytest-timeout's, set by the plugin for the current test through
+  :func:`outer_limit`) so that disttest reports the hang, with every rank's
+  stack, before the outer limit kills the process;
+- start method: an explicit argument, else ``DISTTEST_START_METHOD``, else
+  the class's ``start_method``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world_size
+
+__unittest = True
+
+__all__ = [
+    "START_METHODS",
+    "START_METHOD_ENV",
+    "outer_limit",
+    "pin_world_size",
+    "start_method",
+    "test_timeout",
+    "world_size",
+]
+
+START_METHODS = ("zygote", "fork", "spawn")
+START_METHOD_ENV = "DISTTEST_START_METHOD"
+#: Of an outer limit (pytest-timeout's), the share disttest may use; the
+#: rest is for collecting stacks, stopping ranks and reporting.
+OUTER_SHARE = 0.8
+OUTER_RESERVE = 2.0  # seconds kept back at least
+
+_outer: contextvars.ContextVar[float | None] = contextvars.ContextVar("disttest_outer_limit", default=None)
+
+
+@contextlib.contextmanager
+def outer_limit(seconds: float | None) -> Iterator[None]:
+    """While the block runs, the current test is killed by something else
+    after ``seconds`` (pytest-timeout): disttest's own limit stays below."""
+    token = _outer.set(seconds)
+    try:
+        yield
+    finally:
+        _outer.reset(token)
+
+
+def _static(owner: Any, name: str) -> Any:
+    """``owner.name`` read from the class, so that a property is evaluated
+    without a usable instance (as a pool does before any test runs)."""
+    cls = owner if isinstance(owner, type) else type(owner)
+    raw = inspect.getattr_static(cls, name, None)
+    if isinstance(raw, property) and raw.fget is not None:
+        instance = owner if not isinstance(owner, type) else object.__new__(cls)
+        return raw.fget(instance)
+    return raw
+
+
+def world_size(owner: Any, method_name: str | None = None) -> int:
+    """The number of ranks to start for ``owner`` (a test case or its class)
+    running ``method_name``: the method's recorded size, else the class's."""
+    cls = owner if isinstance(owner, type) else type(owner)
+    method = getattr(cls, method_name, None) if method_name else None
+    recorded = getattr(method, "_required_world_size", None)
+    if recorded is not None:
+        return parse_world_size(recorded, f"the world size recorded on {cls.__name__}.{method_name}")
+    return parse_world_size(_static(owner, "world_size"), f"{cls.__name__}.world_size")
+
+
+def pin_world_size(case: Any, size: int) -> None:
+    """Make ``case.world_size`` read ``size`` (the ranks actually started),
+    also when its class defines ``world_size`` as a property."""
+    cls = type(case)
+    if _static(case, "world_size") == size:
+        return
+    pinned = type(cls.__name__, (cls,), {"world_size": size, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__, "__test__": False})
+    case.__class__ = pinned
+
+
+def test_timeout(owner: Any, test_id: str | None) -> float | None:
+    """The per-test limit in seconds (None: none set and no test id)."""
+    cls = owner if isinstance(owner, type) else type(owner)
+    raw = _static(owner, "timeout")
+    if raw is None:
+        limit = get_timeout(test_id) if test_id is not None else None
+    else:
+        if isinstance(raw, timedelta):
+            raw = raw.total_seconds()
+        limit = parse_timeout(raw, f"{cls.__name__}.timeout")
+    outer = _outer.get()
+    if outer is not None and limit is not None:
+        inner = min(outer * OUTER_SHARE, outer - OUTER_RESERVE)
+        if 0 < inner < limit:
+            limit = int(inner) if float(inner).is_integer() else round(inner, 3)
+    return limit
+
+
+def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
+    """(start method, where it came from), validated."""
+    if explicit is not None:
+        method, where = explicit, "_spawn_processes(start_method=...)"
+    elif os.environ.get(START_METHOD_ENV):
+        method, where = os.environ[START_METHOD_ENV], f"environment variable {START_METHOD_ENV}"
+    else:
+        method, where = getattr(cls, "start_method", "zygote"), f"{cls.__name__}.start_method"
+    if method not in START_METHODS:
+        raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
+    return method, where
