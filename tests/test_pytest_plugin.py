@@ -76,7 +76,7 @@ def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 class PluginTest(unittest.TestCase):
     def test_timeout_option_bounds_disttest_tests(self):
-        proc = pytest_run("--disttest-timeout=2", "-k", "hang")
+        proc = pytest_run("--disttest-timeout=2", "-k", "Threads and hang")
         self.assertIn("rank 1/4 did not finish 'test_hang' within 2s", proc.stdout)
         self.assertIn("1 failed", proc.stdout)
 
