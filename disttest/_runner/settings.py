@@ -75,8 +75,13 @@ def world_size(owner: Any, method_name: str | None = None) -> int:
     """The number of ranks to start for ``owner`` (a test case or its class)
     running ``method_name``: the method's recorded size, else the class's."""
     cls = owner if isinstance(owner, type) else type(owner)
-    method = getattr(cls, method_name, None) if method_name else None
-    recorded = getattr(method, "_required_world_size", None)
+    # The instance's method first: the pytest plugin marks the one it runs.
+    recorded = None
+    for where in (owner, cls):
+        method = getattr(where, method_name, None) if method_name else None
+        recorded = getattr(method, "_required_world_size", None)
+        if recorded is not None:
+            break
     if recorded is not None:
         return parse_world_size(recorded, f"the world size recorded on {cls.__name__}.{method_name}")
     return parse_world_size(_static(owner, "world_size"), f"{cls.__name__}.world_size")
