@@ -154,7 +154,7 @@ def work_base() -> type:
     """The Python-subclassable c10d Work (``torch.distributed._Work``)."""
     import torch.distributed as dist
 
-    return dist._Work  # type: ignore[attr-defined,no-any-return]
+    return dist._Work
 
 
 def default_group() -> Any:
@@ -256,7 +256,7 @@ def premul_sum(factor: Any) -> Any:
     """The PREMUL_SUM reduce op with ``factor`` (``dist._make_nccl_premul_sum``)."""
     import torch.distributed as dist
 
-    return dist._make_nccl_premul_sum(factor)  # type: ignore[attr-defined]
+    return dist._make_nccl_premul_sum(factor)
 
 
 def reduce_op_parts(op: Any) -> tuple[Any, Any]:

@@ -225,6 +225,7 @@ class MultiProcContinousTest(TestCase):
             return
         pool = self._pool_in_use
         name = self._testMethodName
+        keep = None
         if any(o.kind.is_cause for o in pool.init_outcomes.values()):
             # The group could not be made: the class's remaining tests fail
             # at once with this cause instead of trying again.
@@ -233,14 +234,16 @@ class MultiProcContinousTest(TestCase):
             type(self)._pool_failed = POOL_FAILED.format(
                 cls=type(self).__name__, cause="its process group could not be made; see the first test's report")
         else:
-            outcomes = join(pool.dispatch(name), self._limit(self.id()) or 0)
+            run = pool.dispatch(name)
+            keep = run.keep_logs
+            outcomes = join(run, settings.test_timeout(self, self.id()) or 0)
             pool.note(outcomes)
         if pool.broken:
             pool.close()
             cls = type(self)
             cls._pool = None
             cls._pool_breaks = cls.__dict__.get("_pool_breaks", 0) + 1
-        raise_for_outcomes(name, pool.world_size, self._limit(self.id()), outcomes)
+        raise_for_outcomes(name, pool.world_size, settings.test_timeout(self, self.id()), outcomes, keep_logs=keep)
 
     # --- inside a rank -------------------------------------------------------------
 
@@ -275,7 +278,7 @@ class MultiProcContinousTest(TestCase):
         if skip is not None:
             raise skip
         # (In the ranks, ``_pool_init`` makes ``world_size`` the pool's size.)
-        self._pool_in_use = self._ensure_pool(self._pool_world_size(self._testMethodName))
+        self._pool_in_use = self._ensure_pool(settings.world_size(self, self._testMethodName))
 
     def _callTearDown(self) -> None:
         if not self._dispatching():

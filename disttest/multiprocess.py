@@ -180,7 +180,9 @@ class MultiProcessTestCase(RankDispatch):
                 lenient or (expected is not None and o.exit.code == expected)
             ):
                 o.kind = Kind.PASSED
-        raise_for_outcomes(self._current_test_name(), len(outcomes), self._test_timeout(), outcomes)
+        keep = self._launcher.keep_logs if self._launcher is not None else None
+        raise_for_outcomes(self._current_test_name(), len(outcomes), self._test_timeout(), outcomes,
+                           keep_logs=keep)
 
     # --- inside a rank -----------------------------------------------------
 

@@ -64,7 +64,8 @@ class _ThreadRun:
 
     def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False) -> None:
         try:
-            raise_for_outcomes(self.test, len(outcomes), timeout, outcomes, always_failure)
+            raise_for_outcomes(self.test, len(outcomes), timeout, outcomes, always_failure,
+                               keep_logs=self.launcher.keep_logs)
         except (RankFailure, RankError) as e:
             if self.launcher.unstoppable:
                 e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)

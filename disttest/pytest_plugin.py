@@ -20,10 +20,17 @@ from typing import Any
 import pytest
 
 from disttest._runner import settings
+from disttest._runner.report import TAIL_CHARS, RankReport, rank_section
 from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.modes import MODE_ENV, MODES
 
-__all__ = ["pytest_addoption", "pytest_collection_modifyitems", "pytest_configure", "pytest_runtest_call"]
+__all__ = [
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_runtest_call",
+    "pytest_runtest_makereport",
+]
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -32,6 +39,14 @@ def pytest_addoption(parser: Any) -> None:
                     help="default per-test limit of disttest's runners (sets DISTTEST_TIMEOUT)")
     group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=MODES,
                     help="run disttest.run_in tests in this mode only (sets DISTTEST_MODE)")
+    group.addoption("--disttest-output", dest="disttest_output", default=None,
+                    choices=settings.OUTPUT_MODES,
+                    help="stream: pass on every rank's output as it comes, prefixed [rank N] "
+                         "(the default under pytest: captured per test, live with -s); "
+                         "tail: only a failing rank's output, in its report (sets DISTTEST_OUTPUT)")
+    group.addoption("--disttest-keep-logs", dest="disttest_keep_logs", action="store_true",
+                    help="keep every rank's whole output of a failing test in a folder its "
+                         "report names (sets DISTTEST_KEEP_LOGS)")
 
 
 def pytest_configure(config: Any) -> None:
@@ -46,6 +61,11 @@ def pytest_configure(config: Any) -> None:
     mode = config.getoption("disttest_mode")
     if mode is not None:
         os.environ[MODE_ENV] = mode
+    output = config.getoption("disttest_output")
+    if output is not None or not os.environ.get(settings.OUTPUT_ENV):
+        os.environ[settings.OUTPUT_ENV] = output or "stream"
+    if config.getoption("disttest_keep_logs"):
+        os.environ[settings.KEEP_LOGS_ENV] = "1"
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
@@ -90,3 +110,24 @@ def _pytest_timeout(item: Any) -> float | None:
 def pytest_runtest_call(item: Any) -> Any:
     with settings.outer_limit(_pytest_timeout(item)):
         yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """A failing distributed test's report gets a section per failing rank
+    (terminal, ``--junitxml``), and properties naming the failing ranks and
+    each one's output tail (in JUnit XML's ``<properties>``)."""
+    result = yield
+    report = result.get_result()
+    excinfo = call.excinfo
+    if call.when != "call" or excinfo is None or not isinstance(excinfo.value, RankReport):
+        return
+    exc = excinfo.value
+    causes = [o for o in exc.outcomes if o.kind.is_cause]
+    item.user_properties.append(("disttest_failing_ranks", ",".join(str(o.rank) for o in causes)))
+    for o in causes:
+        title = f"disttest rank {o.rank}/{exc.world_size} ({o.kind.value})"
+        report.sections.append((title, rank_section(o)))
+        item.user_properties.append((f"disttest_rank_{o.rank}", o.kind.value))
+        if o.output_tail.strip():
+            item.user_properties.append((f"disttest_rank_{o.rank}_output", o.output_tail[-TAIL_CHARS:]))

@@ -129,6 +129,24 @@ class Behaviours:
             return
         dist.all_reduce(torch.ones(2))
 
+    def test_str_raises(self):
+        self.init()
+        if self.rank == 1:
+            raise HostileAssertion("unprintable")
+
+    def test_output_of_a_failing_rank(self):
+        self.init()
+        print(f"a note from rank {self.rank}", flush=True)
+        if self.rank == 1:
+            self.fail("rank 1 fails after printing")
+
+
+class HostileAssertion(AssertionError):
+    """An assertion whose text cannot be made."""
+
+    def __str__(self):
+        raise RuntimeError("__str__ is broken")
+
 
 def _init_gloo(case: disttest.MultiProcessTestCase) -> None:
     store = dist.FileStore(case.file_name, case.world_size)
@@ -153,4 +171,13 @@ class ThreadRunner(Behaviours, disttest.MultiThreadedTestCase):
         pass  # each thread already has its threaded default group
 
 
-RUNNERS = (ProcessRunner, ThreadRunner)
+class PoolRunner(Behaviours, disttest.MultiProcContinousTest):
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def init(self) -> None:
+        pass  # the pool made the class's group
+
+
+RUNNERS = (ProcessRunner, ThreadRunner, PoolRunner)

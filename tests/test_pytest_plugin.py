@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +60,18 @@ SUITE = textwrap.dedent("""
                 time.sleep(600)
             dist.barrier()
 
+    class Talky(disttest.MultiProcessTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+        def test_talk(self):
+            print(f"a note from rank {self.rank}", flush=True)
+            if self.rank == 1:
+                raise AssertionError("rank 1 fails after printing")
+
     @pytest.mark.world_size(3)
     class Pooled(disttest.MultiProcContinousTest):
         def test_three_pooled(self):
@@ -65,13 +79,18 @@ SUITE = textwrap.dedent("""
 """)
 
 
-def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+def pytest_run(*args: str, junit: list[str] | None = None) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "test_plugin_suite.py"), "w") as f:
             f.write(SUITE)
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "test_plugin_suite.py", *args],
+        extra = ["--junitxml", os.path.join(tmp, "junit.xml")] if junit is not None else []
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "test_plugin_suite.py", *args, *extra],
                               cwd=tmp, capture_output=True, text=True, timeout=300)
+        if junit is not None:
+            with open(os.path.join(tmp, "junit.xml")) as f:
+                junit.append(f.read())
+        return proc
 
 
 class PluginTest(unittest.TestCase):
@@ -90,11 +109,45 @@ class PluginTest(unittest.TestCase):
         self.assertIn("4 passed", proc.stdout, proc.stdout[-2000:])
 
     def test_a_hang_is_reported_with_stacks_before_pytest_timeout_fires(self):
-        proc = pytest_run("--timeout=20", "-k", "hang_in_a_rank")
+        proc = pytest_run("--timeout=30", "-k", "hang_in_a_rank")
         out = proc.stdout
         self.assertIn("1 failed", out, out[-3000:])
-        # disttest's limit (below pytest-timeout's 20 s) fired first...
-        self.assertIn("did not finish 'test_hang_in_a_rank' within 16s", out)
+        # disttest's limit (below pytest-timeout's 30 s) fired first...
+        self.assertIn("did not finish 'test_hang_in_a_rank' within 21s", out)
         self.assertNotIn("from pytest-timeout", out)
         # ...with the stack of the rank that hangs, not pytest's selectors.py frame.
         self.assertRegex(out, r'test_plugin_suite.py", line \d+ in test_hang_in_a_rank')
+
+
+class RankOutputTest(unittest.TestCase):
+    """A failing rank's output reaches the user: in its report section, the
+    captured output, the JUnit XML, live with -s, and kept whole on request."""
+
+    def test_report_sections_and_junit_properties(self):
+        junit: list[str] = []
+        proc = pytest_run("-k", "talk", junit=junit)
+        out = proc.stdout
+        self.assertIn("1 failed", out, out[-3000:])
+        self.assertIn("disttest rank 1/2 (failed)", out)  # the rank's own section
+        self.assertIn("[rank 1] a note from rank 1", out)  # streamed, captured by pytest
+        import xml.etree.ElementTree as ET
+
+        props = {p.get("name"): p.get("value") for p in ET.fromstring(junit[0]).iter("property")}
+        self.assertEqual(props["disttest_failing_ranks"], "1")
+        self.assertEqual(props["disttest_rank_1"], "failed")
+        self.assertIn("a note from rank 1", props["disttest_rank_1_output"])
+
+    def test_dash_s_streams_every_rank_live(self):
+        proc = pytest_run("-s", "-k", "talk")
+        self.assertIn("[rank 0] a note from rank 0", proc.stdout)
+        self.assertIn("[rank 1] a note from rank 1", proc.stdout)
+
+    def test_keep_logs_names_a_folder_with_every_rank_s_log(self):
+        proc = pytest_run("--disttest-keep-logs", "-k", "talk")
+        match = re.search(r"kept in (\S+) \(disttest", proc.stdout)
+        self.assertIsNotNone(match, proc.stdout[-3000:])
+        folder = match.group(1)
+        self.addCleanup(shutil.rmtree, folder, True)
+        with open(os.path.join(folder, "rank1.log")) as f:
+            self.assertIn("a note from rank 1", f.read())
+        self.assertTrue(os.path.exists(os.path.join(folder, "rank0.log")))

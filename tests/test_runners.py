@@ -8,13 +8,18 @@ from unittest import mock
 
 import runner_cases as cases
 
+import disttest
 from disttest import RankError, RankFailure
 
 
 def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, float]:
     result = unittest.TestResult()
     start = time.monotonic()
-    cls(name).run(result)
+    try:
+        cls(name).run(result)
+    finally:
+        if issubclass(cls, disttest.MultiProcContinousTest):
+            cls.tearDownClass()  # one pool per behaviour: no state between them
     return result, time.monotonic() - start
 
 
@@ -86,8 +91,10 @@ class BehaviourTest(unittest.TestCase):
                 self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
 
     def test_skip_decorator_is_decided_before_starting_ranks(self):
+        starts = {cases.ProcessRunner: "_start_processes", cases.ThreadRunner: "_run",
+                  cases.PoolRunner: "_ensure_pool"}
         for runner in cases.RUNNERS:
-            start = "_start_processes" if runner is cases.ProcessRunner else "_run"
+            start = starts[runner]
             with self.subTest(runner=runner.__name__), mock.patch.object(runner, start) as started:
                 result, _ = run(runner, "test_skip_decorator")
                 started.assert_not_called()
@@ -144,6 +151,21 @@ class BehaviourTest(unittest.TestCase):
                 self.assertIn("rank 1/2 finished; rank 0/2 waits in recv #1 from rank 1", text)
                 self.assertLess(elapsed, 10)
 
+    def test_an_exception_whose_str_raises(self):
+        for sub, result, elapsed in self.each("test_str_raises"):
+            with sub:
+                text = self.only(result.failures)  # an AssertionError subclass: a failure
+                self.assertIn("rank 1/2: HostileAssertion: <str() failed: RuntimeError: __str__ is broken>", text)
+                self.assertIn('raise HostileAssertion("unprintable")', text)  # the user's line
+                self.assertLess(elapsed, 10)
+
+    def test_a_failing_rank_s_output_is_in_its_report(self):
+        for sub, result, _ in self.each("test_output_of_a_failing_rank"):
+            with sub:
+                text = self.only(result.failures)
+                self.assertIn("its output ends:", text)
+                self.assertIn("a note from rank 1", text.split("its output ends:")[1])
+
     def test_the_next_test_runs_after_each_bad_one(self):
         for runner in cases.RUNNERS:
             for bad in ("test_hang", "test_early_return", "test_fail_fast_while_peer_waits"):
@@ -153,7 +175,7 @@ class BehaviourTest(unittest.TestCase):
                     self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
 
     def test_report_exceptions(self):
-        for runner in cases.RUNNERS:
+        for runner in (cases.ProcessRunner, cases.ThreadRunner):  # the pool dispatches elsewhere
             case = runner("test_assertion_in_rank_1")
             case.setUp()
             try:

@@ -89,7 +89,7 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
     launcher.stop()
     for r in live:
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
-                              detail=details.get(r, ""))
+                              detail=details.get(r, ""), output_tail=launcher.output(r))
 
 
 def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVAL) -> list[Outcome]:
@@ -125,6 +125,8 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if grace_end is None and time.monotonic() > deadline:
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
             break
+        launcher.pump_output()
         launcher.wait(poll_interval)
+    launcher.pump_output(final=True)
     _explain_errors(launcher, outcomes, seen, world)
     return [outcomes[r] for r in range(world)]

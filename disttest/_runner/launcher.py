@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -26,14 +27,14 @@ from typing import Any, Protocol
 import psutil
 
 from disttest._runner import rank as rank_mod
+from disttest._runner import settings
 from disttest._runner.outcome import ExitStatus, Outcome
 from disttest._runner.progress import InFlight, ProgressBoard, find_desync
 
 __unittest = True
 
-__all__ = ["START_METHODS", "ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnLauncher"]
+__all__ = ["ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnLauncher", "keep_files"]
 
-START_METHODS = ("zygote", "fork", "spawn")
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
 
@@ -72,6 +73,14 @@ class Launcher(Protocol):
 
     def wait(self, seconds: float) -> None:
         """Block for at most ``seconds``, or less when a rank may have ended."""
+        ...
+
+    def pump_output(self, final: bool = False) -> None:
+        """In stream mode, pass on what the ranks printed since the last call."""
+        ...
+
+    def keep_logs(self, test: str) -> str:
+        """Copy every rank's whole output into a new folder; return its path."""
         ...
 
 
@@ -118,6 +127,8 @@ class ProcessLauncher:
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
         self._released: set[int] = set()
+        self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
+        self._partial: dict[int, str] = {}  # a line not yet ended
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
 
     # -- subclasses --
@@ -212,10 +223,52 @@ class ProcessLauncher:
 
     def close(self) -> None:
         self.stop()
+        self.pump_output(final=True)
         self.board.close()
+
+    def _log(self, rank: int) -> str:
+        return rank_mod.paths(self.spec.run_dir, rank)["log"]
+
+    def pump_output(self, final: bool = False) -> None:
+        if settings.output_mode() != "stream":
+            return
+        sink = sys.stdout
+        for r in sorted(self.pids):
+            try:
+                with open(self._log(r), "rb") as f:
+                    f.seek(self._offsets.get(r, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[r] = self._offsets.get(r, 0) + len(data)
+            lines = (self._partial.pop(r, "") + data.decode(errors="replace")).split("\n")
+            rest = lines.pop()
+            if rest and final:
+                lines.append(rest)
+            elif rest:
+                self._partial[r] = rest
+            for line in lines:
+                sink.write(f"[rank {r}] {line}\n")
+        sink.flush()
+
+    def keep_logs(self, test: str) -> str:
+        return keep_files(test, {r: self._log(r) for r in self.pids})
 
     def processes(self) -> list[RankProcess]:
         return [RankProcess(self, r, self.pids[r]) for r in sorted(self.pids)]
+
+
+def keep_files(test: str, logs: dict[int, str]) -> str:
+    """Copy each rank's log (``{rank: path}``) to ``rankN.log`` in a new
+    folder named after ``test``, which outlives the test; return its path."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f"disttest-logs-{test}-")
+    for r, path in logs.items():
+        with contextlib.suppress(OSError):
+            shutil.copyfile(path, os.path.join(folder, f"rank{r}.log"))
+    return folder
 
 
 def _size(path: str) -> int:

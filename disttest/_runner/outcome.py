@@ -19,7 +19,7 @@ from disttest.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["ExitStatus", "Kind", "Outcome", "PhaseResult", "outcome_from_exception"]
+__all__ = ["MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "outcome_from_exception", "safe_str"]
 
 
 class Kind(str, enum.Enum):
@@ -167,12 +167,39 @@ def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
     return outcome
 
 
+#: Characters at most of a rank's exception message or traceback in its
+#: outcome (a 20 MB message must not become a 160 MB report); the middle is cut.
+MAX_TEXT = 20_000
+CUT = "\n... [{n} characters cut by disttest; DISTTEST_KEEP_LOGS=1 keeps them in the rank's log] ...\n"
+
+
+def cap(text: str, limit: int = MAX_TEXT) -> str:
+    """``text``, or its head and tail with a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + CUT.format(n=len(text) - 2 * half) + text[-half:]
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or what went wrong making it (a user's ``__str__`` may
+    raise, even recursively)."""
+    try:
+        return str(exc)
+    except BaseException as e:  # noqa: BLE001
+        try:
+            why = f"{type(e).__qualname__}: {e}"
+        except BaseException:  # noqa: BLE001
+            why = type(e).__qualname__
+        return f"<str() failed: {why}>"
+
+
 def _classify(rank: int, exc: BaseException | None) -> Outcome:
     if exc is None:
         return Outcome(rank, Kind.PASSED)
     name = type(exc).__qualname__
     if isinstance(exc, unittest.SkipTest):
-        return Outcome(rank, Kind.SKIPPED, name, str(exc))
+        return Outcome(rank, Kind.SKIPPED, name, cap(safe_str(exc)))
     if isinstance(exc, SystemExit):
         skip = skip_for_exit_code(exc.code)
         if skip is not None:
@@ -183,7 +210,26 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
             rank, Kind.ERRORED, name, f"sys.exit({exc.code!r}) in the test", _format(exc)
         )
     kind = Kind.FAILED if isinstance(exc, AssertionError) else Kind.ERRORED
-    return Outcome(rank, kind, name, str(exc), _format(exc), tb_data=_tb_data(exc))
+    try:
+        text = _format(exc)
+    except BaseException:  # noqa: BLE001 (a hostile exception must not lose the outcome)
+        text = f"{name}: {safe_str(exc)}"
+    message = safe_str(exc)
+    if len(message) > MAX_TEXT or len(text) > MAX_TEXT:
+        _keep_whole(text)
+    return Outcome(rank, kind, name, cap(message), cap(text), tb_data=_tb_data(exc))
+
+
+def _keep_whole(text: str) -> None:
+    """Write an over-long traceback whole to this rank's stderr (its log in
+    a rank process), for DISTTEST_KEEP_LOGS."""
+    import sys
+
+    try:
+        sys.__stderr__.write(text)  # type: ignore[union-attr]
+        sys.__stderr__.flush()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 class PhaseResult(unittest.TestResult):

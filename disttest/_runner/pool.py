@@ -84,7 +84,7 @@ class Pool:
                     + _tail(self.launcher, dead))
             if time.monotonic() > deadline:
                 raise PoolUnavailable(f"the pool's ranks did not start within {self.start_timeout}s")
-            wait([self.endpoint, *pending], timeout=0.05)
+            wait([self.endpoint.fileno(), *pending], timeout=0.05)
             conn = self.endpoint.accept()
             if conn is not None:
                 pending.append(conn)
@@ -237,3 +237,10 @@ class TestRun:
 
     def wait(self, seconds: float) -> None:
         self.pool.pump(seconds)
+
+    def pump_output(self, final: bool = False) -> None:
+        # Lines still unended belong to the pool's next test: never final here.
+        self.pool.launcher.pump_output()
+
+    def keep_logs(self, test: str) -> str:
+        return self.pool.launcher.keep_logs(test)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import unittest
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
 
 __unittest = True
@@ -24,6 +25,7 @@ __all__ = [
     "RankFailure",
     "RankReport",
     "format_report",
+    "rank_section",
     "raise_for_outcomes",
 ]
 
@@ -39,6 +41,7 @@ NO_RANKS_STARTED = (
     "in setUp, or the test passes without running"
 )
 TAIL_CHARS = 2000
+LOGS_KEPT = "the whole output of every rank is kept in {folder} (disttest, DISTTEST_KEEP_LOGS)"
 
 
 class RankReport(Exception):
@@ -137,13 +140,24 @@ def _short(o: Outcome, who: str, timeout: float | None) -> str:
     return f"{who} raised {o.exc_type}{_in(o)}"
 
 
+def rank_section(o: Outcome) -> str:
+    """One rank's part of the report on its own: what happened, its
+    traceback, stack and output tail (a pytest report section)."""
+    head = f"{o.exc_type}{_in(o)}: {o.message}"
+    if o.kind in (Kind.DESYNC, Kind.STOPPED):
+        head = _fill(o.detail, f"rank {o.rank}")
+    if o.kind is Kind.CRASHED and o.exit is not None:
+        head = o.exit.describe()
+    return "\n".join(part for part in (head.strip(": "), _body(o)) if part)
+
+
 def _body(o: Outcome) -> str:
     parts = []
     if o.traceback:
         parts.append(o.traceback.rstrip())
     if o.stacks:
         parts.append("its stack:\n" + _user_stack(o.stacks))
-    if o.output_tail.strip() and o.kind in (Kind.CRASHED, Kind.ERRORED, Kind.TIMED_OUT):
+    if o.output_tail.strip() and o.kind.is_cause:
         parts.append("its output ends:\n" + o.output_tail[-TAIL_CHARS:].rstrip())
     return "\n".join(parts)
 
@@ -182,7 +196,8 @@ def format_report(test: str, world_size: int, timeout: float | None,
 
 
 def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
-                       outcomes: Sequence[Outcome], always_failure: bool = False) -> None:
+                       outcomes: Sequence[Outcome], always_failure: bool = False,
+                       keep_logs: Callable[[str], str] | None = None) -> None:
     """Raise the unittest outcome for ``outcomes``; return if all passed.
 
     A skip in any rank wins over desyncs and stops it caused (the skipping
@@ -200,8 +215,10 @@ def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
     only_assertions = always_failure or all(o.kind is Kind.FAILED for o in outcomes if o.kind.is_cause)
     cls: type[RankReport] = RankFailure if only_assertions else RankError
     verdict = "failed" if only_assertions else "errored"
-    report = cls(format_report(test, world_size, timeout, outcomes, verdict),
-                 test, world_size, timeout, outcomes)
+    message = format_report(test, world_size, timeout, outcomes, verdict)
+    if keep_logs is not None and settings.keep_logs():
+        message += "\n\n" + LOGS_KEPT.format(folder=keep_logs(test))
+    report = cls(message, test, world_size, timeout, outcomes)
     raise report.with_traceback(_rank_traceback(outcomes))
 
 

@@ -12,7 +12,13 @@ Resolved here, once, for the three test-case classes:
   :func:`outer_limit`) so that disttest reports the hang, with every rank's
   stack, before the outer limit kills the process;
 - start method: an explicit argument, else ``DISTTEST_START_METHOD``, else
-  the class's ``start_method``.
+  the class's ``start_method``;
+- output: ``DISTTEST_OUTPUT`` (or the plugin's ``--disttest-output``):
+  ``stream`` writes every line a rank process prints to the test process's
+  stdout as it comes, prefixed ``[rank N]`` (under pytest: captured per
+  test, live with ``-s``); ``tail`` (the default) keeps it for the report of
+  a failing rank only; ``DISTTEST_KEEP_LOGS`` (or ``--disttest-keep-logs``)
+  keeps every rank's whole log of a failing test in a folder the report names.
 """
 
 from __future__ import annotations
@@ -30,21 +36,29 @@ from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world
 __unittest = True
 
 __all__ = [
+    "KEEP_LOGS_ENV",
+    "OUTPUT_ENV",
+    "OUTPUT_MODES",
     "START_METHODS",
     "START_METHOD_ENV",
+    "keep_logs",
     "outer_limit",
+    "output_mode",
     "pin_world_size",
     "start_method",
     "test_timeout",
     "world_size",
 ]
 
+OUTPUT_ENV = "DISTTEST_OUTPUT"
+OUTPUT_MODES = ("tail", "stream")
+KEEP_LOGS_ENV = "DISTTEST_KEEP_LOGS"
 START_METHODS = ("zygote", "fork", "spawn")
 START_METHOD_ENV = "DISTTEST_START_METHOD"
 #: Of an outer limit (pytest-timeout's), the share disttest may use; the
 #: rest is for collecting stacks, stopping ranks and reporting.
-OUTER_SHARE = 0.8
-OUTER_RESERVE = 2.0  # seconds kept back at least
+OUTER_SHARE = 0.7
+OUTER_RESERVE = 5.0  # seconds kept back at least
 
 _outer: contextvars.ContextVar[float | None] = contextvars.ContextVar("disttest_outer_limit", default=None)
 
@@ -66,8 +80,12 @@ def _static(owner: Any, name: str) -> Any:
     cls = owner if isinstance(owner, type) else type(owner)
     raw = inspect.getattr_static(cls, name, None)
     if isinstance(raw, property) and raw.fget is not None:
-        instance = owner if not isinstance(owner, type) else object.__new__(cls)
-        return raw.fget(instance)
+        if not isinstance(owner, type):
+            return raw.fget(owner)
+        try:
+            return raw.fget(object.__new__(cls))
+        except AttributeError:
+            return None  # the property needs a test (``self._testMethodName``)
     return raw
 
 
@@ -127,3 +145,23 @@ def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
     if method not in START_METHODS:
         raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
     return method, where
+
+
+def output_mode() -> str:
+    """``stream`` or ``tail`` (see the module docstring), validated."""
+    raw = os.environ.get(OUTPUT_ENV, "").strip().lower() or "tail"
+    if raw not in OUTPUT_MODES:
+        raise ConfigError("output mode", os.environ[OUTPUT_ENV], f"environment variable {OUTPUT_ENV}",
+                          f"expected one of {OUTPUT_MODES}")
+    return raw
+
+
+def keep_logs() -> bool:
+    """Whether a failing test's rank logs are kept (``DISTTEST_KEEP_LOGS``)."""
+    raw = os.environ.get(KEEP_LOGS_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError("flag", os.environ[KEEP_LOGS_ENV], f"environment variable {KEEP_LOGS_ENV}",
+                      "expected 1/0, true/false, yes/no or on/off")

@@ -12,11 +12,13 @@ daemon thread, so it never keeps the process alive.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import (
@@ -33,6 +35,7 @@ __unittest = True
 __all__ = ["RankStopped", "ThreadLauncher", "format_thread_stack"]
 
 STOP_WAIT = 2.0  # seconds for stopped threads to end
+KEPT = 4000  # characters of each rank thread's output kept for the report
 
 
 class RankStopped(BaseException):
@@ -50,6 +53,29 @@ def format_thread_stack(frame: FrameType | None) -> str:
             lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
         frame = frame.f_back
     return "Stack (most recent call first):\n" + "\n".join(lines)
+
+
+class _Tee:
+    """A stand-in for ``sys.stdout`` / ``sys.stderr`` while rank threads run:
+    what a rank thread writes goes where it would have gone and is also
+    kept, per rank (the last :data:`KEPT` characters), for the report."""
+
+    def __init__(self, stream: Any, ranks: dict[int, int], kept: dict[int, list[str]]) -> None:
+        self._stream = stream
+        self._ranks = ranks  # thread ident -> rank
+        self._kept = kept
+
+    def write(self, text: str) -> int:
+        rank = self._ranks.get(threading.get_ident())
+        if rank is not None and isinstance(text, str):
+            chunks = self._kept[rank]
+            chunks.append(text)
+            if sum(map(len, chunks)) > 2 * KEPT:
+                chunks[:] = ["".join(chunks)[-KEPT:]]
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 class ThreadLauncher:
@@ -70,6 +96,11 @@ class ThreadLauncher:
 
     def start(self) -> None:
         self._untrack = install_tracking()
+        self._idents: dict[int, int] = {}
+        self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
+        self._streams = (sys.stdout, sys.stderr)
+        sys.stdout = _Tee(sys.stdout, self._idents, self._kept)
+        sys.stderr = _Tee(sys.stderr, self._idents, self._kept)
         for rank in range(self.world_size):
             t = threading.Thread(target=self._main, args=(rank,), name=f"{self._name} {rank}", daemon=True)
             self.threads.append(t)
@@ -77,6 +108,7 @@ class ThreadLauncher:
             t.start()
 
     def _main(self, rank: int) -> None:
+        self._idents[threading.get_ident()] = rank
         _bind_thread(self.world)
         track_into(self.board, rank, per_thread=True)
         exc: BaseException | None = None
@@ -92,6 +124,7 @@ class ThreadLauncher:
         if isinstance(exc, (CollectiveAborted, RankStopped)):
             outcome.kind = Kind.STOPPED
             outcome.detail = f"rank {rank}/{self.world_size} was released by disttest"
+        outcome.output_tail = self.output(rank)
         self._outcomes[rank] = outcome
         self._ended.set()
 
@@ -104,7 +137,19 @@ class ThreadLauncher:
         return self._outcomes.get(rank)
 
     def output(self, rank: int) -> str:
-        return ""  # threads share the test process's streams
+        return "".join(self._kept.get(rank, ()))[-KEPT:]
+
+    def pump_output(self, final: bool = False) -> None:
+        pass  # rank threads write to the test process's own streams
+
+    def keep_logs(self, test: str) -> str:
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix=f"disttest-logs-{test}-")
+        for r in range(self.world_size):
+            with open(os.path.join(folder, f"rank{r}.log"), "w") as f:
+                f.write(self.output(r))
+        return folder
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:
@@ -149,6 +194,13 @@ class ThreadLauncher:
         untrack = getattr(self, "_untrack", None)
         if untrack is not None:
             untrack()
+        streams = getattr(self, "_streams", None)
+        if streams is not None:
+            # Only if nobody replaced them meanwhile (a test's redirect_stdout).
+            if isinstance(sys.stdout, _Tee):
+                sys.stdout = streams[0]
+            if isinstance(sys.stderr, _Tee):
+                sys.stderr = streams[1]
 
 
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
