@@ -36,8 +36,29 @@ __all__ = [
     "restart_counts", "track_into",
 ]
 
-SLOT = 1024
+SLOT = 4096  # bytes per rank at least; more for wide worlds (slot_size)
 _HEADER = struct.Struct("<IIB")  # seqlock version, payload length, state
+
+
+def slot_size(world_size: int) -> int:
+    """Bytes per rank: a record names up to every peer and counts sends and
+    receives per peer (all-pairs point-to-point), so it grows with the world."""
+    return max(SLOT, 64 * world_size + 1024)
+
+
+def _runs(ranks: list[int]) -> list[list[int]]:
+    """``[0, 1, 2, 5]`` as ``[[0, 2], [5, 5]]``: 256 peers in a few bytes."""
+    out: list[list[int]] = []
+    for r in ranks:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def _unruns(runs: list[list[int]]) -> tuple[int, ...]:
+    return tuple(r for a, b in runs for r in range(a, b + 1))
 
 # Collectives that wait for peers, with how their peers are found.
 _COLLECTIVES = (
@@ -101,13 +122,18 @@ class _Reads:
         if not record:
             return None
         state = record.get("state", IDLE)
-        if state == IDLE or (state == FAILED and not include_failed):
+        if state == IDLE or (state == FAILED and not include_failed) or "op" not in record:
             return None
-        return InFlight(rank, record["op"], record["seq"], record["group"], tuple(record["peers"]))
+        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
 
-    def counts(self, rank: int) -> dict[str, int]:
+    def counts(self, rank: int) -> dict[str, int] | None:
+        """How many collectives ``rank`` entered, per group (None: unknown)."""
         record = self.read(rank)
-        return dict(record.get("counts", {})) if record else {}
+        if record is None:
+            return {}
+        if record.get("overflow"):
+            return None
+        return dict(record.get("counts", {}))
 
 
 class MemoryBoard(_Reads):
@@ -140,17 +166,18 @@ class ProgressBoard(_Reads):
     def __init__(self, path: str, world_size: int, create: bool = False) -> None:
         self.path = path
         self.world_size = world_size
+        self.slot = slot_size(world_size)
         if create:
             with open(path, "wb") as f:
-                f.truncate(SLOT * world_size)
+                f.truncate(self.slot * world_size)
         fd = os.open(path, os.O_RDWR)
         try:
-            self._map = mmap.mmap(fd, SLOT * world_size)
+            self._map = mmap.mmap(fd, self.slot * world_size)
         finally:
             os.close(fd)
 
     def _publish(self, rank: int, state: int, payload: bytes | None) -> None:
-        base = rank * SLOT
+        base = rank * self.slot
         version, length, _ = _HEADER.unpack_from(self._map, base)
         _HEADER.pack_into(self._map, base, version + 1, length, state)  # odd: being written
         if payload is not None:
@@ -159,14 +186,21 @@ class ProgressBoard(_Reads):
         _HEADER.pack_into(self._map, base, version + 2, length, state)
 
     def write(self, rank: int, record: dict[str, Any]) -> None:
-        payload = json.dumps(record, separators=(",", ":")).encode()[: SLOT - _HEADER.size]
+        payload = json.dumps(record, separators=(",", ":")).encode()
+        if len(payload) > self.slot - _HEADER.size:
+            # NB: never a cut JSON text. Without its counts the record still
+            # says where the rank waits; desync judgements that need the
+            # counts are not made for it (a hang is still caught).
+            slim = {k: v for k, v in record.items() if k != "counts"}
+            slim["overflow"] = True
+            payload = json.dumps(slim, separators=(",", ":")).encode()[: self.slot - _HEADER.size]
         self._publish(rank, record.get("state", IDLE), payload)
 
     def set_state(self, rank: int, state: int) -> None:
         self._publish(rank, state, None)
 
     def read(self, rank: int) -> dict[str, Any] | None:
-        base = rank * SLOT
+        base = rank * self.slot
         for _ in range(50):
             v1, length, state = _HEADER.unpack_from(self._map, base)
             if v1 % 2:
@@ -175,7 +209,10 @@ class ProgressBoard(_Reads):
             if _HEADER.unpack_from(self._map, base)[0] == v1:
                 if not length:
                     return None
-                record: dict[str, Any] = json.loads(raw)
+                try:
+                    record: dict[str, Any] = json.loads(raw)
+                except ValueError:
+                    return None  # a rank that died mid-write: nothing known
                 record["state"] = state
                 return record
         return None
@@ -204,36 +241,41 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
                 found.append((peer, flight))
             continue
         for peer in finished:
-            if peer in flight.peers and peer != rank and (
-                not entered_counts or board.counts(peer).get(flight.group, 0) < flight.seq
-            ):
+            if peer not in flight.peers or peer == rank:
+                continue
+            entered = board.counts(peer) if entered_counts else {}
+            if entered is not None and (not entered_counts or entered.get(flight.group, 0) < flight.seq):
                 found.append((peer, flight))
                 break
     return found
 
 
 def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[int]) -> int | None:
-    """The finished peer that leaves a waiting send/recv unmatched, or None."""
+    """The finished peer that leaves a waiting send/recv unmatched, or None
+    (also when a count it needs is unknown)."""
     direction, peer = flight.group[:5], flight.group[5:]
     if direction == "send>":
         dst = int(peer)
-        if dst not in finished:
+        got = board.counts(dst) if dst in finished else None
+        if got is None:
             return None
-        got = board.counts(dst)
         return dst if got.get(f"recv<{rank}", 0) + got.get(f"recv<{ANY}", 0) < flight.seq else None
-    mine = board.counts(rank)
     if peer != ANY:
         src = int(peer)
-        if src not in finished:
+        sent_by = board.counts(src) if src in finished else None
+        if sent_by is None:
             return None
-        sent = board.counts(src).get(f"send>{rank}", 0)
         # Messages from src may also have gone to this rank's any-source recvs.
-        return src if sent < flight.seq else None
+        return src if sent_by.get(f"send>{rank}", 0) < flight.seq else None
     others = [p for p in range(board.world_size) if p != rank]
     if not all(p in finished for p in others):
         return None
-    sent = sum(board.counts(p).get(f"send>{rank}", 0) for p in others)
-    received = sum(v for k, v in mine.items() if k.startswith("recv<"))
+    counts = [board.counts(p) for p in [rank, *others]]
+    if any(c is None for c in counts):
+        return None
+    mine, *theirs = counts
+    sent = sum(c.get(f"send>{rank}", 0) for c in theirs if c is not None)
+    received = sum(v for k, v in (mine or {}).items() if k.startswith("recv<"))
     return others[0] if sent < received else None
 
 
@@ -245,11 +287,19 @@ class _Tracker:
         self.board = board
         self.rank = rank
         self.counts: dict[str, int] = {}
-        self.depth = 0
+        self._local = threading.local()  # each thread of a rank its own depth
+
+    @property
+    def depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        self._local.depth = value
 
     def enter(self, op: str, group: str, peers: list[int], waits: bool) -> None:
         self.counts[group] = self.counts.get(group, 0) + 1
-        record = {"op": op, "seq": self.counts[group], "group": group, "peers": peers,
+        record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
                   "counts": dict(self.counts), "state": WAITING if waits else IDLE}
         self.board.write(self.rank, record)
 

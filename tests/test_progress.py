@@ -1,0 +1,68 @@
+"""The collective record behind desync reports: wide worlds, all-pairs p2p,
+records that do not fit, threads of one rank."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import unittest
+
+from disttest._runner import progress
+from disttest._runner.progress import WAITING, ProgressBoard, find_desync
+
+
+class BoardTest(unittest.TestCase):
+    def board(self, world_size: int) -> ProgressBoard:
+        folder = tempfile.mkdtemp(prefix="disttest-board-")
+        self.addCleanup(lambda: (os.remove(os.path.join(folder, "b")), os.rmdir(folder)))
+        board = ProgressBoard(os.path.join(folder, "b"), world_size, create=True)
+        self.addCleanup(board.close)
+        return board
+
+    def test_a_256_rank_collective(self):
+        board = self.board(256)
+        tracker = progress._Tracker(board, 5)
+        tracker.enter("all_reduce", progress.DEFAULT_GROUP, list(range(256)), waits=True)
+        flight = board.in_flight(5)
+        self.assertEqual(flight.peers, tuple(range(256)))
+        self.assertEqual((flight.op, flight.seq), ("all_reduce", 1))
+        board.write(200, {"counts": {}, "state": 0})  # rank 200 finished, never entered it
+        self.assertEqual(find_desync(board, [5], [200]), [(200, flight)])
+
+    def test_all_pairs_point_to_point_at_64_ranks(self):
+        board = self.board(64)
+        tracker = progress._Tracker(board, 3)
+        for peer in range(64):
+            if peer != 3:
+                tracker.enter("send", f"send>{peer}", [peer], waits=False)
+                tracker.enter("recv", f"recv<{peer}", [peer], waits=False)
+        tracker.enter("recv", "recv<7", [7], waits=True)
+        self.assertEqual(len(board.counts(3)), 126)
+        board.write(7, {"counts": {"send>3": 1}, "state": 0})  # sent one; 3 waits for a second
+        found = find_desync(board, [3], [7])
+        self.assertEqual([(peer, f.op, f.seq) for peer, f in found], [(7, "recv", 2)])
+
+    def test_a_record_that_does_not_fit_is_kept_whole_without_its_counts(self):
+        board = self.board(2)
+        counts = {f"group{i}": i for i in range(1000)}  # far more than a slot holds
+        board.write(0, {"op": "barrier", "seq": 3, "group": "default", "peers": [[0, 1]],
+                        "counts": counts, "state": WAITING})
+        self.assertEqual(board.in_flight(0).op, "barrier")
+        self.assertIsNone(board.counts(0))  # unknown, not wrong
+        board.write(1, {"op": "barrier", "seq": 1, "group": "default", "peers": [[0, 1]],
+                        "counts": counts, "state": 0})
+        self.assertEqual(find_desync(board, [0], [1]), [])  # no judgement without counts
+
+    def test_threads_of_one_rank_count_their_own_depth(self):
+        tracker = progress._Tracker(self.board(2), 0)
+        tracker.depth += 1
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(tracker.depth))
+        thread.start()
+        thread.join()
+        self.assertEqual((tracker.depth, seen), (1, [0]))
+
+
+if __name__ == "__main__":
+    unittest.main()
