@@ -99,12 +99,28 @@ class InFlight:
             peer = self.group[5:]
             other = "any rank" if peer == ANY else f"rank {peer}"
             return f"{self.op} #{self.seq} {'to' if self.group[0] == 's' else 'from'} {other}"
+        if self.group.startswith(RECORDER):
+            key = self.group[len(RECORDER):]
+            where = "the default group" if key == DEFAULT_GROUP else f"group {key}"
+            return f"{self.op} #{self.seq} of {where} (seen by c10d's flight recorder)"
         where = {DEFAULT_GROUP: "the default group", RENDEZVOUS_GROUP: "the rendezvous"}.get(
             self.group, f"group {self.group}")
         return f"{self.op} #{self.seq} of {where}"
 
 
 IDLE, WAITING, FAILED = 0, 1, 2  # a slot's state
+RECORDER = "fr:"  # groups as the flight recorder counts them: "fr:default", "fr:<id>"
+
+
+def _recorded_flight(rank: int, record: dict[str, Any], world_size: int) -> InFlight | None:
+    """The collective the flight recorder says ``rank`` has enqueued and not
+    completed, if any (the one with the lowest number: the one it waits in)."""
+    waiting = [(v[0], key, v) for key, v in (record.get("fr") or {}).items() if v[0] > v[1] and v[2]]
+    if not waiting:
+        return None
+    seq, key, (_, _, op, ranks) = min(waiting)
+    peers = tuple(range(world_size)) if ranks is None else tuple(ranks)
+    return InFlight(rank, op, seq, RECORDER + key, peers)
 
 
 class _Reads:
@@ -117,13 +133,15 @@ class _Reads:
 
     def in_flight(self, rank: int, include_failed: bool = False) -> InFlight | None:
         """The collective ``rank`` waits in; with ``include_failed``, also one
-        that raised (for a rank that has ended)."""
+        that raised (for a rank that has ended). A collective disttest did
+        not see called from Python (DDP's reducer, functional collectives)
+        is found in the flight recorder's part of the record."""
         record = self.read(rank)
         if not record:
             return None
         state = record.get("state", IDLE)
         if state == IDLE or (state == FAILED and not include_failed) or "op" not in record:
-            return None
+            return _recorded_flight(rank, record, self.world_size)
         return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
 
     def counts(self, rank: int) -> dict[str, int] | None:
@@ -133,7 +151,10 @@ class _Reads:
             return {}
         if record.get("overflow"):
             return None
-        return dict(record.get("counts", {}))
+        counts = dict(record.get("counts", {}))
+        for key, (enqueued, *_rest) in (record.get("fr") or {}).items():
+            counts[RECORDER + key] = enqueued
+        return counts
 
 
 class MemoryBoard(_Reads):
@@ -288,6 +309,8 @@ class _Tracker:
         self.rank = rank
         self.counts: dict[str, int] = {}
         self._local = threading.local()  # each thread of a rank its own depth
+        self._lock = threading.Lock()  # the rank's threads and its watcher write
+        self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
 
     @property
     def depth(self) -> int:
@@ -299,14 +322,30 @@ class _Tracker:
 
     def enter(self, op: str, group: str, peers: list[int], waits: bool) -> None:
         self.counts[group] = self.counts.get(group, 0) + 1
-        record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
-                  "counts": dict(self.counts), "state": WAITING if waits else IDLE}
-        self.board.write(self.rank, record)
+        with self._lock:
+            self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
+                           "counts": dict(self.counts), "state": WAITING if waits else IDLE,
+                           "fr": self.record.get("fr")}
+            self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
         # A failed collective keeps its record: the parent tells a desync
         # from a plain error by the collective a rank died in.
-        self.board.set_state(self.rank, FAILED if failed else IDLE)
+        with self._lock:
+            self.record["state"] = FAILED if failed else IDLE
+            self.board.set_state(self.rank, self.record["state"])
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts = {}
+            self.record = {"counts": {}, "state": IDLE, "fr": self.record.get("fr")}
+            self.board.write(self.rank, self.record)
+
+    def recorded(self, status: dict[str, list[Any]]) -> None:
+        """Publish what the flight recorder says (from the watcher thread)."""
+        with self._lock:
+            self.record["fr"] = status
+            self.board.write(self.rank, self.record)
 
 
 _local = threading.local()
@@ -328,7 +367,7 @@ def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
         _local.tracker = tracker
     else:
         _process_tracker[:] = [tracker]
-    board.write(rank, {"counts": {}, "state": IDLE})
+    board.write(rank, tracker.record)
 
 
 def restart_counts() -> None:
@@ -336,8 +375,7 @@ def restart_counts() -> None:
     does it at the start of each test, so numbers read per test)."""
     tracker = _current()
     if tracker is not None:
-        tracker.counts = {}
-        tracker.board.write(tracker.rank, {"counts": {}, "state": IDLE})
+        tracker.reset()
 
 
 def _group_of(dist: Any, group: Any) -> tuple[str, list[int] | None]:
@@ -450,3 +488,42 @@ def install_tracking() -> Callable[[], None]:
                     setattr(module, name, func)
 
     return undo
+
+
+#: Seconds between the flight-recorder watcher's looks (a rank waiting in a
+#: collective issued from C++ is seen within this).
+WATCH_INTERVAL = 0.05
+
+
+def watch_flight_recorder() -> Callable[[], None]:
+    """In a rank process: a daemon thread publishes what c10d's flight
+    recorder knows (collectives issued from C++ too) into this process's
+    record, every :data:`WATCH_INTERVAL` while a group exists. Returns
+    ``publish``, to call once more when the rank's test ends."""
+    from disttest import _compat
+
+    last: list[Any] = [None]
+
+    def publish() -> None:
+        tracker = _process_tracker[0] if _process_tracker else None
+        import torch.distributed as dist
+
+        if tracker is None or not dist.is_initialized():
+            return
+        status = _compat.flight_status()
+        if status is not None and status != last[0]:
+            last[0] = status
+            tracker.recorded(status)
+
+    def loop() -> None:
+        import time
+
+        while True:
+            time.sleep(WATCH_INTERVAL)
+            try:
+                publish()
+            except Exception:  # noqa: BLE001,S110 (bookkeeping never breaks a rank)
+                pass
+
+    threading.Thread(target=loop, name="disttest flight watcher", daemon=True).start()
+    return publish

@@ -37,6 +37,9 @@ TEST_ERROR_EXIT_CODE = 10
 #: handshake, a collective it already joined), turning their own report into
 #: "connection closed by peer".
 LINGER = 0.3
+FR_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_ENTRIES = 64  # flight-recorder entries kept per rank
+_context_publish: list[Any] = []
 
 
 @dataclass
@@ -128,7 +131,21 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     faulthandler.enable(file=2, all_threads=True)  # fd 2: the rank's log
     progress.install_tracking()
     progress.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
+    # c10d's flight recorder sees collectives issued from C++ (DDP's reducer)
+    # and functional collectives; the watcher publishes what it sees.
+    os.environ.setdefault(FR_ENV, str(FR_ENTRIES))
+    _context_publish[:] = [progress.watch_flight_recorder()]
     return files
+
+
+def publish_progress() -> None:
+    """Publish the flight recorder's counts now (a rank's test has ended:
+    its peers' desync judgement needs its final counts)."""
+    for publish in _context_publish:
+        try:
+            publish()
+        except Exception:  # noqa: BLE001,S110 (bookkeeping never breaks a rank)
+            pass
 
 
 def tail(path: str, limit: int = 4000) -> str:
@@ -177,6 +194,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             cls._run(rank, spec.test_name, spec.file_name, None, **spec.run_kwargs)
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
+        publish_progress()
         outcome = _final_outcome(ctx, exc)
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
@@ -226,6 +244,7 @@ def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
             _, seq, test_name = message
             progress.restart_counts()
             outcome = init if init is not None else cls._pool_run_test(test_name, rank)
+            publish_progress()
             outcome.output_tail = tail(files["log"])
             conn.send(("done", seq, outcome))
         if init is None:
