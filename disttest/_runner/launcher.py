@@ -147,7 +147,7 @@ class ProcessLauncher:
         return self._exits
 
     def _release_when_all_reported(self) -> None:
-        # A failed or skipped rank lingers (rank.LINGER) so that its peers can
+        # A rank that reported lingers (rank.LINGER) so that its peers can
         # finish talking to it; once every live rank has reported, none needs
         # it any more.
         live = [r for r in self.pids if r not in self._exits and r not in self._released]

@@ -31,11 +31,12 @@ STACK_SIGNAL = signal.SIGUSR1
 #: The parent's word that every rank has reported: a lingering rank leaves.
 RELEASE_SIGNAL = signal.SIGUSR2
 TEST_ERROR_EXIT_CODE = 10
-#: Seconds at most a failed or skipped rank stays before it exits, unless the
-#: parent releases it sooner (every rank has reported). Its exit would close
-#: its sockets under peers still completing communication with it (a gloo
-#: handshake, a collective it already joined), turning their own report into
-#: "connection closed by peer".
+#: Seconds at most a rank stays after reporting, unless the parent releases it
+#: sooner (every rank has reported). Its exit would close its sockets under
+#: peers still completing communication with it (a gloo handshake, a
+#: collective it already joined), turning their own report into "connection
+#: closed by peer"; and a peer left waiting in a collective this rank never
+#: joins gets the time to show where it waits (desync).
 LINGER = 0.3
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = 64  # flight-recorder entries kept per rank
@@ -199,8 +200,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
-        if outcome.kind is not Kind.PASSED:
-            signal.sigtimedwait({RELEASE_SIGNAL}, LINGER)
+        signal.sigtimedwait({RELEASE_SIGNAL}, LINGER)
     finally:
         _exit(code)
 
