@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from disttest._faults_judge import Injection
+from disttest._faults_rank import armed
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
@@ -226,8 +228,11 @@ class MultiProcContinousTest(TestCase):
             pool.broken = True  # the next test tries a fresh pool
             outcomes = [pool.init_outcomes.get(r, Outcome(r, Kind.PASSED)) for r in range(pool.world_size)]
         else:
-            outcomes = join(pool.dispatch(name), self._limit(self.id()) or 0)
-            pool.note(outcomes)
+            injection = Injection.for_test(type(self), name, pool.run_dir)
+            outcomes = join(pool.dispatch(name), self._limit(self.id()) or 0,
+                            expected_end=injection.expected_end)
+            pool.note(outcomes)  # a killed rank breaks the pool, injected or not: it is rebuilt
+            outcomes = injection.judge(outcomes)
         if pool.broken:
             pool.close()
             type(self)._pool = None
@@ -259,7 +264,8 @@ class MultiProcContinousTest(TestCase):
             error = e
         else:
             try:
-                getattr(case, test_name)()
+                with armed(cls, test_name, rank):
+                    getattr(case, test_name)()
             except BaseException as e:  # noqa: BLE001
                 error = e
             try:

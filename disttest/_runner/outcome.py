@@ -11,7 +11,7 @@ import signal
 import time
 import traceback
 import unittest
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -89,6 +89,9 @@ class Outcome:
     #: When the rank's test ended (time.time(): one clock for every rank of a
     #: host); 0 when unknown (a rank that died without reporting).
     at: float = 0.0
+    #: What disttest injected into this rank in the test ("rank 1 killed at
+    #: all_reduce #3"; see disttest.faults), set by the parent's judge.
+    faults_fired: list[str] = field(default_factory=list)
 
     @property
     def skip_reason(self) -> str:

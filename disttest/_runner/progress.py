@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from disttest._faults_rank import before_collective
+
 __unittest = True
 
 __all__ = [
@@ -351,7 +353,10 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         tracker.depth += 1
         failed = True
         try:
+            after = before_collective(name, tracker.rank)  # injected faults, schedule fuzzing
             result = func(*args, **kwargs)
+            if after is not None:
+                after(args, kwargs, result)
             failed = False
             return result
         finally:
