@@ -33,12 +33,17 @@ from disttest.faults import ANY, CHAOS_ENV, Fault, InjectedFault, chaos_seed, te
 __unittest = True
 
 __all__ = [
-    "CHAOS_MAX_DELAY", "RankKilled", "armed", "before_collective", "chaos_delays", "corrupt_",
+    "CHAOS_LONG", "CHAOS_LONG_ODDS", "CHAOS_SHORT", "RankKilled", "armed", "before_collective",
+    "chaos_delay", "chaos_delays", "corrupt_",
     "read_fired",
 ]
 
-#: Schedule fuzzing: each collective waits uniformly in [0, this] seconds.
-CHAOS_MAX_DELAY = 0.01
+#: Schedule fuzzing: before each collective a rank waits up to
+#: CHAOS_SHORT seconds, or (odds CHAOS_LONG_ODDS) up to CHAOS_LONG: enough to
+#: reorder ranks that run a few milliseconds apart, about 4 ms a call on average.
+CHAOS_SHORT = 0.002
+CHAOS_LONG = 0.05
+CHAOS_LONG_ODDS = 0.125
 HANG_TICK = 0.05  # a hang sleeps in ticks, so a thread rank can still be stopped
 RAISED = "injected fault (disttest): rank {rank} raised at {op} #{nth}, declared {fault}"
 KILLED = "rank {rank} was killed by an injected fault at {op} #{nth} (disttest)"
@@ -73,6 +78,12 @@ def chaos_delays(seed: int, test: str, rank: int) -> random.Random:
     """The seeded source of one rank's schedule-fuzzing delays in one test:
     the same seed, test and rank give the same delays."""
     return random.Random(f"{seed}/{test}/{rank}")
+
+
+def chaos_delay(rng: random.Random) -> float:
+    """The next schedule-fuzzing delay, in seconds, from ``rng``."""
+    longer = rng.random() < CHAOS_LONG_ODDS
+    return rng.uniform(0, CHAOS_LONG if longer else CHAOS_SHORT)
 
 
 def _bound_world() -> Any:
@@ -157,7 +168,7 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
     nth = state.counts[op] = state.counts.get(op, 0) + 1
     state.total += 1
     if state.rng is not None:
-        time.sleep(state.rng.uniform(0, CHAOS_MAX_DELAY))
+        time.sleep(chaos_delay(state.rng))
     after = None
     for index, fault in state.faults:
         if (fault.at == op and fault.nth == nth) or (fault.at == ANY and fault.nth == state.total):

@@ -4,6 +4,8 @@
   runners (as ``DISTTEST_TIMEOUT``); a bad value is a usage error naming it.
 - ``--disttest-mode=threads|processes|pool``: run tests made with
   ``disttest.run_in`` in that mode only (as ``DISTTEST_MODE``).
+- ``--disttest-fault``, ``--disttest-chaos``, ``--disttest-repeat``: fault
+  injection and schedule fuzzing (:mod:`disttest._faults_pytest`).
 - ``@pytest.mark.world_size(n)``: run a disttest test (or every test of a
   class) with ``n`` ranks.
 """
@@ -15,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from disttest import _faults_pytest
 from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.modes import MODE_ENV, MODES
 
-__all__ = ["pytest_addoption", "pytest_collection_modifyitems", "pytest_configure"]
+__all__ = ["pytest_addoption", "pytest_collection_modifyitems", "pytest_configure",
+           "pytest_runtest_protocol"]
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -27,6 +31,7 @@ def pytest_addoption(parser: Any) -> None:
                     help="default per-test limit of disttest's runners (sets DISTTEST_TIMEOUT)")
     group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=MODES,
                     help="run disttest.run_in tests in this mode only (sets DISTTEST_MODE)")
+    _faults_pytest.addoption(group)
 
 
 def pytest_configure(config: Any) -> None:
@@ -41,6 +46,11 @@ def pytest_configure(config: Any) -> None:
     mode = config.getoption("disttest_mode")
     if mode is not None:
         os.environ[MODE_ENV] = mode
+    _faults_pytest.configure(config)
+
+
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
+    return _faults_pytest.runtest_protocol(item, nextitem)
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:

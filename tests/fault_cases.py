@@ -173,3 +173,36 @@ class PoolHeals(disttest.MultiProcContinousTest):
         t = torch.ones(1)
         dist.all_reduce(t)
         self.assertEqual(t, torch.full((1,), 2.0))
+
+
+class ChaosThreads(disttest.MultiThreadedTestCase):
+    """An ordering bug that schedule fuzzing finds: reading a tensor an
+    irecv fills before waiting on it. On an idle machine rank 0's send comes
+    first (rank 1 is busy for 20 ms), so the value happens to be there."""
+
+    world_size = 2
+    timeout = 30
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_read_before_wait(self):
+        if self.rank == 0:
+            dist.send(torch.full((4,), 7.0), dst=1)
+        else:
+            time.sleep(0.02)  # some local work first
+            t = torch.zeros(4)
+            work = dist.irecv(t, src=0)
+            seen = t.clone()  # BUG: read before work.wait()
+            work.wait()
+            self.assertEqual(seen, torch.full((4,), 7.0))
+
+    def test_read_after_wait(self):
+        if self.rank == 0:
+            dist.send(torch.full((4,), 7.0), dst=1)
+        else:
+            time.sleep(0.02)
+            t = torch.zeros(4)
+            dist.irecv(t, src=0).wait()
+            self.assertEqual(t.clone(), torch.full((4,), 7.0))

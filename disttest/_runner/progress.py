@@ -330,6 +330,9 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         tracker = _current()
         if tracker is None or tracker.depth or not (dist.is_initialized() or name in _RENDEZVOUS):
             return func(*args, **kwargs)
+        # Injected faults and schedule fuzzing (disttest.faults); before the
+        # record, so that an injected raise is not counted as entered.
+        after = before_collective(name, tracker.rank)
         try:
             ranks: list[int] | None
             if name in _RENDEZVOUS:
@@ -353,7 +356,6 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         tracker.depth += 1
         failed = True
         try:
-            after = before_collective(name, tracker.rank)  # injected faults, schedule fuzzing
             result = func(*args, **kwargs)
             if after is not None:
                 after(args, kwargs, result)
