@@ -132,7 +132,8 @@ def armed(cls: type, test_name: str, rank: int) -> Iterator[None]:
             write = _file_writer(records_path(ctx.spec.run_dir, rank))
             close = write.close  # type: ignore[attr-defined]
         else:
-            write = [].append  # run_rank under an external launcher: no parent reads it
+            unread: list[dict[str, Any]] = []
+            write = unread.append  # run_rank under an external launcher: no parent reads it
     state = _State(rank, [(i, f) for i, f in faults if rank in f.ranks], write, world,
                    chaos_delays(seed, test_name, rank) if seed is not None else None)
     if seed is not None:

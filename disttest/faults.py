@@ -122,7 +122,7 @@ def _ranks(value: object, where: str) -> tuple[int, ...]:
         if isinstance(item, bool):
             raise ConfigError("fault rank", value, where, why)
         try:
-            rank = int(item)  # type: ignore[call-overload]
+            rank = int(item)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise ConfigError("fault rank", value, where, why) from None
         if rank < 0 or (not isinstance(item, str) and rank != item):
@@ -210,8 +210,8 @@ def declared_faults(method: object) -> tuple[Fault, ...]:
     func = getattr(method, "__func__", method)
     faults = getattr(func, _ATTR, None)
     if faults is None:
-        faults = getattr(getattr(func, "__wrapped__", None), _ATTR, ())
-    return tuple(faults)
+        faults = getattr(getattr(func, "__wrapped__", None), _ATTR, None)
+    return tuple(faults or ())
 
 
 _SPEC_KEYS = ("rank", "action", "at", "nth", "seconds")

@@ -19,8 +19,8 @@ from disttest import ConfigError, InjectedFault, inject_fault
 from disttest._faults_judge import INJECTED, judge_injected
 from disttest._faults_rank import (
     CHAOS_LONG,
-    _process,
     _local,
+    _process,
     before_collective,
     chaos_delay,
     chaos_delays,
@@ -34,7 +34,6 @@ from disttest.faults import (
     chaos_seed,
     declared_faults,
     env_faults,
-    make_fault,
     parse_fault_spec,
 )
 
@@ -241,7 +240,7 @@ class RunnerFaultsTest(unittest.TestCase):
                 self.assertIn("injected by disttest (not causes): rank 1 raised InjectedFault at barrier #1", text)
 
     def test_hang_is_reported_by_the_timeout(self):
-        for runner, result, elapsed in self.each("test_hang"):
+        for runner, result, _ in self.each("test_hang"):
             with self.subTest(runner=runner.__name__):
                 text = self.only_error(result)
                 self.assertIn("timed out after", text)
@@ -367,12 +366,16 @@ def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 class PytestOptionsTest(unittest.TestCase):
     def test_repeat_reports_the_failing_seeds(self):
-        proc = pytest_run("--disttest-repeat", "12", "-k", "read_before_wait")
+        # Seed 39 delays rank 0's send by 25 ms, rank 1's irecv by 0.2 ms.
+        proc = pytest_run("--disttest-repeat", "40", "-k", "read_before_wait")
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 1, out)
-        self.assertIn("failing seeds: ", out)
-        self.assertIn("of 1..12 (reproduce one with DISTTEST_CHAOS=", out)
+        self.assertRegex(out, r"failing seeds: [0-9, ]*\b39 of 1\.\.40 \(reproduce one with DISTTEST_CHAOS=")
+        self.assertIn("schedule fuzzing: DISTTEST_CHAOS=", out)
         self.assertIn("1 failed", out)
+        proc = pytest_run("--disttest-chaos", "39", "-k", "read_before_wait")
+        self.assertIn("schedule fuzzing: DISTTEST_CHAOS=39", proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
 
     def test_fault_option_applies_to_every_test(self):
         proc = pytest_run("--disttest-fault", "rank=1,action=raise,at=all_reduce,nth=2", "-k", "all_reduce")
