@@ -68,6 +68,8 @@ class _State:
 
 
 _local = threading.local()
+_armed_count = 0  # ranks armed in this process (rank threads share it)
+_count_lock = threading.Lock()
 _process: list[_State] = []
 #: Records of rank threads, per threaded world: {rank: [record, ...]}.
 _thread_records: weakref.WeakKeyDictionary[Any, dict[int, list[dict[str, Any]]]] = (
@@ -138,10 +140,15 @@ def armed(cls: type, test_name: str, rank: int) -> Iterator[None]:
                    chaos_delays(seed, test_name, rank) if seed is not None else None)
     if seed is not None:
         write({"chaos": seed, "where": CHAOS_ENV})
+    global _armed_count
     previous = _swap(state, world is not None)
+    with _count_lock:
+        _armed_count += 1
     try:
         yield
     finally:
+        with _count_lock:
+            _armed_count -= 1
         write({"counts": state.counts})
         _swap(previous, world is not None)
         if close is not None:
@@ -163,6 +170,8 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
     (outermost calls only). Fires the fault declared there, if any; returns
     a callable to run on ``(args, kwargs, result)`` after the collective
     (a ``corrupt`` fault), or None."""
+    if not _armed_count:  # the common case: nothing armed anywhere
+        return None
     state = getattr(_local, "state", None) or (_process[0] if _process else None)
     if state is None or op in _IGNORED:
         return None

@@ -15,7 +15,7 @@ import fault_cases as cases
 import torch
 from runner_cases import live_ranks
 
-from disttest import ConfigError, InjectedFault, inject_fault
+from disttest import ConfigError, InjectedFault, _faults_rank, inject_fault
 from disttest._faults_judge import INJECTED, judge_injected
 from disttest._faults_rank import (
     CHAOS_LONG,
@@ -194,6 +194,7 @@ class RunnerFaultsTest(unittest.TestCase):
         self.assertEqual(live_ranks(), [], "a rank outlived its test")
         self.assertEqual(_process, [], "interception left armed")
         self.assertIsNone(getattr(_local, "state", None))
+        self.assertEqual(_faults_rank._armed_count, 0)
 
     def each(self, name, runners=PROCESS_AND_POOL_AND_THREADS):
         """(runner, result, seconds) of ``name`` under each runner."""
