@@ -365,6 +365,20 @@ def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
                               cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
 
 
+class ReadmeTest(unittest.TestCase):
+    def test_the_readme_example_runs_and_passes(self):
+        readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.rst")
+        with open(readme) as f:
+            text = f.read()
+        block = text.split("Fault injection and schedule fuzzing\n---", 1)[1]
+        block = block.split(".. code-block:: python\n", 1)[1].split("``disttest.inject_fault(*", 1)[0]
+        namespace: dict = {"__name__": "readme_faults"}
+        exec(compile(textwrap.dedent(block), "README.rst", "exec"), namespace)
+        result, _ = run(namespace["Survivors"], "test_survivors_see_the_peer_die")
+        self.assertEqual(result.errors + result.failures, [])
+        self.assertEqual(result.testsRun, 1)
+
+
 class PytestOptionsTest(unittest.TestCase):
     def test_repeat_reports_the_failing_seeds(self):
         # Seed 39 delays rank 0's send by 25 ms, rank 1's irecv by 0.2 ms.
