@@ -352,6 +352,21 @@ SUITE = textwrap.dedent("""
             t = torch.ones(2)
             dist.all_reduce(t)
             dist.all_reduce(t)
+
+    class Pool(disttest.MultiProcContinousTest):
+        world_size = 2
+        timeout = 30
+
+        @classmethod
+        def backend_str(cls):
+            return "gloo"
+
+        def test_pool_sees_each_seed(self):
+            import os
+            t = torch.tensor([float(os.environ["DISTTEST_CHAOS"])])
+            dist.all_reduce(t)  # both ranks run with the seed
+            assert t.item() != 4.0, "seed 2 fails"
+
 """)
 
 
@@ -391,6 +406,13 @@ class PytestOptionsTest(unittest.TestCase):
         proc = pytest_run("--disttest-chaos", "39", "-k", "read_before_wait")
         self.assertIn("schedule fuzzing: DISTTEST_CHAOS=39", proc.stdout)
         self.assertEqual(proc.returncode, 1, proc.stdout)
+
+    def test_repeat_sets_the_seed_up_again_in_a_pool(self):
+        proc = pytest_run("--disttest-repeat", "3", "-k", "pool_sees_each_seed")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("failing seeds: 2 of 1..3 (reproduce one with DISTTEST_CHAOS=2)", out)
+        self.assertIn("schedule fuzzing: DISTTEST_CHAOS=2", out)
 
     def test_fault_option_applies_to_every_test(self):
         proc = pytest_run("--disttest-fault", "rank=1,action=raise,at=all_reduce,nth=2", "-k", "all_reduce")
