@@ -139,6 +139,26 @@ class ThreadFaults(FaultBodies, disttest.MultiThreadedTestCase):
     def init(self) -> None:
         pass  # each thread already has its threaded default group
 
+    @inject_fault(rank=1, action="corrupt", at="all_gather")
+    @inject_fault(rank=1, action="corrupt", at="broadcast")
+    @inject_fault(rank=1, action="corrupt", at="irecv")
+    def test_corrupt_outputs_of_other_collectives(self):
+        parts = [torch.zeros(2, dtype=torch.int64) for _ in range(2)]
+        dist.all_gather(parts, torch.full((2,), self.rank, dtype=torch.int64))
+        flag = torch.tensor([True, False])
+        dist.broadcast(flag, src=0)
+        if self.rank == 0:
+            dist.send(torch.full((3,), 5.0), dst=1)
+            self.assertEqual(parts, [torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64)])
+            self.assertEqual(flag.tolist(), [True, False])
+            return
+        got = torch.zeros(3)
+        work = dist.irecv(got, src=0)
+        work.wait()
+        self.assertEqual(parts, [torch.full((2,), -1), torch.full((2,), -2)])  # ~0, ~1
+        self.assertEqual(flag.tolist(), [False, True])
+        self.assertTrue(bool((got != 5.0).all()), got)
+
 
 class PoolFaults(FaultBodies, disttest.MultiProcContinousTest):
     """The bodies in a pool (each test run alone, by name)."""

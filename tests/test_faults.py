@@ -258,6 +258,11 @@ class RunnerFaultsTest(unittest.TestCase):
             with self.subTest(runner=runner.__name__):
                 self.assert_passed(result)
 
+    def test_corrupt_changes_what_each_collective_received(self):
+        for runner, result, _ in self.each("test_corrupt_outputs_of_other_collectives", (cases.ThreadFaults,)):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
     def test_unfired_fault_is_an_error(self):
         for runner, result, _ in self.each("test_unfired"):
             with self.subTest(runner=runner.__name__):
