@@ -8,8 +8,8 @@ applies :func:`judge_injected`, a pure function:
 
 - a rank whose death (kill, exit) was injected passes: the test passes when
   every other rank passes;
-- after an injected death, a rank disttest had to stop did not survive it:
-  an error, named as such;
+- after an injected death, a rank disttest had to stop, or that raised
+  (not an assertion) after it, did not survive it: an error, named as such;
 - a declared fault that never fired is an error of the test, naming it;
 - every outcome carries what was injected into it (``faults_fired``), which
   the report prints apart from the causes (:func:`injected_lines`), with the
@@ -48,6 +48,7 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
     out = [copy.copy(o) for o in outcomes]
     world = len(out)
     deaths: dict[int, str] = {}
+    first_death = float("inf")
     for o in out:
         records = fired.get(o.rank, [])
         o.faults_fired = [r["what"] for r in records if "what" in r]
@@ -55,6 +56,7 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
         for r in records:
             if r.get("action") in _DEATHS:
                 deaths[o.rank] = r["what"]
+                first_death = min(first_death, r.get("t", 0.0))
     for o in out:
         if o.rank in deaths and o.kind is not Kind.PASSED:
             # Its own death, as declared: expected (a thread rank ends by
@@ -65,9 +67,13 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
     if deaths:
         what = "; ".join(deaths[r] for r in sorted(deaths))
         for o in out:
-            if o.kind is Kind.STOPPED:
+            # Stopped by disttest, or raised (not an assertion) after the death:
+            # the rank did not survive the fault.
+            after = o.kind is Kind.ERRORED and o.rank not in deaths and o.at >= first_death
+            if o.kind is Kind.STOPPED or after:
+                detail = o.message if after else (
+                    o.detail or (f"{o.exc_type}: {o.message}" if o.exc_type else "it was stopped"))
                 o.kind = Kind.ERRORED
-                detail = o.detail or (f"{o.exc_type}: {o.message}" if o.exc_type else "it was stopped")
                 o.message = NOT_SURVIVED.format(faults=what, detail=detail)
                 o.exc_type = o.exc_type or "RankStopped"
     for index, fault in enumerate(faults):

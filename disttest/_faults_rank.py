@@ -188,7 +188,8 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
 
 def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
     rank = state.rank
-    state.write({"fault": index, "action": fault.action, "what": fault.fired_text(rank, op, nth)})
+    state.write({"fault": index, "action": fault.action, "what": fault.fired_text(rank, op, nth),
+                 "t": time.time()})
     action = fault.action
     if action in ("kill", "exit"):
         if state.thread_world is not None:

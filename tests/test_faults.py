@@ -172,6 +172,17 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("did not survive the injected fault (rank 1 killed at all_reduce #3)",
                       judged[0].message)
 
+    def test_error_after_the_death_did_not_survive_it(self):
+        fired = {1: [{"fault": 0, "action": "kill", "what": "rank 1 killed at all_reduce #3", "t": 10.0}]}
+        outcomes = [Outcome(0, Kind.ERRORED, "RuntimeError", "Connection closed by peer", at=11.0),
+                    Outcome(1, Kind.CRASHED), Outcome(2, Kind.ERRORED, "ValueError", "earlier", at=9.0),
+                    Outcome(3, Kind.FAILED, "AssertionError", "wrong", at=12.0)]
+        judged = judge_injected(outcomes, [Fault((1,), "kill", "all_reduce", 3)], fired)
+        self.assertEqual([o.kind for o in judged], [Kind.ERRORED, Kind.PASSED, Kind.ERRORED, Kind.FAILED])
+        self.assertEqual(judged[0].message, "did not survive the injected fault (rank 1 killed at "
+                                            "all_reduce #3): Connection closed by peer")
+        self.assertEqual([o.message for o in judged[2:]], ["earlier", "wrong"])
+
     def test_unfired_fault_is_an_error_naming_it(self):
         outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.PASSED)]
         judged = judge_injected(outcomes, [self.kill], {1: [{"counts": {"all_reduce": 2}}]})
@@ -226,6 +237,7 @@ class RunnerFaultsTest(unittest.TestCase):
                 text = self.only_error(result)
                 self.assertIn(INJECTED.format(faults="rank 1 killed at all_reduce #1"), text)
                 self.assertIn("errored (disttest): rank 0/2 raised", text)
+                self.assertIn("did not survive the injected fault (rank 1 killed at all_reduce #1)", text)
                 self.assertNotIn("rank 1/2", text.split("\n")[0])  # the header names causes only
 
     def test_raise_can_be_retried(self):
