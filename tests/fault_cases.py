@@ -46,6 +46,16 @@ class FaultBodies:
             survived = False
         self.assertTrue(survived, f"rank {self.rank}: the second all_reduce completed")
 
+    @inject_fault(rank=1, action="kill", at="all_reduce", nth=1)
+    def test_kill_survivor_takes_its_time(self):
+        self.init()
+        try:
+            dist.all_reduce(torch.ones(2))
+        except RuntimeError:
+            time.sleep(1.0)  # longer than the fail-fast grace: an expected death does not stop it
+            return
+        self.fail("all_reduce completed")
+
     @inject_fault(rank=1, action="exit", at="all_reduce", nth=1)
     def test_exit_survived(self):
         self.init()
