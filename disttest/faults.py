@@ -42,6 +42,8 @@ __all__ = [
     "inject_fault",
     "make_fault",
     "parse_fault_spec",
+    "parse_seed",
+    "test_faults",
 ]
 
 FAULT_ENV = "DISTTEST_FAULT"
