@@ -55,6 +55,7 @@ from disttest.fake import (
     with_dist,
     with_fake_comms,
 )
+from disttest.faults import InjectedFault, inject_fault
 from disttest.helpers import (
     captured_output,
     run_subtests,
@@ -167,6 +168,7 @@ __all__ = [
     "Foo",
     "HAS_ACCELERATOR",
     "INIT_METHOD_TEMPLATE",
+    "InjectedFault",
     "LargeNet",
     "MODES",
     "MODE_ENV",
@@ -240,6 +242,7 @@ __all__ = [
     "has_efa",
     "import_transformers_or_skip",
     "init_multigpu_helper",
+    "inject_fault",
     "initialize_pg",
     "initialize_temp_directories",
     "lock",

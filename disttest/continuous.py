@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._faults_judge import Injection
+from disttest._faults_rank import armed
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings
 from disttest._runner.join import join
@@ -221,7 +223,8 @@ class MultiProcContinousTest(TestCase):
     def _callTestMethod(self, method: Any) -> None:
         if not self._dispatching():
             self._phase = "test"
-            super()._callTestMethod(method)
+            with armed(type(self), self._testMethodName, self.rank):
+                super()._callTestMethod(method)
             return
         pool = self._pool_in_use
         name = self._testMethodName
@@ -236,8 +239,11 @@ class MultiProcContinousTest(TestCase):
         else:
             run = pool.dispatch(name)
             keep = run.keep_logs
-            outcomes = join(run, settings.test_timeout(self, self.id()) or 0)
-            pool.note(outcomes)
+            injection = Injection.for_test(type(self), name, pool.run_dir)
+            outcomes = join(run, settings.test_timeout(self, self.id()) or 0,
+                            expected_end=injection.expected_end)
+            pool.note(outcomes)  # a killed rank breaks the pool, injected or not: it is rebuilt
+            outcomes = injection.judge(outcomes)
         if pool.broken:
             pool.close()
             cls = type(self)

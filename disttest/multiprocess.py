@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._faults_judge import Injection
+from disttest._faults_rank import armed
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
@@ -159,7 +161,9 @@ class MultiProcessTestCase(RankDispatch):
             test = self._current_test_name()
             raise RankError(NO_RANKS_STARTED.format(test=test), test, 0, None, [])
         start = time.monotonic()
-        self._outcomes = join(self._launcher, self._test_timeout())
+        self._injection = Injection.for_test(type(self), self._current_test_name(), self.run_dir)
+        self._outcomes = join(self._launcher, self._test_timeout(),
+                              expected_end=self._injection.expected_end)
         self._check_return_codes(fn, time.monotonic() - start)
 
     def _check_return_codes(self, fn: Callable[[], Any], elapsed_time: float) -> None:
@@ -173,6 +177,9 @@ class MultiProcessTestCase(RankDispatch):
         if not outcomes:
             test = self._current_test_name()
             raise RankError(NO_RANKS_STARTED.format(test=test), test, 0, None, [])
+        injection = getattr(self, "_injection", None)
+        if injection is not None:
+            outcomes = injection.judge(outcomes)
         expected = self.special_return_code_checks.get(fn)
         lenient = fn in self.skip_return_code_checks
         for o in outcomes:
@@ -210,7 +217,8 @@ class MultiProcessTestCase(RankDispatch):
         set_rng_seed(self.seed)
         exc: BaseException | None = None
         try:
-            getattr(self, test_name)()
+            with armed(type(self), test_name, self.rank):
+                getattr(self, test_name)()
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
         outcome: Outcome = outcome_from_exception(self.rank, exc)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttest._faults_judge import Injection
+from disttest._faults_rank import armed
 from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
@@ -39,8 +41,10 @@ UNSTOPPABLE = (
 class _ThreadRun:
     """One test's threaded ranks: install the world, run, join, uninstall."""
 
-    def __init__(self, world_size: int, body: Callable[[int], None], test: str) -> None:
+    def __init__(self, world_size: int, body: Callable[[int], None], test: str,
+                 test_cls: type | None = None) -> None:
         self.world = install_threaded_pg()
+        self.injection = Injection.for_test(test_cls, test, self.world) if test_cls else None
         self.autograd = torch.autograd.set_multithreading_enabled(False)
         self.test = test
         self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank")
@@ -48,7 +52,8 @@ class _ThreadRun:
 
     def join(self, timeout: float) -> list[Outcome]:
         try:
-            return join(self.launcher, timeout)
+            expected = self.injection.expected_end if self.injection else None
+            return join(self.launcher, timeout, expected_end=expected)
         finally:
             self.close()
 
@@ -63,6 +68,8 @@ class _ThreadRun:
             self.world = None  # type: ignore[assignment]
 
     def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False) -> None:
+        if self.injection is not None:
+            outcomes = self.injection.judge(outcomes)
         try:
             raise_for_outcomes(self.test, len(outcomes), timeout, outcomes, always_failure,
                                keep_logs=self.launcher.keep_logs)
@@ -131,7 +138,7 @@ class MultiThreadedTestCase(RankDispatch):
         def body(rank: int) -> None:
             cls._run(test_name, rank, world_size)
 
-        self._run_state = _ThreadRun(world_size, body, test_name)
+        self._run_state = _ThreadRun(world_size, body, test_name, cls)
         self.threads = self._run_state.launcher.threads
 
     @classmethod
@@ -152,7 +159,8 @@ class MultiThreadedTestCase(RankDispatch):
         try:
             self.perThreadSetUp()
             try:
-                getattr(self, test_name)()
+                with armed(type(self), test_name, rank):
+                    getattr(self, test_name)()
             finally:
                 self.perThreadTearDown()
         finally:

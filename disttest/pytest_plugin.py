@@ -4,6 +4,8 @@
   runners (as ``DISTTEST_TIMEOUT``); a bad value is a usage error naming it.
 - ``--disttest-mode=threads|processes|pool``: run tests made with
   ``disttest.run_in`` in that mode only (as ``DISTTEST_MODE``).
+- ``--disttest-fault``, ``--disttest-chaos``, ``--disttest-repeat``: fault
+  injection and schedule fuzzing (:mod:`disttest._faults_pytest`).
 - ``@pytest.mark.world_size(n)``: run a disttest test (or every test of a
   class) with ``n`` ranks; ``self.world_size`` reads ``n`` in every runner.
 - Under pytest-timeout (``--timeout``, ``@pytest.mark.timeout``), disttest's
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from disttest import _faults_pytest
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, rank_section
 from disttest.config import ConfigError, parse_timeout, parse_world_size
@@ -30,6 +33,7 @@ __all__ = [
     "pytest_configure",
     "pytest_runtest_call",
     "pytest_runtest_makereport",
+    "pytest_runtest_protocol",
 ]
 
 
@@ -47,6 +51,7 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--disttest-keep-logs", dest="disttest_keep_logs", action="store_true",
                     help="keep every rank's whole output of a failing test in a folder its "
                          "report names (sets DISTTEST_KEEP_LOGS)")
+    _faults_pytest.addoption(group)
 
 
 def pytest_configure(config: Any) -> None:
@@ -66,6 +71,11 @@ def pytest_configure(config: Any) -> None:
         os.environ[settings.OUTPUT_ENV] = output or "stream"
     if config.getoption("disttest_keep_logs"):
         os.environ[settings.KEEP_LOGS_ENV] = "1"
+    _faults_pytest.configure(config)
+
+
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
+    return _faults_pytest.runtest_protocol(item, nextitem)
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:

@@ -10,6 +10,7 @@ ranks still running, then stops them. It never waits without a bound.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
@@ -92,8 +93,12 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
                               detail=details.get(r, ""), output_tail=launcher.output(r))
 
 
-def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVAL) -> list[Outcome]:
-    """Wait for all ranks of ``launcher``; return one outcome per rank."""
+def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVAL,
+         expected_end: Callable[[int], bool] | None = None) -> list[Outcome]:
+    """Wait for all ranks of ``launcher``; return one outcome per rank.
+
+    ``expected_end(rank)``: whether a rank's end was an injected death
+    (disttest.faults): it does not make the loop stop the others."""
     world = launcher.world_size
     deadline = time.monotonic() + timeout
     grace_end: float | None = None
@@ -112,7 +117,8 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         live = [r for r in range(world) if r not in outcomes]
         if not live:
             break
-        if grace_end is None and any(o.kind.is_cause for o in outcomes.values()):
+        if grace_end is None and any(o.kind.is_cause and not (expected_end and expected_end(o.rank))
+                                     for o in outcomes.values()):
             grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
         if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, live, outcomes, {}, {})

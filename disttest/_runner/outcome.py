@@ -11,7 +11,7 @@ import signal
 import time
 import traceback
 import unittest
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -92,6 +92,9 @@ class Outcome:
     #: The phase that failed: "setUp", "test", "tearDown", "cleanup" (or ""
     #: where the runner runs only the test body).
     phase: str = ""
+    #: What disttest injected into this rank in the test ("rank 1 killed at
+    #: all_reduce #3"; see disttest.faults), set by the parent's judge.
+    faults_fired: list[str] = field(default_factory=list)
 
     @property
     def skip_reason(self) -> str:

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from disttest._faults_rank import before_collective
+
 __unittest = True
 
 __all__ = [
@@ -416,6 +418,9 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         tracker = _current()
         if tracker is None or tracker.depth or not (dist.is_initialized() or name in _RENDEZVOUS):
             return func(*args, **kwargs)
+        # Injected faults and schedule fuzzing (disttest.faults); before the
+        # record, so that an injected raise is not counted as entered.
+        after = before_collective(name, tracker.rank)
         try:
             ranks: list[int] | None
             if name in _RENDEZVOUS:
@@ -440,6 +445,8 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         failed = True
         try:
             result = func(*args, **kwargs)
+            if after is not None:
+                after(args, kwargs, result)
             failed = False
             return result
         finally:

@@ -186,6 +186,9 @@ def format_report(test: str, world_size: int, timeout: float | None,
             heads.setdefault(_short(g[0], "{who}", timeout), []).extend(o.rank for o in g)
     summary = "; ".join(_fill(text, _who(sorted(ranks), world_size)) for text, ranks in heads.items())
     lines = [HEADER.format(test=test, verdict=verdict, summary=summary)]
+    from disttest._faults_judge import injected_lines
+
+    lines += injected_lines(outcomes)
     for group in ordered:
         lines.append("")
         lines.append(_line(group[0], _who([o.rank for o in group], world_size), test, timeout))

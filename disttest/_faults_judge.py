@@ -1,0 +1,162 @@
+"""The parent side of fault injection: judge the outcomes of a test.
+
+:class:`Injection` is what a runner holds for one test: the faults declared
+for it (and ``DISTTEST_CHAOS``), where its ranks write which fired, a
+predicate for the join loop (a rank whose death was injected does not make
+it stop the others) and :meth:`Injection.judge`, which reads the records and
+applies :func:`judge_injected`, a pure function:
+
+- a rank whose death (kill, exit) was injected passes: the test passes when
+  every other rank passes;
+- after an injected death, a rank disttest had to stop, or that raised
+  (not an assertion) after it, did not survive it: an error, named as such;
+- a declared fault that never fired is an error of the test, naming it;
+- every outcome carries what was injected into it (``faults_fired``), which
+  the report prints apart from the causes (:func:`injected_lines`), with the
+  schedule-fuzzing seed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from disttest._runner.outcome import Kind, Outcome
+from disttest.faults import CHAOS_ENV, Fault, chaos_seed, test_faults
+
+__unittest = True
+
+__all__ = ["INJECTED", "NEVER_FIRED", "NOT_SURVIVED", "Injection", "injected_lines", "judge_injected"]
+
+INJECTED = "injected by disttest (not causes): {faults}"
+NEVER_FIRED = "injected fault never fired: {fault}{why}"
+NOT_SURVIVED = "did not survive the injected fault ({faults}): {detail}"
+CHAOS = "schedule fuzzing: {env}={seed} (the same seed gives the same delays)"
+_DEATHS = ("kill", "exit")
+_CHAOS_PREFIX = CHAOS_ENV + "="
+_NEVER_PREFIX = "never fired: "
+
+
+def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
+                   fired: dict[int, list[dict[str, Any]]]) -> list[Outcome]:
+    """The outcomes as judged with the injected faults (new objects).
+
+    ``fired``: each rank's records (``{"fault": index, "action", "what"}``,
+    ``{"chaos": seed}``, ``{"counts": {op: n}}``), ``faults`` indexed alike.
+    """
+    out = [copy.copy(o) for o in outcomes]
+    world = len(out)
+    deaths: dict[int, str] = {}
+    first_death = float("inf")
+    for o in out:
+        records = fired.get(o.rank, [])
+        o.faults_fired = [r["what"] for r in records if "what" in r]
+        o.faults_fired += [f"{_CHAOS_PREFIX}{r['chaos']}" for r in records if "chaos" in r]
+        for r in records:
+            if r.get("action") in _DEATHS:
+                deaths[o.rank] = r["what"]
+                first_death = min(first_death, r.get("t", 0.0))
+    for o in out:
+        if o.rank in deaths and o.kind is not Kind.PASSED:
+            # Its own death, as declared: expected (a thread rank ends by
+            # RankKilled; a process dies by the signal or exit code).
+            o.kind, o.detail = Kind.PASSED, f"its death was injected: {deaths[o.rank]}"
+            o.exc_type = o.message = o.traceback = o.stacks = ""
+            o.exit, o.tb_data = None, None
+    if deaths:
+        what = "; ".join(deaths[r] for r in sorted(deaths))
+        for o in out:
+            # Stopped by disttest, or raised (not an assertion) after the death:
+            # the rank did not survive the fault.
+            after = o.kind is Kind.ERRORED and o.rank not in deaths and o.at >= first_death
+            if o.kind is Kind.STOPPED or after:
+                detail = o.message if after else (
+                    o.detail or (f"{o.exc_type}: {o.message}" if o.exc_type else "it was stopped"))
+                o.kind = Kind.ERRORED
+                o.message = NOT_SURVIVED.format(faults=what, detail=detail)
+                o.exc_type = o.exc_type or "RankStopped"
+    for index, fault in enumerate(faults):
+        for rank in fault.ranks:
+            records = fired.get(rank, [])
+            if any(r.get("fault") == index for r in records):
+                continue
+            target = out[rank] if rank < world else out[0]
+            counts = next((r["counts"] for r in records if "counts" in r), None)
+            message = NEVER_FIRED.format(fault=fault.describe(rank), why=_why(fault, rank, world, counts))
+            target.faults_fired = [*target.faults_fired, _NEVER_PREFIX + fault.describe(rank)]
+            if target.kind is Kind.PASSED:
+                target.kind, target.exc_type, target.message = Kind.ERRORED, "UnfiredFault", message
+                target.detail = ""
+    return out
+
+
+def _why(fault: Fault, rank: int, world: int, counts: dict[str, int] | None) -> str:
+    if rank >= world:
+        return f": rank {rank} is not in this test's world of {world}"
+    if counts is None:
+        return ""
+    made = sum(counts.values()) if fault.at == "any" else counts.get(fault.at, 0)
+    name = "collective" if fault.at == "any" else fault.at
+    return f": rank {rank} made {made} {name} call{'s' if made != 1 else ''} in the test"
+
+
+def injected_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """The report's lines about what disttest injected (empty if nothing)."""
+    fired: list[str] = []
+    never: list[str] = []
+    seeds: list[str] = []
+    for o in outcomes:
+        for text in getattr(o, "faults_fired", ()) or ():
+            if text.startswith(_CHAOS_PREFIX):
+                if text not in seeds:
+                    seeds.append(text)
+            elif text.startswith(_NEVER_PREFIX):
+                never.append(text)
+            else:
+                fired.append(text)
+    lines = []
+    if fired:
+        lines.append(INJECTED.format(faults="; ".join(fired)))
+    lines += never
+    for text in seeds:
+        lines.append(CHAOS.format(env=CHAOS_ENV, seed=text[len(_CHAOS_PREFIX):]))
+    return lines
+
+
+class Injection:
+    """One test's injected faults, seen from the parent."""
+
+    def __init__(self, faults: Sequence[Fault], seed: int | None, source: Any) -> None:
+        self.faults = tuple(faults)
+        self.seed = seed
+        self.source = source
+        self.active = bool(self.faults) or seed is not None
+
+    @classmethod
+    def for_test(cls, test_cls: type, test_name: str, source: Any) -> Injection:
+        """``source``: the run directory of rank processes, or the threaded
+        world of rank threads (where the ranks write what fired)."""
+        return cls(test_faults(getattr(test_cls, test_name, None)), chaos_seed(), source)
+
+    @property
+    def expected_end(self) -> Callable[[int], bool] | None:
+        """For the join loop: whether a rank's end was an injected death
+        (None when nothing can be injected)."""
+        if not any(f.action in _DEATHS for f in self.faults):
+            return None
+
+        def died_as_declared(rank: int) -> bool:
+            from disttest._faults_rank import read_fired
+
+            records = read_fired(self.source, rank + 1).get(rank, [])
+            return any(r.get("action") in _DEATHS for r in records)
+
+        return died_as_declared
+
+    def judge(self, outcomes: Sequence[Outcome]) -> list[Outcome]:
+        if not self.active:
+            return list(outcomes)
+        from disttest._faults_rank import read_fired
+
+        return judge_injected(outcomes, self.faults, read_fired(self.source, len(outcomes)))

@@ -1,0 +1,95 @@
+"""The pytest side of fault injection (called from :mod:`disttest.pytest_plugin`).
+
+- ``--disttest-fault=SPEC``: a fault for every test (as ``DISTTEST_FAULT``);
+- ``--disttest-chaos=SEED``: schedule fuzzing (as ``DISTTEST_CHAOS``);
+- ``--disttest-repeat=N``: run each test N times, with ``DISTTEST_CHAOS``
+  1..N, and report the seeds that failed. A test class's fixtures (a
+  ``MultiProcContinousTest`` pool) are set up again for each seed, so that
+  every rank runs with it.
+
+A bad value is a usage error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from disttest.config import ConfigError
+from disttest.faults import CHAOS_ENV, FAULT_ENV, parse_fault_spec, parse_seed
+
+__unittest = True
+
+__all__ = ["REPEAT_SECTION", "addoption", "configure", "runtest_protocol"]
+
+REPEAT_SECTION = "disttest chaos"
+FAILING_SEEDS = "failing seeds: {seeds} of 1..{n} (reproduce one with {env}={first})"
+ALL_PASSED = "all {n} seeds passed ({env}=1..{n})"
+
+
+def addoption(group: Any) -> None:
+    group.addoption("--disttest-fault", dest="disttest_fault", default=None, metavar="SPEC",
+                    help="inject a fault into every disttest test, e.g. "
+                         "rank=1,action=kill,at=all_reduce,nth=3 (sets DISTTEST_FAULT)")
+    group.addoption("--disttest-chaos", dest="disttest_chaos", default=None, metavar="SEED",
+                    help="delay each rank's collectives by seeded random amounts (sets DISTTEST_CHAOS)")
+    group.addoption("--disttest-repeat", dest="disttest_repeat", default=None, metavar="N",
+                    help="run each test N times with DISTTEST_CHAOS=1..N; report the failing seeds")
+
+
+def configure(config: Any) -> None:
+    import pytest
+
+    try:
+        spec = config.getoption("disttest_fault")
+        if spec is not None:
+            parse_fault_spec(spec, "--disttest-fault")
+            os.environ[FAULT_ENV] = spec
+        seed = config.getoption("disttest_chaos")
+        if seed is not None:
+            os.environ[CHAOS_ENV] = str(parse_seed(seed, "--disttest-chaos"))
+        repeat = config.getoption("disttest_repeat")
+        if repeat is not None:
+            n = parse_seed(repeat, "--disttest-repeat")
+            if n < 1:
+                raise ConfigError("repeat count", repeat, "--disttest-repeat", "expected an int >= 1")
+            config._disttest_repeat = n
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
+    """Run ``item`` once per seed; log the first failing run (or the last)."""
+    n = getattr(item.config, "_disttest_repeat", None)
+    if not n:
+        return None
+    from _pytest.runner import runtestprotocol
+
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    saved = os.environ.get(CHAOS_ENV)
+    failing: list[int] = []
+    shown: list[Any] | None = None
+    try:
+        for seed in range(1, n + 1):
+            os.environ[CHAOS_ENV] = str(seed)
+            # Tear the class down between seeds: a pool's workers take the seed at start.
+            reports = runtestprotocol(item, nextitem=nextitem if seed == n else None, log=False)
+            if any(r.failed for r in reports):
+                failing.append(seed)
+                if shown is None:
+                    shown = reports
+            if seed == n and shown is None:
+                shown = reports
+    finally:
+        if saved is None:
+            os.environ.pop(CHAOS_ENV, None)
+        else:
+            os.environ[CHAOS_ENV] = saved
+    text = (FAILING_SEEDS.format(seeds=", ".join(map(str, failing)), n=n, env=CHAOS_ENV, first=failing[0])
+            if failing else ALL_PASSED.format(n=n, env=CHAOS_ENV))
+    for report in shown or []:
+        if report.when == "call" or (report.failed and report.when != "call"):
+            report.sections.append((REPEAT_SECTION, text))
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True

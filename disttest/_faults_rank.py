@@ -1,0 +1,285 @@
+"""The rank side of fault injection: count collectives, fire faults, fuzz.
+
+Runs inside a rank (a process, a pool worker, a thread). The runner arms the
+rank for one test (:func:`armed`, a context manager around the test body);
+the collective-tracking wrapper calls :func:`before_collective` as the rank
+enters each collective. Unarmed (no fault declared, no ``DISTTEST_CHAOS``),
+that call returns at once and nothing else happens.
+
+Which faults fired is written as the rank goes, before a fault acts (a
+killed rank cannot report afterwards): to a JSON-lines file
+``rank<r>.faults`` in the run directory of a rank process, or to an
+in-memory list of the threaded world for a rank thread. The parent reads it
+(:func:`read_fired`). Depends on the standard library and
+:mod:`disttest.faults`; torch is imported only when a fault corrupts values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from disttest.faults import ANY, CHAOS_ENV, Fault, InjectedFault, chaos_seed, test_faults
+
+__unittest = True
+
+__all__ = [
+    "CHAOS_LONG", "CHAOS_LONG_ODDS", "CHAOS_SHORT", "RankKilled", "armed", "before_collective",
+    "chaos_delay", "chaos_delays", "corrupt_",
+    "read_fired",
+]
+
+#: Schedule fuzzing: before each collective a rank waits up to
+#: CHAOS_SHORT seconds, or (odds CHAOS_LONG_ODDS) up to CHAOS_LONG: enough to
+#: reorder ranks that run a few milliseconds apart, about 4 ms a call on average.
+CHAOS_SHORT = 0.002
+CHAOS_LONG = 0.05
+CHAOS_LONG_ODDS = 0.125
+HANG_TICK = 0.05  # a hang sleeps in ticks, so a thread rank can still be stopped
+RAISED = "injected fault (disttest): rank {rank} raised at {op} #{nth}, declared {fault}"
+KILLED = "rank {rank} was killed by an injected fault at {op} #{nth} (disttest)"
+#: Not counted: collective set-up, where the test's ranks are not yet a group.
+_IGNORED = ("init_process_group", "new_group")
+
+
+class RankKilled(BaseException):
+    """Ends a rank thread killed by an injected fault (a BaseException, so an
+    ``except Exception`` in the test does not survive its own death)."""
+
+
+@dataclass
+class _State:
+    rank: int
+    faults: list[tuple[int, Fault]]
+    write: Callable[[dict[str, Any]], None]
+    thread_world: Any = None
+    rng: random.Random | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+
+
+_local = threading.local()
+_armed_count = 0  # ranks armed in this process (rank threads share it)
+_count_lock = threading.Lock()
+_process: list[_State] = []
+#: Records of rank threads, per threaded world: {rank: [record, ...]}.
+_thread_records: weakref.WeakKeyDictionary[Any, dict[int, list[dict[str, Any]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def chaos_delays(seed: int, test: str, rank: int) -> random.Random:
+    """The seeded source of one rank's schedule-fuzzing delays in one test:
+    the same seed, test and rank give the same delays."""
+    return random.Random(f"{seed}/{test}/{rank}")
+
+
+def chaos_delay(rng: random.Random) -> float:
+    """The next schedule-fuzzing delay, in seconds, from ``rng``."""
+    longer = rng.random() < CHAOS_LONG_ODDS
+    return rng.uniform(0, CHAOS_LONG if longer else CHAOS_SHORT)
+
+
+def _bound_world() -> Any:
+    try:
+        from disttest.threaded_pg import _thread_world
+    except ImportError:  # pragma: no cover
+        return None
+    return getattr(_thread_world, "world", None)
+
+
+def records_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"rank{rank}.faults")
+
+
+def _file_writer(path: str) -> Callable[[dict[str, Any]], None]:
+    # One unbuffered write per record: in the kernel before the fault acts.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+
+    def write(record: dict[str, Any]) -> None:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+
+    write.close = lambda: os.close(fd)  # type: ignore[attr-defined]
+    return write
+
+
+@contextmanager
+def armed(cls: type, test_name: str, rank: int) -> Iterator[None]:
+    """Arm this rank for one test of ``cls`` (its declared faults, those of
+    ``DISTTEST_FAULT``, and ``DISTTEST_CHAOS``); disarm after."""
+    faults = [(i, f) for i, f in enumerate(test_faults(getattr(cls, test_name, None)))]
+    seed = chaos_seed()
+    if not faults and seed is None:
+        yield
+        return
+    world = _bound_world()
+    close: Callable[[], None] | None = None
+    if world is not None:
+        records = _thread_records.setdefault(world, {}).setdefault(rank, [])
+        records.clear()
+        write: Callable[[dict[str, Any]], None] = records.append
+    else:
+        from disttest._runner import rank as rank_mod
+
+        ctx = rank_mod.current()
+        if ctx is not None:
+            write = _file_writer(records_path(ctx.spec.run_dir, rank))
+            close = write.close  # type: ignore[attr-defined]
+        else:
+            unread: list[dict[str, Any]] = []
+            write = unread.append  # run_rank under an external launcher: no parent reads it
+    state = _State(rank, [(i, f) for i, f in faults if rank in f.ranks], write, world,
+                   chaos_delays(seed, test_name, rank) if seed is not None else None)
+    if seed is not None:
+        write({"chaos": seed, "where": CHAOS_ENV})
+    global _armed_count
+    previous = _swap(state, world is not None)
+    with _count_lock:
+        _armed_count += 1
+    try:
+        yield
+    finally:
+        with _count_lock:
+            _armed_count -= 1
+        write({"counts": state.counts})
+        _swap(previous, world is not None)
+        if close is not None:
+            close()
+
+
+def _swap(state: _State | None, per_thread: bool) -> _State | None:
+    if per_thread:
+        previous = getattr(_local, "state", None)
+        _local.state = state
+        return previous
+    previous_p = _process[0] if _process else None
+    _process[:] = [state] if state is not None else []
+    return previous_p
+
+
+def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str, Any], Any], None] | None:
+    """Called by the tracking wrapper as ``rank`` enters collective ``op``
+    (outermost calls only). Fires the fault declared there, if any; returns
+    a callable to run on ``(args, kwargs, result)`` after the collective
+    (a ``corrupt`` fault), or None."""
+    if not _armed_count:  # the common case: nothing armed anywhere
+        return None
+    state = getattr(_local, "state", None) or (_process[0] if _process else None)
+    if state is None or op in _IGNORED:
+        return None
+    nth = state.counts[op] = state.counts.get(op, 0) + 1
+    state.total += 1
+    if state.rng is not None:
+        time.sleep(chaos_delay(state.rng))
+    after = None
+    for index, fault in state.faults:
+        if (fault.at == op and fault.nth == nth) or (fault.at == ANY and fault.nth == state.total):
+            after = _fire(state, index, fault, op, nth) or after
+    return after
+
+
+def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
+    rank = state.rank
+    state.write({"fault": index, "action": fault.action, "what": fault.fired_text(rank, op, nth),
+                 "t": time.time()})
+    action = fault.action
+    if action in ("kill", "exit"):
+        if state.thread_world is not None:
+            reason = KILLED.format(rank=rank, op=op, nth=nth)
+            state.thread_world.abort(reason)
+            raise RankKilled(reason)
+        if action == "exit":
+            os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # pragma: no cover (the signal is on its way)
+            time.sleep(HANG_TICK)
+    if action == "raise":
+        raise InjectedFault(RAISED.format(rank=rank, op=op, nth=nth, fault=fault.describe(rank)),
+                            rank, op, nth)
+    if action == "hang":
+        while True:
+            time.sleep(HANG_TICK)
+    if action == "delay":
+        time.sleep(fault.seconds or 0)
+        return None
+    return _corrupt_after(op)
+
+
+def _corrupt_after(op: str) -> Callable[[tuple[Any, ...], dict[str, Any], Any], None]:
+    def after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        if result is not None and hasattr(result, "wait"):
+            result.wait()  # async: the values must be there before they change
+        received = _received(op, args, kwargs)
+        corrupt_(received)
+
+    return after
+
+
+#: The argument that receives each collective's values (else the first).
+_OUTPUT_ARG = {"gather": "gather_list", "gather_object": "object_gather_list",
+               "scatter_object_list": "scatter_object_output_list", "batch_isend_irecv": "p2p_op_list"}
+
+
+def _received(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import inspect
+
+    import torch.distributed as dist
+
+    func = getattr(dist, op)
+    bound = inspect.signature(func).bind_partial(*args, **kwargs)
+    name = _OUTPUT_ARG.get(op) or next(iter(inspect.signature(func).parameters))
+    value = bound.arguments.get(name)
+    if op == "batch_isend_irecv":
+        return [p.tensor for p in value or () if getattr(p.op, "__name__", "") in ("irecv", "recv")]
+    return value
+
+
+def corrupt_(value: Any) -> None:
+    """Change every element of every tensor in ``value`` (a tensor or a
+    list of them), in place: integers and floats get their bits inverted
+    (bitwise not of the element's bit pattern, which never equals the old
+    value: a float may become NaN), bools are negated."""
+    import torch
+
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            corrupt_(item)
+        return
+    if not isinstance(value, torch.Tensor):
+        return
+    t = value
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        t.logical_not_()
+    elif t.is_floating_point():
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        t.view(bits).bitwise_not_()
+    else:
+        t.bitwise_not_()
+
+
+def read_fired(source: Any, world_size: int) -> dict[int, list[dict[str, Any]]]:
+    """The records each rank wrote in the test: ``source`` is the run
+    directory of rank processes, or the threaded world of rank threads."""
+    if source is None:
+        return {}
+    if not isinstance(source, str):
+        return {r: list(recs) for r, recs in _thread_records.get(source, {}).items()}
+    fired: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(world_size):
+        try:
+            with open(records_path(source, rank)) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        fired[rank] = [json.loads(line) for line in lines if line.strip()]
+    return fired

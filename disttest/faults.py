@@ -1,0 +1,282 @@
+"""Fault injection and schedule fuzzing: declared faults, as data.
+
+``@disttest.inject_fault(rank=1, action="kill", at="all_reduce", nth=3)``
+declares that rank 1 dies as it enters its third ``all_reduce`` of the test.
+Declarations are plain data (:class:`Fault`) attached to the test method;
+nothing is installed at import or by the decorator. Inside a rank, the
+collective-tracking wrapper asks :mod:`disttest._faults_rank` what to do as
+the rank enters each collective; in the parent, :mod:`disttest._faults_judge`
+judges the outcomes (an injected death is expected; an unfired fault is an
+error) and names the injected faults in the report apart from the causes.
+
+Whole-suite faults: ``DISTTEST_FAULT="rank=1,action=kill,at=all_reduce,nth=3"``
+(several separated by ``;``; ranks as ``rank=0|2``) applies to every test.
+Schedule fuzzing: ``DISTTEST_CHAOS=<seed>`` delays each collective of each
+rank by a small seeded random amount.
+
+Depends only on the standard library and :mod:`disttest.config`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from disttest.config import ConfigError
+
+__unittest = True
+
+__all__ = [
+    "ACTIONS",
+    "CHAOS_ENV",
+    "FAULT_ENV",
+    "OPS",
+    "Fault",
+    "InjectedFault",
+    "chaos_seed",
+    "declared_faults",
+    "env_faults",
+    "inject_fault",
+    "make_fault",
+    "parse_fault_spec",
+    "parse_seed",
+    "test_faults",
+]
+
+FAULT_ENV = "DISTTEST_FAULT"
+CHAOS_ENV = "DISTTEST_CHAOS"
+DECORATOR = "@inject_fault"
+ACTIONS = ("kill", "exit", "raise", "hang", "delay", "corrupt")
+#: Collectives a fault can be declared at, as ``torch.distributed`` spells them.
+OPS = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "scatter", "gather", "barrier", "monitored_barrier", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
+    "_reduce_scatter_base", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+)
+ANY = "any"
+#: Ops that receive no values: nothing there to corrupt.
+NO_VALUES = ("barrier", "monitored_barrier", "send", "isend")
+_ATTR = "__disttest_faults__"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class InjectedFault(RuntimeError):
+    """Raised inside a rank by an injected ``action="raise"`` fault, in place
+    of the collective (which is not called). Fields: ``rank``, ``op``, ``nth``."""
+
+    def __init__(self, message: str, rank: int, op: str, nth: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.op = op
+        self.nth = nth
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.args[0], self.rank, self.op, self.nth))
+
+
+InjectedFault.__module__ = "disttest"
+
+_VERBS = {"kill": "killed", "exit": "exited", "raise": "raised InjectedFault", "hang": "hung",
+          "delay": "delayed {seconds}s", "corrupt": "corrupted its received values"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One declared fault: ``action`` on each of ``ranks`` at the ``nth``
+    call of ``at`` (or of any collective) within the test."""
+
+    ranks: tuple[int, ...]
+    action: str
+    at: str = ANY
+    nth: int = 1
+    seconds: float | None = None
+    where: str = DECORATOR
+
+    def describe(self, rank: int | None = None) -> str:
+        """``rank 1 kill at all_reduce #3 (from @inject_fault)``."""
+        who = f"rank {rank}" if rank is not None else (
+            "rank " + "|".join(map(str, self.ranks)))
+        action = self.action + (f" {self.seconds}s" if self.seconds is not None else "")
+        return f"{who} {action} at {self.at_text()} (from {self.where})"
+
+    def at_text(self) -> str:
+        return f"{self.at} #{self.nth}" if self.at != ANY else f"collective #{self.nth}"
+
+    def fired_text(self, rank: int, op: str, nth: int) -> str:
+        """``rank 1 killed at all_reduce #3``: what the report says."""
+        verb = _VERBS[self.action].format(seconds=self.seconds)
+        return f"rank {rank} {verb} at {op} #{nth}"
+
+
+def _ranks(value: object, where: str) -> tuple[int, ...]:
+    why = "expected a rank (an int >= 0) or a list of them"
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise ConfigError("fault rank", value, where, why)
+    ranks = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ConfigError("fault rank", value, where, why)
+        try:
+            rank = int(item)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ConfigError("fault rank", value, where, why) from None
+        if rank < 0 or (not isinstance(item, str) and rank != item):
+            raise ConfigError("fault rank", value, where, why)
+        ranks.append(rank)
+    return tuple(sorted(set(ranks)))
+
+
+def make_fault(*, rank: object, action: object, at: object = ANY, nth: object = 1,
+               seconds: object = None, where: str = DECORATOR) -> Fault:
+    """A validated :class:`Fault`; a bad value raises ``ConfigError`` naming
+    it and ``where`` it came from."""
+    ranks = _ranks(rank, where)
+    if action not in ACTIONS:
+        raise ConfigError("fault action", action, where, f"expected one of {', '.join(ACTIONS)}")
+    assert isinstance(action, str)
+    if at != ANY and at not in OPS:
+        raise ConfigError("fault collective", at, where,
+                          f"expected 'any' or a torch.distributed collective: {', '.join(OPS)}")
+    assert isinstance(at, str)
+    if isinstance(nth, bool) or not isinstance(nth, (int, str)):
+        raise ConfigError("fault nth", nth, where, "expected a call number >= 1")
+    try:
+        count = int(nth)
+    except ValueError:
+        raise ConfigError("fault nth", nth, where, "expected a call number >= 1") from None
+    if count < 1:
+        raise ConfigError("fault nth", nth, where, "expected a call number >= 1")
+    secs: float | None = None
+    if action == "delay":
+        why = "a delay needs seconds=, a positive finite number"
+        if seconds is None or isinstance(seconds, bool):
+            raise ConfigError("fault seconds", seconds, where, why)
+        try:
+            secs = float(seconds)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ConfigError("fault seconds", seconds, where, why) from None
+        if not math.isfinite(secs) or secs <= 0:
+            raise ConfigError("fault seconds", seconds, where, why)
+    elif seconds is not None:
+        raise ConfigError("fault seconds", seconds, where, f"only action 'delay' takes seconds, not {action!r}")
+    if action == "corrupt" and at in NO_VALUES:
+        raise ConfigError("fault collective", at, where, f"{at} receives no values to corrupt")
+    return Fault(ranks, action, at, count, secs, where)
+
+
+def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: int = 1,
+                 seconds: float | None = None) -> Callable[[_F], _F]:
+    """Decorator: inject a fault into a distributed test (stackable).
+
+    Works on test methods of ``MultiProcessTestCase``, ``MultiThreadedTestCase``
+    and ``MultiProcContinousTest``. In each rank of ``rank`` (an int or a
+    list), at its ``nth`` call (1-based, counted per test) of collective
+    ``at`` (``"any"``: of any collective), the fault fires as the rank
+    enters the call:
+
+    - ``kill``: the rank dies by SIGKILL (threads: the rank thread ends and
+      every collective of the test's threaded world fails at once, as a gloo
+      group breaks when a peer process dies);
+    - ``exit``: ``os._exit(1)`` (threads: as ``kill``);
+    - ``raise``: :class:`InjectedFault` is raised; the collective is not called;
+    - ``hang``: the rank blocks there (the test's timeout reports it, with stacks);
+    - ``delay``: the rank sleeps ``seconds`` first;
+    - ``corrupt``: the collective completes, then every element the rank
+      received has its bits inverted (bitwise not; bool: logical not), so
+      every element changes (a float may become NaN).
+
+    The parent expects an injected death: the test passes when every other
+    rank passes. A declared fault that never fires is an error of the test.
+    Nothing is installed by the decorator; a bad value raises ``ConfigError``.
+    """
+    fault = make_fault(rank=rank, action=action, at=at, nth=nth, seconds=seconds, where=DECORATOR)
+
+    def decorate(func: _F) -> _F:
+        # Outermost decorator last in the source order: keep source order.
+        existing = list(getattr(func, _ATTR, ()))
+        setattr(func, _ATTR, (fault, *existing))
+        return func
+
+    return decorate
+
+
+def declared_faults(method: object) -> tuple[Fault, ...]:
+    """The faults declared on a test method (function or bound method)."""
+    func = getattr(method, "__func__", method)
+    faults = getattr(func, _ATTR, None)
+    if faults is None:
+        faults = getattr(getattr(func, "__wrapped__", None), _ATTR, None)
+    return tuple(faults or ())
+
+
+_SPEC_KEYS = ("rank", "action", "at", "nth", "seconds")
+
+
+def parse_fault_spec(text: str, where: str = FAULT_ENV) -> tuple[Fault, ...]:
+    """Faults from ``"rank=1,action=kill,at=all_reduce,nth=3"`` (several
+    separated by ``;``; several ranks as ``rank=0|2``)."""
+    faults = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        fields: dict[str, Any] = {}
+        for item in part.split(","):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in _SPEC_KEYS:
+                raise ConfigError("fault field", item.strip(), where,
+                                  f"expected key=value with a key of {', '.join(_SPEC_KEYS)}")
+            fields[key] = value.strip()
+        for required in ("rank", "action"):
+            if required not in fields:
+                raise ConfigError("fault", part, where, f"missing {required}=")
+        rank_text = fields.pop("rank")
+        ranks = rank_text.split("|") if "|" in rank_text else rank_text
+        faults.append(make_fault(rank=ranks, where=where, **fields))
+    return tuple(faults)
+
+
+def env_faults(environ: Mapping[str, str] | None = None) -> tuple[Fault, ...]:
+    """The whole-suite faults of ``DISTTEST_FAULT`` (none if unset)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(FAULT_ENV, "")
+    return parse_fault_spec(text, FAULT_ENV) if text.strip() else ()
+
+
+def chaos_seed(environ: Mapping[str, str] | None = None) -> int | None:
+    """The schedule-fuzzing seed of ``DISTTEST_CHAOS`` (None if unset)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(CHAOS_ENV, "").strip()
+    if not text:
+        return None
+    return parse_seed(text, CHAOS_ENV)
+
+
+def parse_seed(value: object, where: str) -> int:
+    why = "expected a seed, an int >= 0"
+    if isinstance(value, bool):
+        raise ConfigError("chaos seed", value, where, why)
+    try:
+        seed = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ConfigError("chaos seed", value, where, why) from None
+    if seed < 0:
+        raise ConfigError("chaos seed", value, where, why)
+    return seed
+
+
+def test_faults(method: object, environ: Mapping[str, str] | None = None) -> tuple[Fault, ...]:
+    """Every fault of one test: declared on it, then ``DISTTEST_FAULT``'s.
+    Rank side and parent number them alike (the index names a fault)."""
+    return declared_faults(method) + env_faults(environ)
+
+
+test_faults.__test__ = False  # type: ignore[attr-defined]

@@ -1,0 +1,458 @@
+"""Fault injection and schedule fuzzing (disttest.faults), under every runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+from unittest import mock
+
+import fault_cases as cases
+import torch
+from runner_cases import live_ranks
+
+from disttest import ConfigError, InjectedFault, _faults_rank, inject_fault
+from disttest._faults_judge import INJECTED, judge_injected
+from disttest._faults_rank import (
+    CHAOS_LONG,
+    _local,
+    _process,
+    before_collective,
+    chaos_delay,
+    chaos_delays,
+    corrupt_,
+)
+from disttest._runner.outcome import ExitStatus, Kind, Outcome
+from disttest.faults import (
+    CHAOS_ENV,
+    FAULT_ENV,
+    Fault,
+    chaos_seed,
+    declared_faults,
+    env_faults,
+    parse_fault_spec,
+)
+
+PROCESS_AND_POOL_AND_THREADS = (cases.ProcessFaults, cases.PoolFaults, cases.ThreadFaults)
+
+
+def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, float]:
+    result = unittest.TestResult()
+    start = time.monotonic()
+    cls(name).run(result)
+    return result, time.monotonic() - start
+
+
+class DeclarationTest(unittest.TestCase):
+    def test_decorator_stacks_in_source_order_and_changes_nothing_else(self):
+        def body(self):
+            return 42
+
+        decorated = inject_fault(rank=[1, 0], action="delay", at="barrier", seconds=0.5)(
+            inject_fault(rank=1, action="kill", at="all_reduce", nth=3)(body))
+        self.assertIs(decorated, body)
+        self.assertEqual(declared_faults(decorated), (
+            Fault((0, 1), "delay", "barrier", 1, 0.5), Fault((1,), "kill", "all_reduce", 3)))
+
+    def test_bad_values_name_themselves_and_their_source(self):
+        cases_ = [
+            (dict(rank="x", action="kill"), "Invalid fault rank 'x' from @inject_fault"),
+            (dict(rank=-1, action="kill"), "Invalid fault rank -1"),
+            (dict(rank=True, action="kill"), "Invalid fault rank True"),
+            (dict(rank=1, action="explode"), "Invalid fault action 'explode' from @inject_fault"),
+            (dict(rank=1, action="kill", at="allreduce"), "Invalid fault collective 'allreduce'"),
+            (dict(rank=1, action="kill", nth=0), "Invalid fault nth 0"),
+            (dict(rank=1, action="delay"), "Invalid fault seconds None"),
+            (dict(rank=1, action="delay", seconds=-1), "Invalid fault seconds -1"),
+            (dict(rank=1, action="kill", seconds=1), "only action 'delay' takes seconds"),
+            (dict(rank=1, action="corrupt", at="barrier"), "barrier receives no values"),
+        ]
+        for kwargs, message in cases_:
+            with self.subTest(**{k: repr(v) for k, v in kwargs.items()}):
+                with self.assertRaises(ConfigError) as cm:
+                    inject_fault(**kwargs)
+                self.assertIn(message, str(cm.exception))
+
+    def test_env_spec(self):
+        faults = parse_fault_spec("rank=1,action=kill,at=all_reduce,nth=3; rank=0|2,action=delay,seconds=0.5")
+        self.assertEqual(faults, (
+            Fault((1,), "kill", "all_reduce", 3, None, FAULT_ENV),
+            Fault((0, 2), "delay", "any", 1, 0.5, FAULT_ENV)))
+        self.assertEqual(env_faults({}), ())
+        for text, message in [
+            ("rank=x,action=kill", "Invalid fault rank 'x' from DISTTEST_FAULT"),
+            ("rank=1,action=explode", "Invalid fault action 'explode' from DISTTEST_FAULT"),
+            ("rank=1", "missing action="),
+            ("rank=1,action=kill,when=3", "Invalid fault field 'when=3' from DISTTEST_FAULT"),
+            ("rank=1,action=kill,nth=three", "Invalid fault nth 'three'"),
+        ]:
+            with self.subTest(text=text), self.assertRaises(ConfigError) as cm:
+                env_faults({FAULT_ENV: text})
+            self.assertIn(message, str(cm.exception))
+
+    def test_chaos_seed(self):
+        self.assertIsNone(chaos_seed({}))
+        self.assertEqual(chaos_seed({CHAOS_ENV: "7"}), 7)
+        with self.assertRaises(ConfigError) as cm:
+            chaos_seed({CHAOS_ENV: "seven"})
+        self.assertIn("Invalid chaos seed 'seven' from DISTTEST_CHAOS", str(cm.exception))
+
+    def test_same_seed_same_delays(self):
+        def delays(seed, rank):
+            rng = chaos_delays(seed, "test_x", rank)
+            return [chaos_delay(rng) for _ in range(50)]
+
+        self.assertEqual(delays(3, 1), delays(3, 1))
+        self.assertNotEqual(delays(3, 1), delays(4, 1))
+        self.assertNotEqual(delays(3, 0), delays(3, 1))
+        self.assertTrue(all(0 <= d <= CHAOS_LONG for d in delays(3, 1)))
+
+    def test_injected_fault_is_a_runtime_error(self):
+        self.assertTrue(issubclass(InjectedFault, RuntimeError))
+        import pickle
+
+        e = pickle.loads(pickle.dumps(InjectedFault("m", 1, "all_reduce", 3)))
+        self.assertEqual((str(e), e.rank, e.op, e.nth), ("m", 1, "all_reduce", 3))
+
+
+class CorruptTest(unittest.TestCase):
+    def test_every_element_changes_for_every_dtype(self):
+        values = [0.0, -0.0, 1.0, -0.5, -1.0, float("inf"), float("nan"), 3e38, 1e-45]
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            with self.subTest(dtype=dtype):
+                t = torch.tensor(values, dtype=torch.float64).to(dtype)
+                before = t.clone()
+                corrupt_(t)
+                same = (t == before) | (t.isnan() & before.isnan())
+                self.assertFalse(bool(same.any()), f"{before} -> {t}")
+        for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
+            with self.subTest(dtype=dtype):
+                t = torch.arange(0, 100).to(dtype)
+                before = t.clone()
+                corrupt_([t])
+                self.assertFalse(bool((t == before).any()))
+        flags = torch.tensor([True, False])
+        corrupt_(flags)
+        self.assertEqual(flags.tolist(), [False, True])
+        c = torch.tensor([1 + 2j, 0j])
+        before = c.clone()
+        corrupt_(c)
+        self.assertFalse(bool((torch.view_as_real(c) == torch.view_as_real(before)).any()))
+
+
+class JudgeTest(unittest.TestCase):
+    """The pure judge, without ranks."""
+
+    kill = Fault((1,), "kill", "all_reduce", 3)
+
+    def test_injected_death_is_expected(self):
+        outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.CRASHED, exit=ExitStatus(signal=9))]
+        fired = {1: [{"fault": 0, "action": "kill", "what": "rank 1 killed at all_reduce #3"}]}
+        judged = judge_injected(outcomes, [self.kill], fired)
+        self.assertEqual([o.kind for o in judged], [Kind.PASSED, Kind.PASSED])
+        self.assertEqual(judged[1].faults_fired, ["rank 1 killed at all_reduce #3"])
+        self.assertEqual(outcomes[1].kind, Kind.CRASHED)  # inputs untouched
+
+    def test_death_not_injected_stays_a_cause(self):
+        outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.CRASHED, exit=ExitStatus(signal=9))]
+        judged = judge_injected(outcomes, [self.kill], {1: [{"counts": {"all_reduce": 2}}]})
+        self.assertEqual(judged[1].kind, Kind.CRASHED)
+        self.assertEqual(judged[1].faults_fired,
+                         ["never fired: rank 1 kill at all_reduce #3 (from @inject_fault)"])
+
+    def test_stopped_peer_did_not_survive(self):
+        outcomes = [Outcome(0, Kind.STOPPED, detail="stopped"), Outcome(1, Kind.CRASHED)]
+        fired = {1: [{"fault": 0, "action": "kill", "what": "rank 1 killed at all_reduce #3"}]}
+        judged = judge_injected(outcomes, [self.kill], fired)
+        self.assertEqual(judged[0].kind, Kind.ERRORED)
+        self.assertIn("did not survive the injected fault (rank 1 killed at all_reduce #3)",
+                      judged[0].message)
+
+    def test_error_after_the_death_did_not_survive_it(self):
+        fired = {1: [{"fault": 0, "action": "kill", "what": "rank 1 killed at all_reduce #3", "t": 10.0}]}
+        outcomes = [Outcome(0, Kind.ERRORED, "RuntimeError", "Connection closed by peer", at=11.0),
+                    Outcome(1, Kind.CRASHED), Outcome(2, Kind.ERRORED, "ValueError", "earlier", at=9.0),
+                    Outcome(3, Kind.FAILED, "AssertionError", "wrong", at=12.0)]
+        judged = judge_injected(outcomes, [Fault((1,), "kill", "all_reduce", 3)], fired)
+        self.assertEqual([o.kind for o in judged], [Kind.ERRORED, Kind.PASSED, Kind.ERRORED, Kind.FAILED])
+        self.assertEqual(judged[0].message, "did not survive the injected fault (rank 1 killed at "
+                                            "all_reduce #3): Connection closed by peer")
+        self.assertEqual([o.message for o in judged[2:]], ["earlier", "wrong"])
+
+    def test_unfired_fault_is_an_error_naming_it(self):
+        outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.PASSED)]
+        judged = judge_injected(outcomes, [self.kill], {1: [{"counts": {"all_reduce": 2}}]})
+        self.assertEqual(judged[1].kind, Kind.ERRORED)
+        self.assertEqual(judged[1].message, "injected fault never fired: rank 1 kill at all_reduce #3 "
+                                            "(from @inject_fault): rank 1 made 2 all_reduce calls in the test")
+        wide = Fault((5,), "raise")
+        judged = judge_injected(outcomes, [wide], {})
+        self.assertIn("rank 5 is not in this test's world of 2", judged[0].message)
+
+
+class RunnerFaultsTest(unittest.TestCase):
+    """Each action under each runner it applies to."""
+
+    def tearDown(self):
+        deadline = time.monotonic() + 5
+        while live_ranks() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cases.PoolFaults.tearDownClass()
+        self.assertEqual(live_ranks(), [], "a rank outlived its test")
+        self.assertEqual(_process, [], "interception left armed")
+        self.assertIsNone(getattr(_local, "state", None))
+        self.assertEqual(_faults_rank._armed_count, 0)
+
+    def each(self, name, runners=PROCESS_AND_POOL_AND_THREADS):
+        """(runner, result, seconds) of ``name`` under each runner."""
+        return [(runner, *run(runner, name)) for runner in runners]
+
+    def assert_passed(self, result):
+        self.assertEqual(result.testsRun, 1)
+        self.assertEqual(result.errors + result.failures + result.skipped, [])
+
+    def only_error(self, result):
+        self.assertEqual(result.failures, [])
+        self.assertEqual(len(result.errors), 1, result.errors)
+        return result.errors[0][1]
+
+    def test_kill_is_expected_and_survivors_see_it_promptly(self):
+        for runner, result, elapsed in self.each("test_kill_survived"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+                self.assertLess(elapsed, 20)  # not the 30 s limit: the peer's collective failed
+
+    def test_an_injected_death_does_not_stop_the_survivors(self):
+        for runner, result, _ in self.each("test_kill_survivor_takes_its_time"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_exit_is_expected(self):
+        for runner, result, _ in self.each("test_exit_survived"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_unhandled_kill_names_the_injected_fault_apart_from_the_cause(self):
+        for runner, result, _ in self.each("test_kill_not_handled"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn(INJECTED.format(faults="rank 1 killed at all_reduce #1"), text)
+                self.assertIn("errored (disttest): rank 0/2 raised", text)
+                self.assertIn("did not survive the injected fault (rank 1 killed at all_reduce #1)", text)
+                self.assertNotIn("rank 1/2", text.split("\n")[0])  # the header names causes only
+
+    def test_raise_can_be_retried(self):
+        for runner, result, _ in self.each("test_raise_retried"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_unhandled_raise(self):
+        for runner, result, _ in self.each("test_raise_not_handled"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("rank 1/2 raised InjectedFault", text)
+                self.assertIn("injected by disttest (not causes): rank 1 raised InjectedFault at barrier #1", text)
+
+    def test_hang_is_reported_by_the_timeout(self):
+        for runner, result, _ in self.each("test_hang"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("timed out after", text)
+                self.assertIn("injected by disttest (not causes): rank 1 hung at barrier #1", text)
+                self.assertIn("fault_cases.py", text)  # the hung rank's stack
+
+    def test_delay(self):
+        for runner, result, _ in self.each("test_delay"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_corrupt(self):
+        for runner, result, _ in self.each("test_corrupt"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_corrupt_changes_what_each_collective_received(self):
+        for runner, result, _ in self.each("test_corrupt_outputs_of_other_collectives", (cases.ThreadFaults,)):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_unfired_fault_is_an_error(self):
+        for runner, result, _ in self.each("test_unfired"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("rank 1/2 raised UnfiredFault", text)
+                self.assertIn("injected fault never fired: rank 1 kill at all_reduce #5 (from @inject_fault): "
+                          "rank 1 made 1 all_reduce call in the test", text)
+
+    def test_whole_suite_fault_from_the_environment(self):
+        with mock.patch.dict(os.environ, {FAULT_ENV: "rank=1,action=raise,at=all_reduce,nth=2"}):
+            for runner, result, _ in self.each("test_plain"):
+                with self.subTest(runner=runner.__name__):
+                    text = self.only_error(result)
+                    self.assertIn("declared rank 1 raise at all_reduce #2 (from DISTTEST_FAULT)", text)
+                    self.assertIn("rank 1 raised InjectedFault at all_reduce #2", text)
+        for runner, result, _ in self.each("test_plain"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_pool_heals_after_an_injected_kill(self):
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(cases.PoolHeals).run(result)
+        self.assertEqual(result.testsRun, 2)
+        self.assertEqual(result.errors + result.failures, [])
+
+    def test_unarmed_interceptor_does_nothing(self):
+        self.assertIsNone(before_collective("all_reduce", 0))
+        self.assertIsNone(before_collective("barrier", 3))
+
+
+class ChaosTest(unittest.TestCase):
+    """Schedule fuzzing finds a read before wait() that passes without it."""
+
+    test = "test_read_before_wait"
+
+    def seed_where(self, send_delay, irecv_delay):
+        for seed in range(1, 1000):
+            d0 = chaos_delay(chaos_delays(seed, self.test, 0))
+            d1 = chaos_delay(chaos_delays(seed, self.test, 1))
+            if send_delay(d0) and irecv_delay(d1):
+                return seed
+        raise AssertionError("no such seed")
+
+    def run_with(self, name, seed):
+        env = {CHAOS_ENV: str(seed)} if seed is not None else {}
+        with mock.patch.dict(os.environ, env):
+            if seed is None:
+                os.environ.pop(CHAOS_ENV, None)
+            return run(cases.ChaosThreads, name)[0]
+
+    def test_chaos_finds_the_read_before_wait(self):
+        result = self.run_with(self.test, None)
+        self.assertEqual(result.failures + result.errors, [])
+        # Rank 0's send waits 40+ ms, rank 1's irecv < 2 ms after its 20 ms of work.
+        bad = self.seed_where(lambda d: d > 0.04, lambda d: d < 0.002)
+        result = self.run_with(self.test, bad)
+        self.assertEqual(len(result.failures), 1, result.errors)
+        text = result.failures[0][1]
+        self.assertIn("rank 1/2 raised AssertionError", text)
+        self.assertIn(f"schedule fuzzing: DISTTEST_CHAOS={bad} (the same seed gives the same delays)", text)
+        # The same seed again: the same failure; the correct code passes under it.
+        self.assertEqual(len(self.run_with(self.test, bad).failures), 1)
+        result = self.run_with("test_read_after_wait", bad)
+        self.assertEqual(result.failures + result.errors, [])
+
+
+SUITE = textwrap.dedent("""
+    import time
+    import torch
+    import torch.distributed as dist
+    import disttest
+
+    class Threads(disttest.MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_read_before_wait(self):
+            if self.rank == 0:
+                dist.send(torch.full((4,), 7.0), dst=1)
+            else:
+                time.sleep(0.005)
+                t = torch.zeros(4)
+                work = dist.irecv(t, src=0)
+                seen = t.clone()
+                work.wait()
+                assert seen.tolist() == [7.0] * 4, seen
+
+        def test_all_reduce(self):
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            dist.all_reduce(t)
+
+    class Pool(disttest.MultiProcContinousTest):
+        world_size = 2
+        timeout = 30
+
+        @classmethod
+        def backend_str(cls):
+            return "gloo"
+
+        def test_pool_sees_each_seed(self):
+            import os
+            t = torch.tensor([float(os.environ["DISTTEST_CHAOS"])])
+            dist.all_reduce(t)  # both ranks run with the seed
+            assert t.item() != 4.0, "seed 2 fails"
+
+""")
+
+
+def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "test_fault_suite.py"), "w") as f:
+            f.write(SUITE)
+        env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "test_fault_suite.py", *args],
+                              cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
+
+
+class ReadmeTest(unittest.TestCase):
+    def test_the_readme_example_runs_and_passes(self):
+        readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.rst")
+        with open(readme) as f:
+            text = f.read()
+        block = text.split("Fault injection and schedule fuzzing\n---", 1)[1]
+        block = block.split(".. code-block:: python\n", 1)[1].split("``disttest.inject_fault(*", 1)[0]
+        namespace: dict = {"__name__": "readme_faults"}
+        exec(compile(textwrap.dedent(block), "README.rst", "exec"), namespace)
+        result, _ = run(namespace["Survivors"], "test_survivors_see_the_peer_die")
+        self.assertEqual(result.errors + result.failures, [])
+        self.assertEqual(result.testsRun, 1)
+
+
+class PytestOptionsTest(unittest.TestCase):
+    def test_repeat_reports_the_failing_seeds(self):
+        # Seed 39 delays rank 0's send by 25 ms, rank 1's irecv by 0.2 ms (after 5 ms of work).
+        proc = pytest_run("--disttest-repeat", "40", "-k", "read_before_wait")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertRegex(out, r"failing seeds: [0-9, ]*\b39 of 1\.\.40 \(reproduce one with DISTTEST_CHAOS=")
+        self.assertIn("schedule fuzzing: DISTTEST_CHAOS=", out)
+        self.assertIn("1 failed", out)
+        proc = pytest_run("--disttest-chaos", "39", "-k", "read_before_wait")
+        self.assertIn("schedule fuzzing: DISTTEST_CHAOS=39", proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+
+    def test_repeat_sets_the_seed_up_again_in_a_pool(self):
+        proc = pytest_run("--disttest-repeat", "3", "-k", "pool_sees_each_seed")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("failing seeds: 2 of 1..3 (reproduce one with DISTTEST_CHAOS=2)", out)
+        self.assertIn("schedule fuzzing: DISTTEST_CHAOS=2", out)
+
+    def test_fault_option_applies_to_every_test(self):
+        proc = pytest_run("--disttest-fault", "rank=1,action=raise,at=all_reduce,nth=2", "-k", "all_reduce")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("rank 1 raised InjectedFault at all_reduce #2", out)
+
+    def test_bad_values_are_usage_errors(self):
+        for args, message in [
+            (("--disttest-fault", "rank=1,action=explode"), "Invalid fault action 'explode' from --disttest-fault"),
+            (("--disttest-chaos", "x"), "Invalid chaos seed 'x' from --disttest-chaos"),
+            (("--disttest-repeat", "0"), "Invalid repeat count '0' from --disttest-repeat"),
+        ]:
+            with self.subTest(args=args):
+                proc = pytest_run(*args)
+                self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+                self.assertIn(message, proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
