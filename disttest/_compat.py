@@ -270,7 +270,12 @@ def flight_status() -> dict[str, list[Any]] | None:
     except ImportError:
         return None
     try:
-        dump = json.loads(_dump_fr_trace_json(True, True))
+        # Counts first (cheap); the entries only when a collective is pending.
+        dump = json.loads(_dump_fr_trace_json(False, True))
+        pending = any(int(v.get("last_enqueued_collective", 0)) > int(v.get("last_completed_collective", 0))
+                      for v in (dump.get("pg_status") or {}).values())
+        if pending:
+            dump = json.loads(_dump_fr_trace_json(True, True))
     except Exception:  # noqa: BLE001 (no recorder: nothing known)
         return None
     ops: dict[str, tuple[int, str, str]] = {}

@@ -459,6 +459,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
 
 _installed: list[tuple[Any, str, Any]] = []  # (module, name, original) while tracking
 _users = [0]
+_wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 
 
 def install_tracking() -> Callable[[], None]:
@@ -476,7 +477,12 @@ def install_tracking() -> Callable[[], None]:
             func = getattr(c10d, name, None)
             if func is None or getattr(func, "__disttest_tracked__", False):
                 continue
-            tracked = _wrap(dist, name, func)
+            # Wrappers are made once per function (inspect.signature is slow):
+            # a threaded test installs and removes tracking every time.
+            cached = _wrappers.get(name)
+            if cached is None or cached[0] is not func:
+                cached = _wrappers[name] = (func, _wrap(dist, name, func))
+            tracked = cached[1]
             for module in (c10d, dist):
                 if getattr(module, name, None) is func:
                     setattr(module, name, tracked)

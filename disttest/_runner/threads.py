@@ -104,10 +104,16 @@ class ThreadLauncher:
         for rank in range(self.world_size):
             t = threading.Thread(target=self._main, args=(rank,), name=f"{self._name} {rank}", daemon=True)
             self.threads.append(t)
+        # NB: each rank waits for the others to be started: a started thread
+        # that ran on would keep the GIL from the starter for a switch
+        # interval (5 ms) per thread.
+        self._go = threading.Event()
         for t in self.threads:
             t.start()
+        self._go.set()
 
     def _main(self, rank: int) -> None:
+        self._go.wait()
         self._idents[threading.get_ident()] = rank
         _bind_thread(self.world)
         track_into(self.board, rank, per_thread=True)
