@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from disttest._ops import COLLECTIVES, P2P_OPS
 from disttest.config import ConfigError
 
 __unittest = True
@@ -51,14 +52,7 @@ CHAOS_ENV = "DISTTEST_CHAOS"
 DECORATOR = "@inject_fault"
 ACTIONS = ("kill", "exit", "raise", "hang", "delay", "corrupt")
 #: Collectives a fault can be declared at, as ``torch.distributed`` spells them.
-OPS = (
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "scatter", "gather", "barrier", "monitored_barrier", "all_gather_object",
-    "broadcast_object_list", "gather_object", "scatter_object_list",
-    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
-    "_reduce_scatter_base", "send", "recv", "isend", "irecv", "batch_isend_irecv",
-)
+OPS = (*COLLECTIVES, *P2P_OPS)
 ANY = "any"
 #: Ops that receive no values: nothing there to corrupt.
 NO_VALUES = ("barrier", "monitored_barrier", "send", "isend")

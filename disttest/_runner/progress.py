@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from disttest._faults_rank import before_collective
+from disttest._ops import COLLECTIVES, P2P_OPS
 
 __unittest = True
 
@@ -62,15 +63,6 @@ def _runs(ranks: list[int]) -> list[list[int]]:
 def _unruns(runs: list[list[int]]) -> tuple[int, ...]:
     return tuple(r for a, b in runs for r in range(a, b + 1))
 
-# Collectives that wait for peers, with how their peers are found.
-_COLLECTIVES = (
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "scatter", "gather", "barrier", "monitored_barrier", "all_gather_object",
-    "broadcast_object_list", "gather_object", "scatter_object_list",
-    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
-    "_reduce_scatter_base", "all_gather_single", "reduce_scatter_single",
-)
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
 _ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}
 # Collective set-up: every rank must take part, so a peer that leaves breaks
@@ -473,7 +465,7 @@ def install_tracking() -> Callable[[], None]:
 
     _users[0] += 1
     if _users[0] == 1:
-        for name in (*_COLLECTIVES, *_P2P, "batch_isend_irecv", *_RENDEZVOUS):
+        for name in (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS):
             func = getattr(c10d, name, None)
             if func is None or getattr(func, "__disttest_tracked__", False):
                 continue
