@@ -85,10 +85,17 @@ def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed_before:
 
 
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
-          kind_of: dict[int, Kind], details: dict[int, str]) -> None:
-    stacks = launcher.dump_stacks(live)
+          kind_of: dict[int, Kind], details: dict[int, str],
+          reported: dict[int, Outcome] | None = None) -> None:
+    """Stop the live ranks; a rank that had reported (and lingered) keeps
+    its own outcome, the others are what ``kind_of`` says (else STOPPED)."""
+    reported = reported or {}
+    stacks = launcher.dump_stacks([r for r in live if r not in reported])
     launcher.stop()
     for r in live:
+        if r in reported and r not in kind_of:
+            outcomes[r] = reported[r]
+            continue
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
                               detail=details.get(r, ""), output_tail=launcher.output(r))
 
@@ -123,10 +130,16 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, live, outcomes, {}, {})
             break
-        found = launcher.desync(live, finished)
+        # A rank that reported and lingers has finished too: a peer waiting in
+        # a collective it never entered is a desync now, before its exit
+        # breaks that collective.
+        lingering = {r: o for r, o in launcher.reported().items() if r in live}
+        gone = finished + [r for r, o in lingering.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
+        found = launcher.desync([r for r in live if r not in lingering], gone)
         if found:
             kinds = {f[1].rank: Kind.DESYNC for f in found}
-            _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found})
+            _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found},
+                  lingering)
             break
         if grace_end is None and time.monotonic() > deadline:
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})

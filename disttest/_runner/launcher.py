@@ -79,6 +79,11 @@ class Launcher(Protocol):
         """In stream mode, pass on what the ranks printed since the last call."""
         ...
 
+    def reported(self) -> dict[int, Outcome]:
+        """Ranks that reported their outcome but have not ended yet (they
+        linger until released), with what they reported."""
+        ...
+
     def keep_logs(self, test: str) -> str:
         """Copy every rank's whole output into a new folder; return its path."""
         ...
@@ -127,6 +132,7 @@ class ProcessLauncher:
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
         self._released: set[int] = set()
+        self._reports: dict[int, Outcome] = {}  # outcomes read before the rank ended
         self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
         self._partial: dict[int, str] = {}  # a line not yet ended
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
@@ -156,6 +162,14 @@ class ProcessLauncher:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pids[r], rank_mod.RELEASE_SIGNAL)
                 self._released.add(r)
+
+    def reported(self) -> dict[int, Outcome]:
+        for r in self.pids:
+            if r not in self._reports and r not in self._exits:
+                outcome = self.outcome(r)
+                if outcome is not None:
+                    self._reports[r] = outcome
+        return {r: o for r, o in self._reports.items() if r not in self._exits}
 
     def outcome(self, rank: int) -> Outcome | None:
         path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]

@@ -37,7 +37,7 @@ TEST_ERROR_EXIT_CODE = 10
 #: collective it already joined), turning their own report into "connection
 #: closed by peer"; and a peer left waiting in a collective this rank never
 #: joins gets the time to show where it waits (desync).
-LINGER = 0.3
+LINGER = 1.0
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = 64  # flight-recorder entries kept per rank
 _context_publish: list[Any] = []
