@@ -286,6 +286,10 @@ def objects(c: Ctx, which: str) -> None:
 # --- the cases ------------------------------------------------------------------
 
 
+def _add(*args: Any, tags: Any = (), **kwargs: Any) -> None:
+    add(*args, tags={"values", *tags}, **kwargs)
+
+
 def _register() -> None:
     p = functools.partial
     sync, world, contig = "sync", "world", "contiguous"
@@ -293,10 +297,10 @@ def _register() -> None:
     for dtype in ref.DTYPES:
         for op in ref.OPS:
             if ref.op_defined(op, dtype):
-                add("all_reduce", f"{dtype}_{op}", p(all_reduce, dtype=dtype, op=op, n=N, layout=contig,
+                _add("all_reduce", f"{dtype}_{op}", p(all_reduce, dtype=dtype, op=op, n=N, layout=contig,
                                                      mode=sync, group=world), dtype=dtype, op=op)
     for n in (0, 1, LARGE):
-        add("all_reduce", f"float32_SUM_{SIZE_TAGS[n]}", p(all_reduce, dtype="float32", op="SUM", n=n,
+        _add("all_reduce", f"float32_SUM_{SIZE_TAGS[n]}", p(all_reduce, dtype="float32", op="SUM", n=n,
             layout=contig, mode=sync, group=world), dtype="float32", op="SUM", tags=[SIZE_TAGS[n]])
     variants = [("noncontiguous", "noncontiguous", sync, world),
                 ("async", contig, "async", world), ("subgroup", contig, sync, "subgroup"),
@@ -304,103 +308,103 @@ def _register() -> None:
     for tag, layout, mode, group in variants:
         tagset = {t for t in (layout, mode, group) if t not in (contig, sync, world)}
         mw = 1 if group == world else 3
-        add("all_reduce", f"float32_SUM_{tag}", p(all_reduce, dtype="float32", op="SUM", n=N, layout=layout,
+        _add("all_reduce", f"float32_SUM_{tag}", p(all_reduce, dtype="float32", op="SUM", n=N, layout=layout,
             mode=mode, group=group), dtype="float32", op="SUM", tags=tagset, min_world=mw)
-        add("broadcast", f"float32_{tag}", p(broadcast, dtype="float32", src=1, n=N, layout=layout, mode=mode,
+        _add("broadcast", f"float32_{tag}", p(broadcast, dtype="float32", src=1, n=N, layout=layout, mode=mode,
             group=group), dtype="float32", tags=tagset, min_world=max(mw, 2))
-        add("reduce", f"float32_SUM_{tag}", p(reduce, dtype="float32", op="SUM", root=1, n=N, layout=layout,
+        _add("reduce", f"float32_SUM_{tag}", p(reduce, dtype="float32", op="SUM", root=1, n=N, layout=layout,
             mode=mode, group=group), dtype="float32", op="SUM", tags=tagset, min_world=max(mw, 2))
-        add("all_gather", f"float32_{tag}", p(all_gather, dtype="float32", n=N, layout=layout, mode=mode,
+        _add("all_gather", f"float32_{tag}", p(all_gather, dtype="float32", n=N, layout=layout, mode=mode,
             group=group, form="list"), dtype="float32", tags=tagset, min_world=mw)
-        add("gather", f"float32_{tag}", p(gather, dtype="float32", dst=1, n=N, layout=layout, mode=mode,
+        _add("gather", f"float32_{tag}", p(gather, dtype="float32", dst=1, n=N, layout=layout, mode=mode,
             group=group), dtype="float32", tags=tagset, min_world=max(mw, 2))
-        add("scatter", f"float32_{tag}", p(scatter, dtype="float32", src=1, n=N, layout=layout, mode=mode,
+        _add("scatter", f"float32_{tag}", p(scatter, dtype="float32", src=1, n=N, layout=layout, mode=mode,
             group=group), dtype="float32", tags=tagset, min_world=max(mw, 2))
-        add("reduce_scatter", f"float32_SUM_{tag}", p(reduce_scatter, dtype="float32", op="SUM", n=N,
+        _add("reduce_scatter", f"float32_SUM_{tag}", p(reduce_scatter, dtype="float32", op="SUM", n=N,
             layout=layout, mode=mode, group=group, form="list"), dtype="float32", op="SUM", tags=tagset, min_world=mw)
-        add("all_to_all", f"float32_{tag}", p(all_to_all, dtype="float32", n=N, layout=layout, mode=mode,
+        _add("all_to_all", f"float32_{tag}", p(all_to_all, dtype="float32", n=N, layout=layout, mode=mode,
             group=group), dtype="float32", tags=tagset, min_world=mw)
         if layout == contig:
-            add("all_gather_into_tensor", f"float32_{tag}", p(all_gather, dtype="float32", n=N, layout=layout,
+            _add("all_gather_into_tensor", f"float32_{tag}", p(all_gather, dtype="float32", n=N, layout=layout,
                 mode=mode, group=group, form="flat"), dtype="float32", tags=tagset, min_world=mw)
-            add("reduce_scatter_tensor", f"float32_SUM_{tag}", p(reduce_scatter, dtype="float32", op="SUM", n=N,
+            _add("reduce_scatter_tensor", f"float32_SUM_{tag}", p(reduce_scatter, dtype="float32", op="SUM", n=N,
                 layout=layout, mode=mode, group=group, form="tensor"), dtype="float32", op="SUM",
                 tags=tagset, min_world=mw)
-            add("all_to_all_single", f"float32_{tag}", p(all_to_all_single, dtype="float32", n=2, mode=mode,
+            _add("all_to_all_single", f"float32_{tag}", p(all_to_all_single, dtype="float32", n=2, mode=mode,
                 group=group, form="list"), dtype="float32", tags=tagset | {"uneven"}, min_world=mw)
             if mode == sync:
-                add("send_recv", f"float32_{tag}", p(send_recv, dtype="float32", n=N, layout=layout,
+                _add("send_recv", f"float32_{tag}", p(send_recv, dtype="float32", n=N, layout=layout,
                     style="blocking", group=group), dtype="float32", tags=tagset, min_world=max(mw, 2))
-    add("send_recv", "float32_noncontiguous", p(send_recv, dtype="float32", n=N, layout="noncontiguous",
+    _add("send_recv", "float32_noncontiguous", p(send_recv, dtype="float32", n=N, layout="noncontiguous",
         style="blocking", group=world), dtype="float32", tags={"noncontiguous"}, min_world=2)
     # dtypes for the data movers; every root.
     for dtype in ref.DTYPES:
-        add("broadcast", dtype, p(broadcast, dtype=dtype, src=1, n=N, layout=contig, mode=sync, group=world),
+        _add("broadcast", dtype, p(broadcast, dtype=dtype, src=1, n=N, layout=contig, mode=sync, group=world),
             dtype=dtype, min_world=2)
-        add("all_gather", dtype, p(all_gather, dtype=dtype, n=N, layout=contig, mode=sync, group=world,
+        _add("all_gather", dtype, p(all_gather, dtype=dtype, n=N, layout=contig, mode=sync, group=world,
             form="list"), dtype=dtype)
-        add("all_gather_into_tensor", dtype, p(all_gather, dtype=dtype, n=N, layout=contig, mode=sync,
+        _add("all_gather_into_tensor", dtype, p(all_gather, dtype=dtype, n=N, layout=contig, mode=sync,
             group=world, form="flat"), dtype=dtype)
-        add("all_to_all_single", dtype, p(all_to_all_single, dtype=dtype, n=3, mode=sync, group=world,
+        _add("all_to_all_single", dtype, p(all_to_all_single, dtype=dtype, n=3, mode=sync, group=world,
             form="even"), dtype=dtype)
     for dtype in ("float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64", "bool"):
-        add("reduce_scatter_tensor", f"{dtype}_SUM", p(reduce_scatter, dtype=dtype, op="SUM", n=N, layout=contig,
+        _add("reduce_scatter_tensor", f"{dtype}_SUM", p(reduce_scatter, dtype=dtype, op="SUM", n=N, layout=contig,
             mode=sync, group=world, form="tensor"), dtype=dtype, op="SUM")
     for dtype in ("float64", "int64", "bool"):
-        add("gather", dtype, p(gather, dtype=dtype, dst=0, n=N, layout=contig, mode=sync, group=world), dtype=dtype)
-        add("scatter", dtype, p(scatter, dtype=dtype, src=0, n=N, layout=contig, mode=sync, group=world), dtype=dtype)
-        add("all_to_all", dtype, p(all_to_all, dtype=dtype, n=N, layout=contig, mode=sync, group=world), dtype=dtype)
-        add("send_recv", dtype, p(send_recv, dtype=dtype, n=N, layout=contig, style="blocking", group=world),
+        _add("gather", dtype, p(gather, dtype=dtype, dst=0, n=N, layout=contig, mode=sync, group=world), dtype=dtype)
+        _add("scatter", dtype, p(scatter, dtype=dtype, src=0, n=N, layout=contig, mode=sync, group=world), dtype=dtype)
+        _add("all_to_all", dtype, p(all_to_all, dtype=dtype, n=N, layout=contig, mode=sync, group=world), dtype=dtype)
+        _add("send_recv", dtype, p(send_recv, dtype=dtype, n=N, layout=contig, style="blocking", group=world),
             dtype=dtype, min_world=2)
     for root in (0, 2):
-        add("broadcast", f"float32_src{root}", p(broadcast, dtype="float32", src=root, n=N, layout=contig,
+        _add("broadcast", f"float32_src{root}", p(broadcast, dtype="float32", src=root, n=N, layout=contig,
             mode=sync, group=world), dtype="float32")
-        add("reduce", f"float32_SUM_dst{root}", p(reduce, dtype="float32", op="SUM", root=root, n=N, layout=contig,
+        _add("reduce", f"float32_SUM_dst{root}", p(reduce, dtype="float32", op="SUM", root=root, n=N, layout=contig,
             mode=sync, group=world), dtype="float32", op="SUM")
-        add("gather", f"float32_dst{root}", p(gather, dtype="float32", dst=root, n=N, layout=contig, mode=sync,
+        _add("gather", f"float32_dst{root}", p(gather, dtype="float32", dst=root, n=N, layout=contig, mode=sync,
             group=world), dtype="float32")
-        add("scatter", f"float32_src{root}", p(scatter, dtype="float32", src=root, n=N, layout=contig, mode=sync,
+        _add("scatter", f"float32_src{root}", p(scatter, dtype="float32", src=root, n=N, layout=contig, mode=sync,
             group=world), dtype="float32")
     # reduce ops of the other reductions.
     for op, dtype in (("PRODUCT", "float32"), ("MIN", "int64"), ("MAX", "float64"), ("AVG", "float32"),
                       ("PREMUL_SUM", "float32"), ("BAND", "int64"), ("BOR", "int32"), ("BXOR", "uint8")):
-        add("reduce", f"{dtype}_{op}", p(reduce, dtype=dtype, op=op, root=0, n=N, layout=contig, mode=sync,
+        _add("reduce", f"{dtype}_{op}", p(reduce, dtype=dtype, op=op, root=0, n=N, layout=contig, mode=sync,
             group=world), dtype=dtype, op=op)
-        add("reduce_scatter", f"{dtype}_{op}", p(reduce_scatter, dtype=dtype, op=op, n=N, layout=contig, mode=sync,
+        _add("reduce_scatter", f"{dtype}_{op}", p(reduce_scatter, dtype=dtype, op=op, n=N, layout=contig, mode=sync,
             group=world, form="list"), dtype=dtype, op=op)
-        add("reduce_scatter_tensor", f"{dtype}_{op}", p(reduce_scatter, dtype=dtype, op=op, n=N, layout=contig,
+        _add("reduce_scatter_tensor", f"{dtype}_{op}", p(reduce_scatter, dtype=dtype, op=op, n=N, layout=contig,
             mode=sync, group=world, form="tensor"), dtype=dtype, op=op)
     # sizes: empty, one element, about 1M.
     for n in (0, 1, LARGE):
         st = SIZE_TAGS[n]
-        add("broadcast", f"float32_{st}", p(broadcast, dtype="float32", src=0, n=n, layout=contig, mode=sync,
+        _add("broadcast", f"float32_{st}", p(broadcast, dtype="float32", src=0, n=n, layout=contig, mode=sync,
             group=world), dtype="float32", tags=[st])
-        add("all_gather_into_tensor", f"float32_{st}", p(all_gather, dtype="float32", n=n, layout=contig,
+        _add("all_gather_into_tensor", f"float32_{st}", p(all_gather, dtype="float32", n=n, layout=contig,
             mode=sync, group=world, form="flat"), dtype="float32", tags=[st])
-        add("reduce_scatter_tensor", f"float32_SUM_{st}", p(reduce_scatter, dtype="float32", op="SUM", n=n,
+        _add("reduce_scatter_tensor", f"float32_SUM_{st}", p(reduce_scatter, dtype="float32", op="SUM", n=n,
             layout=contig, mode=sync, group=world, form="tensor"), dtype="float32", op="SUM", tags=[st])
-        add("all_to_all_single", f"float32_{st}", p(all_to_all_single, dtype="float32", n=n // 3 if n == LARGE
+        _add("all_to_all_single", f"float32_{st}", p(all_to_all_single, dtype="float32", n=n // 3 if n == LARGE
             else n, mode=sync, group=world, form="even"), dtype="float32", tags=[st])
         if n != LARGE:
-            add("all_gather", f"float32_{st}", p(all_gather, dtype="float32", n=n, layout=contig, mode=sync,
+            _add("all_gather", f"float32_{st}", p(all_gather, dtype="float32", n=n, layout=contig, mode=sync,
                 group=world, form="list"), dtype="float32", tags=[st])
-            add("send_recv", f"float32_{st}", p(send_recv, dtype="float32", n=n, layout=contig, style="blocking",
+            _add("send_recv", f"float32_{st}", p(send_recv, dtype="float32", n=n, layout=contig, style="blocking",
                 group=world), dtype="float32", tags=[st], min_world=2)
     # other forms.
-    add("all_gather_into_tensor", "float32_stacked", p(all_gather, dtype="float32", n=N, layout=contig, mode=sync,
+    _add("all_gather_into_tensor", "float32_stacked", p(all_gather, dtype="float32", n=N, layout=contig, mode=sync,
         group=world, form="stacked"), dtype="float32", tags={"stacked"})
-    add("all_gather_coalesced", "float32", p(all_gather, dtype="float32", n=N, layout=contig, mode=sync,
+    _add("all_gather_coalesced", "float32", p(all_gather, dtype="float32", n=N, layout=contig, mode=sync,
         group=world, form="coalesced"), dtype="float32")
     for form in ("even", "list", "tuple", "tensor"):
-        add("all_to_all_single", f"float32_splits_{form}", p(all_to_all_single, dtype="float32", n=2, mode=sync,
+        _add("all_to_all_single", f"float32_splits_{form}", p(all_to_all_single, dtype="float32", n=2, mode=sync,
             group=world, form=form), dtype="float32", tags={f"splits_{form}"})
     for style in ("nonblocking", "batch_isend_irecv"):
-        add("send_recv", f"float32_{style}", p(send_recv, dtype="float32", n=N, layout=contig, style=style,
+        _add("send_recv", f"float32_{style}", p(send_recv, dtype="float32", n=N, layout=contig, style=style,
             group=world), dtype="float32", tags={style}, min_world=2)
-    add("send_recv", "recv_any_source", recv_any_source, tags={"recv_any_source"}, min_world=2)
-    add("send_recv", "tags", tags, tags={"tags"}, min_world=2)
+    _add("send_recv", "recv_any_source", recv_any_source, tags={"recv_any_source"}, min_world=2)
+    _add("send_recv", "tags", tags, tags={"tags"}, min_world=2)
     for which in ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"):
-        add("objects", which, p(objects, which=which), tags={which})
+        _add("objects", which, p(objects, which=which), tags={which})
 
 
 _register()
