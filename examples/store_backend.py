@@ -138,7 +138,7 @@ class StoreProcessGroup(dist.ProcessGroup):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> StoreWork:
         if len(outputs[0]) != self.size():
             raise ValueError(f"storepg all_gather: {len(outputs[0])} outputs for {self.size()} ranks")
-        for out, t in zip(outputs[0], self._exchange(inputs[0].cpu())):
+        for out, t in zip(outputs[0], self._exchange(inputs[0].cpu()), strict=False):
             out.copy_(t)
         return StoreWork(outputs)
 
@@ -153,8 +153,8 @@ class StoreProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> StoreWork:
-        for out, ts in zip(outputs, self._exchange([t.cpu() for t in inputs])):
-            for o, t in zip(out, ts):
+        for out, ts in zip(outputs, self._exchange([t.cpu() for t in inputs]), strict=False):
+            for o, t in zip(out, ts, strict=False):
                 o.copy_(t)
         return StoreWork(outputs)
 
@@ -162,7 +162,7 @@ class StoreProcessGroup(dist.ProcessGroup):
         root = self._root(opts.rootRank, "gather")
         every = self._exchange(inputs[0].cpu())
         if self.rank() == root:
-            for out, t in zip(outputs[0], every):
+            for out, t in zip(outputs[0], every, strict=False):
                 out.copy_(t)
         return StoreWork(outputs)
 

@@ -16,7 +16,7 @@ import unittest
 
 import torch.distributed as dist
 
-from disttest.conformance import CASES, Case, CollectiveConformance, Declaration, UNSUPPORTED
+from disttest.conformance import CASES, UNSUPPORTED, Case, CollectiveConformance, Declaration
 from disttest.conformance.cases import torch_lacks
 from disttest.conformance.suite import _skip_for
 

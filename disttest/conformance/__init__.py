@@ -34,7 +34,12 @@ from typing import Any
 
 from disttest.conformance.cases import CASES, Case, Declaration
 from disttest.conformance.report import STATUSES, CaseResult, ConformanceResult
-from disttest.conformance.suite import UNSUPPORTED, CollectiveConformance, Unsupported, declaration_for
+from disttest.conformance.suite import (
+    UNSUPPORTED,
+    CollectiveConformance,
+    Unsupported,
+    declaration_for,
+)
 
 __unittest = True
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from disttest.conformance import Declaration, run
 from disttest.config import ConfigError, parse_timeout, parse_world_size
+from disttest.conformance import Declaration, run
 
 __unittest = True
 

@@ -193,7 +193,7 @@ class Ctx:
                 f"non-contiguous view (it must honour strides, or reject the tensor)")
 
     def unchanged(self, before: list[torch.Tensor], after: list[torch.Tensor], what: str) -> None:
-        for i, (b, a) in enumerate(zip(before, after)):
+        for i, (b, a) in enumerate(zip(before, after, strict=False)):
             if not torch.equal(b, a):
                 raise AssertionError(f"rank {self.rank}/{self.world}: {what} {i} was modified; "
                                      f"it is an input and must be left as it was")

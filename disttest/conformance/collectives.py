@@ -147,8 +147,8 @@ def all_gather(c: Ctx, dtype: str, n: int, layout: str, mode: str, group: str, f
                 warnings.simplefilter("ignore")  # deprecated, still public
                 work = dist.all_gather_coalesced(outs2, [t], group=g, async_op=mode == "async")
             c.finish(work, mode)
-            for i, o in enumerate(outs2):
-                c.check(o[0], want[i], dtype, f"all_gather_coalesced slot {i}")
+            for i, slot in enumerate(outs2):
+                c.check(slot[0], want[i], dtype, f"all_gather_coalesced slot {i}")
         else:
             shape = (len(ranks), n) if form == "stacked" else (len(ranks) * n,)
             out = ref.to_torch(np.zeros(shape, dtype=ref.DTYPES[dtype][1]), dtype)
@@ -218,7 +218,7 @@ def send_recv(c: Ctx, dtype: str, n: int, layout: str, style: str, group: str) -
                 else:
                     dist.recv(got, peer, group=g)
         elif style == "nonblocking":
-            works = [dist.irecv(got, prv, group=g), dist.isend(t, nxt, group=g)]
+            works: list[Any] = [dist.irecv(got, prv, group=g), dist.isend(t, nxt, group=g)]
             for w in works:
                 w.wait()
         else:
@@ -234,7 +234,7 @@ def recv_any_source(c: Ctx) -> None:
     if c.rank != 0:
         dist.send(ref.to_torch(ref.rank_input(c.rank, N, "float32"), "float32"), 0)
         return
-    seen = set()
+    seen: set[int] = set()
     for _ in range(c.world - 1):
         got = torch.zeros(N)
         sender = dist.recv(got)
@@ -247,8 +247,9 @@ def recv_any_source(c: Ctx) -> None:
 def tags(c: Ctx) -> None:
     # Rank 1 sends tag 1 then tag 2; rank 0 receives tag 2 first.
     if c.rank == 1:
-        works = [dist.isend(ref.to_torch(ref.rank_input(1, N, "float32", s), "float32"), 0, tag=s) for s in (1, 2)]
-        for w in works:
+        sends: list[Any] = [dist.isend(ref.to_torch(ref.rank_input(1, N, "float32", s), "float32"), 0, tag=s)
+                            for s in (1, 2)]
+        for w in sends:
             w.wait()
     elif c.rank == 0:
         for s in (2, 1):

@@ -135,7 +135,8 @@ def _method(case: Case) -> Callable[..., None]:
     test.__name__ = test.__qualname__ = case.name
     test.__doc__ = f"Conformance: {case.collective} ({', '.join(sorted(case.all_tags - {case.collective}))})."
     test.__conformance__ = case  # type: ignore[attr-defined]
-    test.__disttest_skip_checks__ = (check,)  # type: ignore[attr-defined]  (decided in the parent)
+    # (decided in the parent too, before any rank starts)
+    test.__disttest_skip_checks__ = (check,)  # type: ignore[attr-defined]
     return test
 
 
