@@ -89,7 +89,8 @@ class ConformanceResult:
 
     def matrix(self) -> list[str]:
         """dtype x reduce op over every case that has both: ok, FAIL (any
-        failed), unsup, skip, or '.' (not defined / not checked)."""
+        failed), ok* (the rest declared unsupported), unsup, skip, or '.'
+        (not defined / not checked)."""
         cells: dict[tuple[str, str], set[str]] = {}
         for r in self.cases:
             if r.case.dtype and r.case.op:
@@ -100,9 +101,11 @@ class ConformanceResult:
             row = []
             for op in OPS:
                 seen = cells.get((dtype, op), set())
-                status = next((s for s in ("failed", "unsupported", "skipped", "passed") if s in seen), None)
-                row.append(CELL[status] if status else ".")
+                status = next((s for s in ("failed", "passed", "unsupported", "skipped") if s in seen), None)
+                partly = status == "passed" and "unsupported" in seen
+                row.append("ok*" if partly else CELL[status] if status else ".")
             lines.append(f"{dtype:12}" + "".join(f"{c:>11}" for c in row))
+        lines.append("(ok*: every case ran passed, some were declared unsupported; '.': op not defined)")
         return lines
 
     def as_json(self) -> str:
