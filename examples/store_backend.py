@@ -122,6 +122,8 @@ class StoreProcessGroup(dist.ProcessGroup):
             t.copy_(_reduce(op, [ts[i] for ts in every]))
         return StoreWork(tensors)
 
+    allreduce_coalesced = allreduce
+
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> StoreWork:
         root = self._root(opts.rootRank, "reduce")
         every = self._exchange(tensors[0].cpu())

@@ -75,12 +75,23 @@ def reduce_scatter(c: Ctx, dtype: str, op: str, n: int, layout: str, mode: str, 
         else:
             inputs = [ref.to_torch(np.concatenate(pieces), dtype)]
             before = c.snapshot(inputs)
-            work = dist.reduce_scatter_tensor(out, inputs[0], op=reduce_op(op), group=g, async_op=mode == "async")
+            call = dist.reduce_scatter_single if form == "single" else dist.reduce_scatter_tensor
+            work = call(out, inputs[0], op=reduce_op(op), group=g, async_op=mode == "async")
         c.finish(work, mode)
         want = ref.expected_reduce(op, [ref.rank_input(r, n, dtype, 10 + salt + me) for r in ranks], dtype)
         c.check(out, want, dtype, f"reduce_scatter {op} on {dtype}")
         c.check_gaps(base, dtype, "reduce_scatter output")
         c.unchanged(before, inputs, "reduce_scatter input")
+
+
+def all_reduce_coalesced(c: Ctx, dtype: str, op: str) -> None:
+    ts = [ref.to_torch(ref.rank_input(c.rank, k, dtype, k), dtype) for k in (N, 3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated, still public
+        dist.all_reduce_coalesced(ts, op=reduce_op(op))
+    for k, t in zip((N, 3), ts, strict=True):
+        want = ref.expected_reduce(op, [ref.rank_input(r, k, dtype, k) for r in range(c.world)], dtype)
+        c.check(t, want, dtype, f"all_reduce_coalesced {op} (tensor of {k})")
 
 
 # --- one to all, all to one ---------------------------------------------------------
@@ -152,7 +163,8 @@ def all_gather(c: Ctx, dtype: str, n: int, layout: str, mode: str, group: str, f
         else:
             shape = (len(ranks), n) if form == "stacked" else (len(ranks) * n,)
             out = ref.to_torch(np.zeros(shape, dtype=ref.DTYPES[dtype][1]), dtype)
-            work = dist.all_gather_into_tensor(out, t, group=g, async_op=mode == "async")
+            call = dist.all_gather_single if form == "single" else dist.all_gather_into_tensor
+            work = call(out, t, group=g, async_op=mode == "async")
             c.finish(work, mode)
             c.check(out, np.stack(want).reshape(shape), dtype, "all_gather_into_tensor")
         c.unchanged(before, [t], "all_gather input")
@@ -391,6 +403,23 @@ def _register() -> None:
                 group=world, form="list"), dtype="float32", tags=[st])
             _add("send_recv", f"float32_{st}", p(send_recv, dtype="float32", n=n, layout=contig, style="blocking",
                 group=world), dtype="float32", tags=[st], min_world=2)
+    # the *_single names (torch >= 2.13; all_gather_into_tensor & co. are deprecated there).
+    single = {"requires": ("all_gather_single", "2.13")}
+    for dtype in ("float32", "bfloat16", "int64"):
+        _add("all_gather_single", dtype, p(all_gather, dtype=dtype, n=N, layout=contig, mode=sync, group=world,
+             form="single"), dtype=dtype, **single)
+    for tag, mode, group in (("async", "async", world), ("subgroup", sync, "subgroup")):
+        _add("all_gather_single", f"float32_{tag}", p(all_gather, dtype="float32", n=N, layout=contig, mode=mode,
+             group=group, form="single"), dtype="float32", tags={tag}, min_world=3 if group != world else 1,
+             **single)
+        _add("reduce_scatter_single", f"float32_SUM_{tag}", p(reduce_scatter, dtype="float32", op="SUM", n=N,
+             layout=contig, mode=mode, group=group, form="single"), dtype="float32", op="SUM", tags={tag},
+             min_world=3 if group != world else 1, requires=("reduce_scatter_single", "2.13"))
+    for op, dtype in (("SUM", "float32"), ("MAX", "int64"), ("AVG", "float64")):
+        _add("reduce_scatter_single", f"{dtype}_{op}", p(reduce_scatter, dtype=dtype, op=op, n=N, layout=contig,
+             mode=sync, group=world, form="single"), dtype=dtype, op=op, requires=("reduce_scatter_single", "2.13"))
+    for op, dtype in (("SUM", "float32"), ("MIN", "int32")):
+        _add("all_reduce_coalesced", f"{dtype}_{op}", p(all_reduce_coalesced, dtype=dtype, op=op), dtype=dtype, op=op)
     # other forms.
     _add("all_gather_into_tensor", "float32_stacked", p(all_gather, dtype="float32", n=N, layout=contig, mode=sync,
         group=world, form="stacked"), dtype="float32", tags={"stacked"})
