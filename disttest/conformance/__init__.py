@@ -44,8 +44,8 @@ from disttest.conformance.suite import (
 __unittest = True
 
 __all__ = [
-    "CASES", "STATUSES", "UNSUPPORTED", "Case", "CollectiveConformance", "ConformanceResult", "Declaration",
-    "Unsupported", "conformance_class", "module_declaration", "run",
+    "CASES", "STATUSES", "UNSUPPORTED", "Case", "CaseResult", "CollectiveConformance", "ConformanceResult",
+    "Declaration", "Unsupported", "conformance_class", "module_declaration", "run",
 ]
 
 MODULE_ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"
