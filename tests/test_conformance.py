@@ -219,6 +219,36 @@ class CliArgumentsTest(unittest.TestCase):
                 self.assertIn(fragment, proc.stderr)
 
 
+class RunApiTest(unittest.TestCase):
+    def test_run_from_a_process_with_threads(self):
+        # The pool forks its ranks; a thread alive here must not send it to
+        # a fork server that cannot import the class run() makes.
+        import threading
+
+        from disttest.conformance import run
+
+        stop = threading.Event()
+        helper = threading.Thread(target=stop.wait, args=(60,), daemon=True)
+        helper.start()
+        self.addCleanup(stop.set)
+        result = run("gloo", 2, pattern="test_broadcast__float32_src*")
+        self.assertEqual(result.counts(), {"passed": 2, "failed": 0, "unsupported": 0, "skipped": 0},
+                         [r.message for r in result.cases])
+
+    def test_a_malformed_module_declaration(self):
+        import types
+
+        from disttest.conformance import module_declaration
+
+        module = types.ModuleType("mine")
+        module.CONFORMANCE_UNSUPPORTED = ["all_to_all"]
+        with self.assertRaisesRegex(TypeError, r"mine.CONFORMANCE_UNSUPPORTED must map backend names"):
+            module_declaration(module, "mine")
+        module.CONFORMANCE_UNSUPPORTED = {"mine": ["all_to_all", "PREMUL_SUM"], "other": ["x"]}
+        self.assertEqual(module_declaration(module, "mine").reasons,
+                         {"all_to_all": "declared by mine", "premul_sum": "declared by mine"})
+
+
 class MixinTest(unittest.TestCase):
     def test_mixin_in_a_users_class(self):
         import disttest

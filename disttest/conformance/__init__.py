@@ -105,6 +105,9 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
     from disttest.continuous import MultiProcContinousTest
 
     attrs["backend_str"] = classmethod(lambda cls: backend)
+    # NB: made in a function, as its qualname says: the pool forks its ranks
+    # from this process (a fork server could not import the class by name).
+    attrs["__qualname__"] = "conformance_class.<locals>.ProcessConformance"
     return type("ProcessConformance", (CollectiveConformance, MultiProcContinousTest), attrs)
 
 
