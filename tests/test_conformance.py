@@ -212,6 +212,8 @@ class CliArgumentsTest(unittest.TestCase):
              "--import 'no_such_module_here': no such module"),
             (("--backend", "nosuchbackend", "--world-size", "2"), "--backend 'nosuchbackend': no such c10d backend"),
             (("--backend", "threaded", "--world-size", "2", "-k", "nothing*"), "-k 'nothing*' matches no case"),
+            (("--backend", "threaded", "--world-size", "2", "--unsupported", "PREMUL_SUM,all_to_al"),
+             "--unsupported 'all_to_al': 'all_to_al' is no tag of any case"),
         ):
             with self.subTest(args=args):
                 proc = cli(*args)

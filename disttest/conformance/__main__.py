@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from disttest.config import ConfigError, parse_timeout, parse_world_size
-from disttest.conformance import Declaration, run
+from disttest.conformance import CASES, Declaration, run
 
 __unittest = True
 
@@ -39,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     declared = Declaration()
     for tokens in args.unsupported:
         declared.extend(tokens, "--unsupported")
+    known = set().union(*(c.all_tags for c in CASES))
+    for token in declared.reasons:
+        unknown = [part for part in token.split("+") if part not in known]
+        if unknown:
+            parser.error(f"--unsupported {token!r}: {unknown[0]!r} is no tag of any case (disttest); tags are "
+                         f"collectives, dtypes, ops and aspects such as noncontiguous, async, subgroup, "
+                         f"barrier_waits, missing_peer, argument_errors")
     try:
         result = run(args.backend, world_size, args.imports, timeout, args.pattern, declared, args.lenient)
     except ModuleNotFoundError as e:
