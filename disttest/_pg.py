@@ -214,3 +214,20 @@ def check_agree(what: str, seq: int, group: str, agree: Sequence[dict[str, Any] 
         if any(v != value for v in values):
             told = ", ".join(f"rank {r} passed {name}={v}" for r, v in enumerate(values))
             raise CollectiveMismatch(DISAGREE.format(what=what, seq=seq, group=group, name=name, values=told))
+
+
+def _one_dtype(what: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+    # An output of another dtype would be cast silently by copy_: reject it.
+    for t in outputs:
+        if inputs and t.dtype != inputs[0].dtype:
+            raise ValueError(f"{what}: an output is {t.dtype} but the input is {inputs[0].dtype}; "
+                             f"they must match (disttest)")
+
+
+def _copyable(error: BaseException) -> bool:
+    # Each rank gets its own exception object (tracebacks are per raise).
+    try:
+        type(error)(*error.args)
+    except Exception:  # noqa: BLE001
+        return False
+    return True

@@ -34,6 +34,8 @@ from disttest._pg import (
     FutureWork,
     ThreadedWork,
     _copy,
+    _copyable,
+    _one_dtype,
     _reduce,
     _same,
     _splits,
@@ -247,23 +249,6 @@ def _deliver(out: torch.Tensor, data: torch.Tensor, work: ThreadedWork, sender: 
         out.detach().copy_(data)
     work.source = sender
     fut.set_result([out])
-
-
-def _one_dtype(what: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
-    # An output of another dtype would be cast silently by copy_: reject it.
-    for t in outputs:
-        if inputs and t.dtype != inputs[0].dtype:
-            raise ValueError(f"{what}: an output is {t.dtype} but the input is {inputs[0].dtype}; "
-                             f"they must match (disttest)")
-
-
-def _copyable(error: BaseException) -> bool:
-    # Each rank gets its own exception object (tracebacks are per raise).
-    try:
-        type(error)(*error.args)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
 
 
 # --- the process group ----------------------------------------------------------
