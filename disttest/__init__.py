@@ -120,6 +120,7 @@ from disttest.tensors import build_multidim_tensor, build_tensor, simple_sparse_
 from disttest.threaded_pg import (
     CollectiveAborted,
     CollectiveMismatch,
+    CollectiveTimeout,
     ProcessLocalGroup,
     ThreadedWorld,
     _install_threaded_pg,
@@ -147,6 +148,7 @@ __all__ = [
     "CUSTOM_PG_TIMEOUT",
     "CollectiveAborted",
     "CollectiveMismatch",
+    "CollectiveTimeout",
     "ConfigError",
     "ControlFlowToyModel",
     "DDPUnevenTestInput",

@@ -3,7 +3,9 @@ a Work over a Future, reductions, argument checks and copies."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -14,7 +16,11 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "FutureWork", "ThreadedWork", "completed_work"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "ThreadedWork", "completed_work"]
+
+TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, the group's timeout (disttest): {why}"
+RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
+DISAGREE = "{what} #{seq} on group {group}: ranks pass different {name} (disttest): {values}"
 
 
 class CollectiveMismatch(RuntimeError):
@@ -22,18 +28,51 @@ class CollectiveMismatch(RuntimeError):
     at the same step of a group."""
 
 
+class CollectiveTimeout(RuntimeError):
+    """A Work did not complete within its group's timeout (a peer never came).
+
+    Fields: ``op``, ``timeout`` (seconds).
+    """
+
+    def __init__(self, message: str, op: str, timeout: float) -> None:
+        super().__init__(message)
+        self.op = op
+        self.timeout = timeout
+
+
+def seconds(timeout: Any) -> float | None:
+    """A c10d timeout (timedelta or seconds; zero means none) in seconds, or None."""
+    if timeout is None:
+        return None
+    value = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return value if value > 0 else None
+
+
 class FutureWork(_compat.work_base()):  # type: ignore[misc]
     """A c10d Work over a ``torch.futures.Future`` whose value is the output
     tensors: ``wait()`` blocks until it completes, or raises its error (a
-    threaded world's abort sets one)."""
+    threaded world's abort sets one). With a ``timeout`` (the group's),
+    ``wait()`` raises :class:`CollectiveTimeout` after it, saying why
+    (``on_timeout()`` tells, and may clean up)."""
 
-    def __init__(self, future: Future[Any], op: str) -> None:
+    def __init__(self, future: Future[Any], op: str, timeout: float | None = None,
+                 group: str = "", on_timeout: Callable[[], str] | None = None) -> None:
         super().__init__()
         self._future = future
         self.op = op
         self.source: int | None = None
+        self.timeout = timeout
+        self._group = group
+        self._on_timeout = on_timeout
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: Any = None) -> bool:
+        limit = seconds(timeout) or self.timeout
+        if limit is not None and not self._done.wait(limit):
+            why = self._on_timeout() if self._on_timeout is not None else "it never completed"
+            raise CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
+                                    self.op, limit)
         self._future.wait()
         return True
 
@@ -129,14 +168,66 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.detach().copy_(src.to(dst.device))
 
 
-def _splits(sizes: Sequence[int] | None, total: int, n: int, what: str) -> list[int]:
-    if not sizes:
+def _splits(sizes: Sequence[int] | torch.Tensor | None, total: int, n: int, what: str) -> list[int]:
+    """Split sizes in every form torch takes (None or empty: even; a list,
+    a tuple, a 1-D integer tensor) as a list that covers ``total``."""
+    if isinstance(sizes, torch.Tensor):
+        if sizes.dim() != 1 or sizes.dtype.is_floating_point or sizes.dtype.is_complex:
+            raise ValueError(f"{what}: split sizes must be a 1-D integer tensor, got {sizes.dtype} "
+                             f"{list(sizes.shape)} (disttest)")
+        sizes = [int(s) for s in sizes.tolist()]
+    if sizes is None or len(sizes) == 0:
         if total % n:
             raise ValueError(f"{what}: dim 0 of size {total} does not split evenly over {n} ranks (disttest)")
         return [total // n] * n
     sizes = [int(s) for s in sizes]
-    if len(sizes) != n or sum(sizes) != total:
+    if len(sizes) != n or sum(sizes) != total or min(sizes) < 0:
         raise ValueError(f"{what}: split sizes {sizes} do not cover dim 0 of size {total} over {n} ranks (disttest)")
     return sizes
 
 
+
+
+def check_rank(value: Any, size: int, what: str, name: str, group: str) -> int:
+    """``value`` as a rank of a group of ``size``, or a ValueError naming it and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+        raise ValueError(RANK_RANGE.format(what=what, name=name, value=value, group=group, last=size - 1))
+    return value
+
+
+def op_label(op: Any) -> str:
+    """A reduce op as its name (``PREMUL_SUM(2.0)`` with its factor)."""
+    kind, factor = _compat.reduce_op_parts(op)
+    name = getattr(kind, "name", str(kind))
+    if factor is None:
+        return str(name)
+    value = factor.item() if isinstance(factor, torch.Tensor) and factor.numel() == 1 else factor
+    return f"{name}({value})"
+
+
+def check_agree(what: str, seq: int, group: str, agree: Sequence[dict[str, Any] | None]) -> None:
+    """Raise CollectiveMismatch when ranks passed different values for an
+    argument every rank of a collective must share (its root, its op)."""
+    first = agree[0] or {}
+    for name, value in first.items():
+        values = [(a or {}).get(name) for a in agree]
+        if any(v != value for v in values):
+            told = ", ".join(f"rank {r} passed {name}={v}" for r, v in enumerate(values))
+            raise CollectiveMismatch(DISAGREE.format(what=what, seq=seq, group=group, name=name, values=told))
+
+
+def _one_dtype(what: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+    # An output of another dtype would be cast silently by copy_: reject it.
+    for t in outputs:
+        if inputs and t.dtype != inputs[0].dtype:
+            raise ValueError(f"{what}: an output is {t.dtype} but the input is {inputs[0].dtype}; "
+                             f"they must match (disttest)")
+
+
+def _copyable(error: BaseException) -> bool:
+    # Each rank gets its own exception object (tracebacks are per raise).
+    try:
+        type(error)(*error.args)
+    except Exception:  # noqa: BLE001
+        return False
+    return True

@@ -30,13 +30,20 @@ from torch.futures import Future
 from disttest import _compat
 from disttest._pg import (
     CollectiveMismatch,
+    CollectiveTimeout,
     FutureWork,
     ThreadedWork,
     _copy,
+    _copyable,
+    _one_dtype,
     _reduce,
     _same,
     _splits,
+    check_agree,
+    check_rank,
     completed_work,
+    op_label,
+    seconds,
 )
 
 __unittest = True
@@ -45,6 +52,7 @@ __all__ = [
     "BACKEND",
     "CollectiveAborted",
     "CollectiveMismatch",
+    "CollectiveTimeout",
     "FutureWork",
     "ProcessLocalGroup",
     "ThreadedWork",
@@ -74,12 +82,13 @@ class CollectiveAborted(RuntimeError):
 
 
 class _Call:
-    __slots__ = ("op", "payload", "future")
+    __slots__ = ("op", "payload", "future", "agree")
 
-    def __init__(self, op: str, payload: Any, future: Future[Any]) -> None:
+    def __init__(self, op: str, payload: Any, future: Future[Any], agree: dict[str, Any] | None) -> None:
         self.op = op
         self.payload = payload
         self.future = future
+        self.agree = agree
 
 
 class ThreadedWorld:
@@ -119,11 +128,13 @@ class ThreadedWorld:
     # -- collectives --
     def collective(
         self, pg: ProcessLocalGroup, op: str, payload: Any,
-        compute: Callable[[list[Any]], list[Any]],
+        compute: Callable[[list[Any]], list[Any]], agree: dict[str, Any] | None = None,
     ) -> ThreadedWork:
         """Join collective ``op`` of ``pg`` with ``payload``. The last rank to
-        join runs ``compute(payloads by group rank)``, which returns each
-        rank's future value (or raises: every rank gets the error)."""
+        join checks that every rank passed the same ``agree`` values (root,
+        reduce op), then runs ``compute(payloads by group rank)``, which
+        returns each rank's future value (or raises: every rank gets the
+        error). The Work times out after the group's timeout."""
         fut: Future[Any] = Future()
         with self._lock:
             self._check_aborted(op, pg.group_name)
@@ -131,10 +142,10 @@ class ThreadedWorld:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             calls = self._waiting.setdefault((pg.group_name, seq), {})
-            calls[pg.rank()] = _Call(op, payload, fut)
+            calls[pg.rank()] = _Call(op, payload, fut, agree)
             self._pending.add(fut)
             if len(calls) < pg.size():
-                return ThreadedWork(fut, op)
+                return self._work(fut, op, pg, lambda: self._absent(pg, seq, fut))
             del self._waiting[(pg.group_name, seq)]
         ordered = [calls[r] for r in range(pg.size())]
         try:
@@ -142,13 +153,26 @@ class ThreadedWorld:
             if len(ops) > 1:
                 described = ", ".join(f"rank {r} called {c.op}" for r, c in enumerate(ordered))
                 raise CollectiveMismatch(MISMATCH.format(seq=seq, group=pg.group_name, calls=described))
+            check_agree(op, seq, pg.group_name, [c.agree for c in ordered])
             with torch.no_grad():
                 results = compute([c.payload for c in ordered])
         except Exception as e:  # noqa: BLE001 (every rank gets it)
             self._finish(ordered, error=e)
         else:
             self._finish(ordered, results=results)
-        return ThreadedWork(fut, op)
+        return self._work(fut, op, pg, lambda: "")
+
+    @staticmethod
+    def _work(fut: Future[Any], op: str, pg: ProcessLocalGroup, on_timeout: Callable[[], str]) -> ThreadedWork:
+        return ThreadedWork(fut, op, timeout=pg.timeout, group=pg.group_name, on_timeout=on_timeout)
+
+    def _absent(self, pg: ProcessLocalGroup, seq: int, fut: Future[Any]) -> str:
+        # Why a collective timed out: the ranks that never joined it.
+        with self._lock:
+            self._pending.discard(fut)
+            joined = set(self._waiting.get((pg.group_name, seq), {}))
+        missing = [r for r in range(pg.size()) if r not in joined]
+        return f"collective #{seq}: rank(s) {missing} of the group never called it"
 
     def _finish(self, calls: Sequence[_Call], results: list[Any] | None = None,
                 error: BaseException | None = None) -> None:
@@ -165,6 +189,7 @@ class ThreadedWorld:
 
     # -- point to point --
     def send(self, pg: ProcessLocalGroup, tensor: torch.Tensor, dst: int, tag: int) -> ThreadedWork:
+        check_rank(dst, pg.size(), "send", "dst", pg.group_name)
         fut: Future[Any] = Future()
         with self._lock:
             self._check_aborted("send", pg.group_name)
@@ -182,8 +207,11 @@ class ThreadedWorld:
         return ThreadedWork(fut, "send")
 
     def recv(self, pg: ProcessLocalGroup, tensor: torch.Tensor, src: int | None, tag: int) -> ThreadedWork:
+        if src is not None:
+            check_rank(src, pg.size(), "recv", "src", pg.group_name)
         fut: Future[Any] = Future()
-        work = ThreadedWork(fut, "recv")
+        work = ThreadedWork(fut, "recv", timeout=pg.timeout, group=pg.group_name,
+                            on_timeout=lambda: self._unmatched(fut, src, tag))
         with self._lock:
             self._check_aborted("recv", pg.group_name)
             box = self._mail.get((pg.group_name, pg.rank(), tag))
@@ -202,6 +230,14 @@ class ThreadedWorld:
         return work
 
 
+    def _unmatched(self, fut: Future[Any], src: int | None, tag: int) -> str:
+        # A timed-out recv leaves the queue: a later send must not land in it.
+        with self._lock:
+            self._pending.discard(fut)
+            self._recvs = [r for r in self._recvs if r[5] is not fut]
+        return f"no send from {'any rank' if src is None else f'rank {src}'} with tag {tag} arrived"
+
+
 def _deliver(out: torch.Tensor, data: torch.Tensor, work: ThreadedWork, sender: int,
              fut: Future[Any]) -> None:
     if out.shape != data.shape or out.dtype != data.dtype:
@@ -215,25 +251,19 @@ def _deliver(out: torch.Tensor, data: torch.Tensor, work: ThreadedWork, sender: 
     fut.set_result([out])
 
 
-def _copyable(error: BaseException) -> bool:
-    # Each rank gets its own exception object (tracebacks are per raise).
-    try:
-        type(error)(*error.args)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
 # --- the process group ----------------------------------------------------------
 
 
 class ProcessLocalGroup(dist.ProcessGroup):
     """One rank's view of a threaded group; every collective of c10d."""
 
-    def __init__(self, rank: int, world_size: int, name: str = "", world: ThreadedWorld | None = None) -> None:
+    def __init__(self, rank: int, world_size: int, name: str = "", world: ThreadedWorld | None = None,
+                 timeout: Any = None) -> None:
         super().__init__(rank, world_size)  # type: ignore[call-arg]
         self._name = name
         self._tworld = world if world is not None else _current_world()
+        #: seconds a Work waits for its peers before it raises (None: until the test ends)
+        self.timeout = seconds(timeout)
 
     @property
     def group_name(self) -> str:
@@ -249,8 +279,12 @@ class ProcessLocalGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"ThreadedPG(group={self._name!r}, rank={self.rank()}, world_size={self.size()})"
 
-    def _join(self, op: str, payload: Any, compute: Callable[[list[Any]], list[Any]]) -> ThreadedWork:
-        return self._tworld.collective(self, op, payload, compute)
+    def _join(self, op: str, payload: Any, compute: Callable[[list[Any]], list[Any]],
+              agree: dict[str, Any] | None = None) -> ThreadedWork:
+        return self._tworld.collective(self, op, payload, compute, agree)
+
+    def _root(self, root: int, what: str, name: str) -> int:
+        return check_rank(root, self.size(), what, name, self._name)
 
     # -- reductions --
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
@@ -265,13 +299,13 @@ class ProcessLocalGroup(dist.ProcessGroup):
                     _copy(t, result)
             return all_tensors
 
-        return self._join("all_reduce", tensors, compute)
+        return self._join("all_reduce", tensors, compute, {"op": op_label(op)})
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> ThreadedWork:
-        root, op = opts.rootRank, opts.reduceOp
+        root, op = self._root(opts.rootRank, "reduce", "dst"), opts.reduceOp
 
         def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
             column = [ts[0] for ts in all_tensors]
@@ -279,10 +313,10 @@ class ProcessLocalGroup(dist.ProcessGroup):
             _copy(column[root], _reduce(column, op, "reduce"))
             return all_tensors
 
-        return self._join("reduce", tensors, compute)
+        return self._join("reduce", tensors, compute, {"dst": root, "op": op_label(op)})
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> ThreadedWork:
-        root = opts.rootRank
+        root = self._root(opts.rootRank, "broadcast", "src")
 
         def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
             for i, src in enumerate(all_tensors[root]):
@@ -293,11 +327,12 @@ class ProcessLocalGroup(dist.ProcessGroup):
                         _copy(t, src)
             return all_tensors
 
-        return self._join("broadcast", tensors, compute)
+        return self._join("broadcast", tensors, compute, {"src": root})
 
     # -- gathers and scatters --
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         n = self.size()
+        _one_dtype("all_gather", [t for ts in outputs for t in ts], inputs)
 
         def compute(payloads: list[Any]) -> list[Any]:
             ins = [p[1][0] for p in payloads]
@@ -326,6 +361,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> ThreadedWork:
         n = self.size()
+        _one_dtype("all_gather_into_tensor", [output], [input])
 
         def compute(payloads: list[Any]) -> list[Any]:
             ins = [p[1] for p in payloads]
@@ -352,7 +388,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
         return self._join("all_gather_into_tensor_coalesced", (outputs, inputs), compute)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> ThreadedWork:
-        root, n = opts.rootRank, self.size()
+        root, n = self._root(opts.rootRank, "gather", "dst"), self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
             outs = payloads[root][0]
@@ -362,10 +398,10 @@ class ProcessLocalGroup(dist.ProcessGroup):
                 _copy(outs[0][src], ins[0])
             return [p[0] for p in payloads]
 
-        return self._join("gather", (outputs, inputs), compute)
+        return self._join("gather", (outputs, inputs), compute, {"dst": root})
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> ThreadedWork:
-        root, n = opts.rootRank, self.size()
+        root, n = self._root(opts.rootRank, "scatter", "src"), self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
             ins = payloads[root][1]
@@ -379,7 +415,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
                 _copy(outs[0], ins[0][r])
             return [p[0] for p in payloads]
 
-        return self._join("scatter", (outputs, inputs), compute)
+        return self._join("scatter", (outputs, inputs), compute, {"src": root})
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> ThreadedWork:
         op, n = opts.reduceOp, self.size()
@@ -394,10 +430,11 @@ class ProcessLocalGroup(dist.ProcessGroup):
                 _copy(outs[0], _reduce(column, op, "reduce_scatter"))
             return [p[0] for p in payloads]
 
-        return self._join("reduce_scatter", (outputs, inputs), compute)
+        return self._join("reduce_scatter", (outputs, inputs), compute, {"op": op_label(op)})
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> ThreadedWork:
         op, n = opts.reduceOp, self.size()
+        _one_dtype("reduce_scatter_tensor", [output], [input])
 
         def compute(payloads: list[Any]) -> list[Any]:
             ins = [p[1] for p in payloads]
@@ -412,7 +449,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
                 _copy(out, total.chunk(n)[dst].reshape(out.shape))
             return [[p[0]] for p in payloads]
 
-        return self._join("reduce_scatter_tensor", (output, input), compute)
+        return self._join("reduce_scatter_tensor", (output, input), compute, {"op": op_label(op)})
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> ThreadedWork:
         op, n = opts.reduceOp, self.size()
@@ -424,7 +461,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
                     _copy(outs[j], total.chunk(n)[dst].reshape(outs[j].shape))
             return [p[0] for p in payloads]
 
-        return self._join("reduce_scatter_tensor_coalesced", (outputs, inputs), compute)
+        return self._join("reduce_scatter_tensor_coalesced", (outputs, inputs), compute, {"op": op_label(op)})
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         n = self.size()
@@ -447,6 +484,10 @@ class ProcessLocalGroup(dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> ThreadedWork:
         n = self.size()
+        _one_dtype("all_to_all_single", [output], [input])
+        # Checked here, in the calling rank: bad split sizes raise at once.
+        _splits(output_split_sizes, output.size(0) if output.dim() else 0, n, "all_to_all_single (output)")
+        _splits(input_split_sizes, input.size(0) if input.dim() else 0, n, "all_to_all_single (input)")
 
         def compute(payloads: list[Any]) -> list[Any]:
             outs_split, ins_split = [], []
@@ -510,7 +551,8 @@ def _bind_thread(world: ThreadedWorld | None) -> None:
 
 
 def _create(opts: Any, backend_opts: Any) -> ProcessLocalGroup:
-    return ProcessLocalGroup(opts.group_rank, opts.group_size, str(opts.group_id))
+    return ProcessLocalGroup(opts.group_rank, opts.group_size, str(opts.group_id),
+                             timeout=getattr(opts, "timeout", None))
 
 
 class _ThreadLocalRegistry:

@@ -1,75 +1,272 @@
-"""The backend conformance suite and its command line."""
+"""The backend conformance suite and its command line.
+
+Each full run (every case, world size 3) happens once per backend in a
+class fixture; the tests assert on its JSON, its table and its exit status.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import unittest
 
+import torch.distributed as dist
+
+from disttest.conformance import CASES, UNSUPPORTED, Case, CollectiveConformance, Declaration
+from disttest.conformance.cases import torch_lacks
+from disttest.conformance.suite import _skip_for
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+ALL = len(CASES)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "disttest.conformance", *args],
-                          capture_output=True, text=True, timeout=600, env=env)
+                          capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
 
 
-def row(table: str, collective: str) -> list[int]:
-    line = next(ln for ln in table.splitlines() if ln.startswith(collective + " "))
-    return [int(x) for x in line.split()[1:]]
+def full_run(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "report.json")
+        proc = cli("--world-size", "3", "--json", path, *args)
+        with open(path, encoding="utf-8") as f:
+            return proc, json.load(f)
 
 
-class ConformanceCliTest(unittest.TestCase):
-    def test_threaded_backend_passes_with_threads(self):
-        proc = cli("--backend", "threaded", "--world-size", "3")
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertIn("conformance of backend 'threaded', world size 3", proc.stdout)
-        self.assertEqual(row(proc.stdout, "total")[1:], [0, 0, 0])
-        self.assertEqual(row(proc.stdout, "all_reduce"), [10, 0, 0, 0])
+def table_rows(table: str) -> dict[str, list[int]]:
+    rows = {}
+    for line in table.split("reduce ops by dtype")[0].splitlines():
+        m = re.match(r"^(\w+) +(\d+) +(\d+) +(\d+) +(\d+)$", line)
+        if m:
+            rows[m.group(1)] = [int(x) for x in m.groups()[1:]]
+    return rows
 
-    def test_gloo_passes_with_processes_and_reports_what_it_lacks(self):
-        proc = cli("--backend", "gloo", "--world-size", "2", "-k", "test_[ab]*")
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertEqual(row(proc.stdout, "all_reduce"), [9, 0, 1, 0])
-        self.assertIn("UNSUPPORTED test_all_reduce_premul_sum: all_reduce PREMUL_SUM (gloo lacks it)", proc.stdout)
 
-    def test_a_broken_backend_is_caught_and_named(self):
-        proc = cli("--backend", "toybroken", "--world-size", "2", "--import", "toy_backend",
-                   "-k", "test_[ab]*")
-        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        out = proc.stdout
-        self.assertGreater(row(out, "all_reduce")[1], 0)   # wrong results
-        self.assertEqual(row(out, "broadcast"), [0, 0, 1, 0])  # says it is not supported
-        self.assertEqual(row(out, "all_gather")[1], 1)
-        self.assertIn("FAILED test_all_reduce_sum:", out)
-        self.assertIn("Mismatched elements", out)
-        self.assertIn("toy allgather exploded", out)
-        self.assertIn("UNSUPPORTED test_broadcast_each_source: broadcast (broadcast is not supported by toybroken)", out)
+def statuses(report: dict, status: str) -> set[str]:
+    return {c["name"] for c in report["cases"] if c["status"] == status}
 
+
+class Agreement:
+    """Checks shared by the full runs: the table, the JSON and the summary agree."""
+
+    proc: subprocess.CompletedProcess[str]
+    report: dict
+    assertEqual: object
+
+    def test_table_and_json_agree(self):
+        rows = table_rows(self.proc.stdout)
+        counts = self.report["counts"]
+        self.assertEqual(rows.pop("total"), [counts[s] for s in ("passed", "failed", "unsupported", "skipped")])
+        self.assertEqual(rows, {k: [v[s] for s in ("passed", "failed", "unsupported", "skipped")]
+                                for k, v in self.report["collectives"].items()})
+        self.assertEqual(len(self.report["cases"]), ALL)
+        self.assertIn(f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported, "
+                      f"{counts['skipped']} skipped ({ALL} cases", self.proc.stdout.splitlines()[-1])
+        for case in self.report["cases"]:
+            if case["status"] == "failed":
+                self.assertIn(f"FAILED {case['name']}:", self.proc.stdout)
+            if case["status"] == "unsupported":
+                self.assertIn(f"UNSUPPORTED {case['name']}: declared unsupported", self.proc.stdout)
+
+
+class ThreadedRunTest(Agreement, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.proc, cls.report = full_run("--backend", "threaded")
+
+    def test_every_case_passes_but_the_declared(self):
+        self.assertEqual(self.proc.returncode, 0, self.proc.stdout[-3000:] + self.proc.stderr[-3000:])
+        self.assertGreaterEqual(self.report["counts"]["passed"], 200)
+        self.assertEqual(statuses(self.report, "unsupported"), {"test_monitored_barrier__all_ranks"})
+        self.assertEqual(self.report["counts"]["failed"], 0)
+
+    def test_the_matrix(self):
+        matrix = self.proc.stdout.split("reduce ops by dtype")[1]
+        self.assertRegex(matrix, r"\nint8 +ok +ok +ok +ok +\. +\. +ok +ok +ok\n")
+        self.assertRegex(matrix, r"\ncomplex64 +ok +\. +\. +\. +ok +ok +\. +\. +\.\n")
+
+
+class GlooRunTest(Agreement, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.proc, cls.report = full_run("--backend", "gloo")
+
+    def test_every_case_passes_but_the_declared(self):
+        self.assertEqual(self.proc.returncode, 0, self.proc.stdout[-3000:] + self.proc.stderr[-3000:])
+        self.assertGreaterEqual(self.report["counts"]["passed"], 200)
+        self.assertEqual(self.report["counts"]["failed"], 0)
+        declared = Declaration(UNSUPPORTED["gloo"])
+        expected = {c.name for c in CASES if declared.match(c)}
+        self.assertEqual(statuses(self.report, "unsupported"), expected)
+        self.assertIn("test_all_reduce__float32_PREMUL_SUM", expected)
+        self.assertIn("test_all_reduce__float32_SUM_noncontiguous", expected)
+        self.assertNotIn("test_send_recv__float32_noncontiguous", expected)  # gloo rejects it: conforming
+
+
+class FakeRunTest(unittest.TestCase):
+    def test_fake_declares_what_it_cannot_do(self):
+        proc, report = full_run("--backend", "fake")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:])
+        self.assertEqual(report["counts"]["failed"], 0)
+        self.assertIn("test_barrier__repeated_and_async", statuses(report, "passed"))
+        self.assertIn("test_gather__rejects_gather_dst_out_of_range", statuses(report, "passed"))
+        unsupported = [c for c in report["cases"] if c["status"] == "unsupported"]
+        self.assertGreater(len(unsupported), 200)
+        self.assertTrue(all("fake completes every collective at once" in c["message"]
+                            or "fake checks no arguments" in c["message"] for c in unsupported))
+
+
+class WrongBackendsTest(unittest.TestCase):
+    def test_a_backend_that_does_nothing_fails(self):
+        proc, report = full_run("--backend", "toynothing", "--import", "toy_backend")
+        self.assertEqual(proc.returncode, 1, proc.stdout[-3000:])
+        failed, passed = statuses(report, "failed"), statuses(report, "passed")
+        behaviour = {c.name for c in CASES if c.collective in ("timeouts", "async_completion")
+                     or "barrier_waits" in c.tags}
+        self.assertLessEqual(behaviour, failed)
+        values = {c.name for c in CASES if "values" in c.tags and "size0" not in c.tags}
+        # Every value case fails, but those where leaving the tensors alone happens to be right.
+        self.assertLessEqual(values - {"test_all_to_all__bool", "test_all_to_all_single__bool"}, failed)
+        # What it passes: empty tensors, repeated barriers, and the argument errors
+        # that c10d's Python layer catches before any backend.
+        for name in passed:
+            case = next(c for c in CASES if c.name == name)
+            self.assertTrue("size0" in case.tags or "argument_errors" in case.tags
+                            or name == "test_barrier__repeated_and_async", name)
+        self.assertIn("FAILED test_barrier__waits_for_late_rank:", proc.stdout)
+        self.assertIn("a barrier must hold every rank until the last arrives", proc.stdout)
+        self.assertIn("returned although rank 1 never called it", proc.stdout)
+
+    def test_gloo_whose_barrier_does_not_wait_fails_the_barrier_rows(self):
+        proc, report = full_run("--backend", "lazybarrier", "--import", "toy_backend")
+        self.assertEqual(proc.returncode, 1, proc.stdout[-3000:])
+        self.assertEqual(statuses(report, "failed"),
+                         {"test_barrier__waits_for_late_rank", "test_barrier__waits_for_late_rank_subgroup"})
+        self.assertEqual(table_rows(proc.stdout)["barrier"], [1, 2, 0, 0])
+        self.assertIn("barrier returned after 0.0", proc.stdout)
+        # its module's declaration (CONFORMANCE_UNSUPPORTED) counts
+        self.assertIn("test_all_reduce__float32_PREMUL_SUM", statuses(report, "unsupported"))
+
+
+class StrictnessTest(unittest.TestCase):
+    K = ("-k", "test_broadcast__float32_src0")
+
+    def test_not_supported_is_a_failure_unless_declared(self):
+        proc = cli("--backend", "toybroken", "--world-size", "2", "--import", "toy_backend", *self.K)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertIn("RuntimeError: broadcast is not supported by toybroken -- if toybroken lacks this by "
+                      "design, declare it: --unsupported broadcast", proc.stdout)
+
+    def test_declared_on_the_command_line(self):
+        proc = cli("--backend", "toybroken", "--world-size", "2", "--import", "toy_backend", *self.K,
+                   "--unsupported", "all_to_all,broadcast")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("UNSUPPORTED test_broadcast__float32_src0: declared unsupported: broadcast (--unsupported)",
+                      proc.stdout)
+
+    def test_lenient_keeps_the_old_rule(self):
+        proc = cli("--backend", "toybroken", "--world-size", "2", "--import", "toy_backend", *self.K, "--lenient")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("broadcast is not supported by toybroken", proc.stdout)
+        self.assertEqual(table_rows(proc.stdout)["broadcast"], [0, 0, 1, 0])
+
+    def test_small_worlds_skip_the_group_cases(self):
+        proc = cli("--backend", "threaded", "--world-size", "2", "-k", "test_all_reduce__float32_SUM_*")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertEqual(table_rows(proc.stdout)["all_reduce"], [5, 0, 0, 3])
+
+
+class DeclarationTest(unittest.TestCase):
+    def case(self, **kw):
+        fields = {"name": "test_x__y", "collective": "all_reduce", "body": lambda c: None, "dtype": "float32",
+                  "op": "SUM", "tags": frozenset({"noncontiguous"})}
+        fields.update(kw)
+        return Case(**fields)
+
+    def test_tokens(self):
+        d = Declaration()
+        d.extend("PREMUL_SUM, noncontiguous+broadcast", "--unsupported")
+        self.assertIsNone(d.match(self.case()))
+        self.assertEqual(d.match(self.case(collective="broadcast")),
+                         "declared unsupported: noncontiguous+broadcast (--unsupported)")
+        self.assertEqual(d.match(self.case(op="PREMUL_SUM")), "declared unsupported: premul_sum (--unsupported)")
+
+    def test_collectives_this_torch_lacks_are_unsupported_not_failed(self):
+        case = self.case(requires=("all_gather_in_the_future", "9.1"))
+        self.assertIn("needs torch >= 9.1: torch.distributed.all_gather_in_the_future", torch_lacks(case))
+        skip = _skip_for(None, case)
+        self.assertTrue(skip.message.startswith("unsupported: unsupported by this torch"), skip)
+        self.assertIsNone(torch_lacks(self.case(requires=("all_reduce", "1.0"))))
+
+
+class CliArgumentsTest(unittest.TestCase):
     def test_bad_arguments(self):
-        proc = cli("--backend", "gloo", "--world-size", "zero")
-        self.assertEqual(proc.returncode, 2)
-        self.assertIn("Invalid world size 'zero' from --world-size", proc.stderr)
-        proc = cli("--backend", "gloo", "--world-size", "2", "--import", "no_such_module_here")
-        self.assertEqual(proc.returncode, 2)
-        self.assertIn("--import 'no_such_module_here': no such module", proc.stderr)
+        for args, fragment in (
+            (("--backend", "gloo", "--world-size", "zero"), "Invalid world size 'zero' from --world-size"),
+            (("--backend", "gloo", "--world-size", "2", "--import", "no_such_module_here"),
+             "--import 'no_such_module_here': no such module"),
+            (("--backend", "nosuchbackend", "--world-size", "2"), "--backend 'nosuchbackend': no such c10d backend"),
+            (("--backend", "threaded", "--world-size", "2", "-k", "nothing*"), "-k 'nothing*' matches no case"),
+            (("--backend", "threaded", "--world-size", "2", "--unsupported", "PREMUL_SUM,all_to_al"),
+             "--unsupported 'all_to_al': 'all_to_al' is no tag of any case"),
+        ):
+            with self.subTest(args=args):
+                proc = cli(*args)
+                self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                self.assertIn(fragment, proc.stderr)
+
+
+class RunApiTest(unittest.TestCase):
+    def test_run_from_a_process_with_threads(self):
+        # The pool forks its ranks; a thread alive here must not send it to
+        # a fork server that cannot import the class run() makes.
+        import threading
+
+        from disttest.conformance import run
+
+        stop = threading.Event()
+        helper = threading.Thread(target=stop.wait, args=(60,), daemon=True)
+        helper.start()
+        self.addCleanup(stop.set)
+        result = run("gloo", 2, pattern="test_broadcast__float32_src*")
+        self.assertEqual(result.counts(), {"passed": 2, "failed": 0, "unsupported": 0, "skipped": 0},
+                         [r.message for r in result.cases])
+
+    def test_a_malformed_module_declaration(self):
+        import types
+
+        from disttest.conformance import module_declaration
+
+        module = types.ModuleType("mine")
+        module.CONFORMANCE_UNSUPPORTED = ["all_to_all"]
+        with self.assertRaisesRegex(TypeError, r"mine.CONFORMANCE_UNSUPPORTED must map backend names"):
+            module_declaration(module, "mine")
+        module.CONFORMANCE_UNSUPPORTED = {"mine": ["all_to_all", "PREMUL_SUM"], "other": ["x"]}
+        self.assertEqual(module_declaration(module, "mine").reasons,
+                         {"all_to_all": "declared by mine", "premul_sum": "declared by mine"})
 
 
 class MixinTest(unittest.TestCase):
     def test_mixin_in_a_users_class(self):
-        import torch.distributed as dist
-
         import disttest
-        from disttest.conformance import CollectiveConformance
 
         class Mine(CollectiveConformance, disttest.MultiThreadedTestCase):
+            world_size = 3
+
             def setUp(self):
                 super().setUp()
                 self._spawn_threads()
 
         result = unittest.TestResult()
-        Mine("test_all_reduce_sum").run(result)
-        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        unittest.TestSuite([Mine("test_all_reduce__int8_BXOR"), Mine("test_barrier__waits_for_late_rank"),
+                            Mine("test_monitored_barrier__all_ranks")]).run(result)
+        self.assertEqual((result.testsRun, result.failures, result.errors), (3, [], []))
+        self.assertEqual([r for _, r in result.skipped],
+                         ["unsupported: declared unsupported: monitored_barrier "
+                          "(c10d implements monitored_barrier for gloo only)"])
         self.assertFalse(dist.is_initialized())

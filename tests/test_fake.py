@@ -130,6 +130,18 @@ class CollectivesTest(unittest.TestCase):
         self.assertEqual(t.item(), 2.0)
 
 
+class SplitSizesTest(unittest.TestCase):
+    @with_fake_comms(rank=1, world_size=2)
+    def test_split_sizes_in_every_form_torch_takes(self):
+        # rank 1's own piece (input split 1 of [1, 3]) lands in every slot of its size
+        forms = (list, tuple, torch.tensor, lambda sizes: torch.tensor(sizes, dtype=torch.int32))
+        for form in forms:
+            with self.subTest(form=form):
+                out = torch.zeros(6)
+                dist.all_to_all_single(out, torch.arange(4.0), form([3, 3]), form([1, 3]))
+                self.assertEqual(out.tolist(), [1.0, 2.0, 3.0, 1.0, 2.0, 3.0])
+
+
 class LifecycleTest(unittest.TestCase):
     def test_group_destroyed_when_the_body_raises(self):
         with self.assertRaises(ValueError), with_dist(rank=0, world_size=2):

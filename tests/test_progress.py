@@ -54,6 +54,33 @@ class BoardTest(unittest.TestCase):
                         "counts": counts, "state": 0})
         self.assertEqual(find_desync(board, [0], [1]), [])  # no judgement without counts
 
+    def test_a_collective_seen_only_by_the_flight_recorder(self):
+        import time
+
+        board = self.board(2)
+        now = time.time()
+
+        def waiting(since: float, confirmed: float) -> None:
+            board.write(0, {"counts": {}, "state": 0, "fr": {"default": [7, 6, "all_reduce", None]},
+                            "fr_at": [since, confirmed]})
+
+        def peer_done(at: float) -> None:
+            board.write(1, {"counts": {}, "state": 0, "fr": {"default": [9, 9, "", None]}, "done_at": at})
+
+        waiting(now - 2, now)
+        peer_done(now - 1)
+        [(peer, flight)] = find_desync(board, [0], [1])
+        self.assertEqual((peer, flight.op, flight.seq), (1, "all_reduce", 7))
+        self.assertIn("seen by c10d's flight recorder", flight.describe())
+        # The recorder's counters are not compared (the peer's 9 >= 7 above):
+        # what counts is that the collective stayed pending after the peer ended...
+        peer_done(now - 0.1)
+        self.assertEqual(find_desync(board, [0], [1]), [])  # ...long enough
+        # A record the watcher has not refreshed lately says nothing.
+        waiting(now - 5, now - 3)
+        peer_done(now - 4)
+        self.assertEqual(find_desync(board, [0], [1]), [])
+
     def test_threads_of_one_rank_count_their_own_depth(self):
         tracker = progress._Tracker(self.board(2), 0)
         tracker.depth += 1

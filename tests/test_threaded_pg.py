@@ -12,17 +12,32 @@ import threading
 import time
 import unittest
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 import disttest
 from disttest import CollectiveAborted, CollectiveMismatch, spawn_threads_and_init_comms
-from disttest.conformance.suite import rank_data as data
-from disttest.conformance.suite import reference_reduce as direct
+from disttest.conformance.reference import expected_reduce
 
 SIZES = (1, 2, 3, 4)
 R = dist.ReduceOp
+OP_NAMES = {R.SUM: "SUM", R.PRODUCT: "PRODUCT", R.MIN: "MIN", R.MAX: "MAX", R.AVG: "AVG",
+            R.BAND: "BAND", R.BOR: "BOR", R.BXOR: "BXOR"}
+
+
+def data(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
+    """Rank ``rank``'s input: distinct and nonzero per rank."""
+    return (torch.arange(n) + 3 * rank + 1).to(dtype)
+
+
+def direct(op, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` reduced under ``op`` by numpy: independent of the
+    backend's own reduction code (disttest/_pg.py)."""
+    name = str(tensors[0].dtype).removeprefix("torch.")
+    result = expected_reduce(OP_NAMES[op], [t.numpy() for t in tensors], name)
+    return torch.from_numpy(result).to(tensors[0].dtype)
 
 
 def on_ranks(test: unittest.TestCase, world_size: int, fn):
@@ -381,6 +396,116 @@ class ArgumentErrorsTest(unittest.TestCase):
 
         on_ranks(self, 2, body)
         self.assertIn("recv expected torch.float32 [2] but rank 0 sent torch.float32 [3]", results[1])
+
+
+class RankChecksTest(unittest.TestCase):
+    """Out-of-range ranks raise at once; ranks that disagree on a root or an
+    op are a mismatch naming every rank's value (issue 12, item 7)."""
+
+    def raises_at_once(self, fn, error, fragment):
+        def body(rank, n):
+            start = time.monotonic()
+            try:
+                fn(rank, n)
+            except error as e:
+                return str(e), time.monotonic() - start
+            return None, time.monotonic() - start
+
+        for message, took in on_ranks(self, 2, body):
+            self.assertIsNotNone(message, f"expected {error.__name__}")
+            self.assertIn(fragment, message)
+            self.assertLess(took, 5)
+
+    def test_recv_from_a_rank_out_of_range(self):
+        self.raises_at_once(lambda rank, n: dist.recv(torch.zeros(1), src=5), ValueError,
+                            "recv: src=5 is not a rank of group")
+        self.raises_at_once(lambda rank, n: dist.recv(torch.zeros(1), src=5), ValueError, "(valid: 0 to 1)")
+
+    def test_send_to_a_rank_out_of_range(self):
+        self.raises_at_once(lambda rank, n: dist.send(torch.zeros(1), dst=2), ValueError,
+                            "send: dst=2 is not a rank of group")
+
+    def test_roots_out_of_range(self):
+        for call, fragment in (
+            (lambda rank, n: dist.broadcast(torch.zeros(1), src=7), "broadcast: src=7 is not a rank"),
+            (lambda rank, n: dist.reduce(torch.zeros(1), dst=-1), "reduce: dst=-1 is not a rank"),
+            (lambda rank, n: dist.gather(torch.zeros(1), None, dst=3), "gather: dst=3 is not a rank"),
+            (lambda rank, n: dist.scatter(torch.zeros(1), None, src=9), "scatter: src=9 is not a rank"),
+        ):
+            with self.subTest(fragment):
+                self.raises_at_once(call, ValueError, fragment)
+
+    def test_ranks_passing_different_sources(self):
+        self.raises_at_once(lambda rank, n: dist.broadcast(torch.zeros(1), src=rank), CollectiveMismatch,
+                            "broadcast #1 on group 0: ranks pass different src (disttest): "
+                            "rank 0 passed src=0, rank 1 passed src=1")
+
+    def test_ranks_passing_different_ops(self):
+        self.raises_at_once(lambda rank, n: dist.all_reduce(torch.ones(1), op=(R.SUM, R.MAX)[rank]),
+                            CollectiveMismatch, "rank 0 passed op=SUM, rank 1 passed op=MAX")
+        self.raises_at_once(lambda rank, n: dist.reduce(torch.ones(1), dst=0, op=(R.MIN, R.MAX)[rank]),
+                            CollectiveMismatch, "rank 0 passed op=MIN, rank 1 passed op=MAX")
+        self.raises_at_once(
+            lambda rank, n: dist.all_reduce(torch.ones(1), op=dist._make_nccl_premul_sum(1.0 + rank)),
+            CollectiveMismatch, "rank 0 passed op=PREMUL_SUM(1.0), rank 1 passed op=PREMUL_SUM(2.0)")
+
+    def test_split_sizes_in_every_form_torch_takes(self):
+        forms = ([1, 3], (1, 3), torch.tensor([1, 3]), torch.tensor([1, 3], dtype=torch.int32))
+
+        def fn(rank, n):
+            got = []
+            for form in forms:
+                out = torch.zeros(2 if rank == 0 else 6)
+                # every rank sends 1 element to rank 0 and 3 to rank 1
+                dist.all_to_all_single(out, torch.arange(4.0) + 10 * rank,
+                                       [1, 1] if rank == 0 else [3, 3], form)
+                got.append(out)
+            even = torch.zeros(4)
+            dist.all_to_all_single(even, torch.arange(4.0) + 10 * rank, None, None)
+            return got, even
+
+        results = on_ranks(self, 2, fn)
+        for got in results[0][0]:
+            self.assertEqual(got.tolist(), [0.0, 10.0])
+        for got in results[1][0]:
+            self.assertEqual(got.tolist(), [1.0, 2.0, 3.0, 11.0, 12.0, 13.0])
+        self.assertEqual(results[0][1].tolist(), [0.0, 1.0, 10.0, 11.0])
+
+    def test_split_sizes_as_a_float_tensor(self):
+        self.raises_at_once(
+            lambda rank, n: dist.all_to_all_single(torch.zeros(2), torch.zeros(2), None, torch.tensor([1.0, 1.0])),
+            ValueError, "split sizes must be a 1-D integer tensor, got torch.float32 [2]")
+
+
+class GroupTimeoutTest(unittest.TestCase):
+    """A Work waits no longer than its group's timeout, then says who is missing."""
+
+    def test_missing_peer(self):
+        def fn(rank, n):
+            group = dist.new_group([0, 1], timeout=timedelta(seconds=0.5))
+            outcome = None
+            if rank == 0:
+                start = time.monotonic()
+                try:
+                    dist.all_reduce(torch.ones(1), group=group)
+                except disttest.threaded_pg.CollectiveTimeout as e:
+                    outcome = (str(e), e.timeout, time.monotonic() - start)
+                try:
+                    dist.recv(torch.ones(1), 1, group=group)
+                except disttest.threaded_pg.CollectiveTimeout as e:
+                    outcome += (str(e),)
+            dist.all_reduce(torch.ones(1))  # the others wait here, not finished
+            return outcome
+
+        message, limit, took, recv_message = on_ranks(self, 3, fn)[0]
+        self.assertEqual(limit, 0.5)
+        self.assertGreaterEqual(took, 0.5)
+        self.assertLess(took, 5)
+        self.assertIn("all_reduce on group", message)
+        self.assertIn("did not complete within 0.5s, the group's timeout (disttest): "
+                      "collective #1: rank(s) [1] of the group never called it", message)
+        self.assertIn("recv on group", recv_message)
+        self.assertIn("no send from rank 1 with tag 0 arrived", recv_message)
 
 
 class WorldTest(unittest.TestCase):

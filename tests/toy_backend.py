@@ -1,14 +1,17 @@
-"""A deliberately broken backend, "toybroken", for the conformance tests.
+"""Deliberately wrong backends for the conformance tests (importing this
+module registers them):
 
-Each rank's group talks to nobody: all_reduce leaves tensors unchanged
-(wrong for two ranks), broadcast says it is not supported, all_gather
-raises. Importing this module registers it.
+- ``toybroken``: each rank talks to nobody; all_reduce leaves tensors as
+  they are, broadcast says it is "not supported", all_gather raises.
+- ``toynothing``: every call completes at once and touches no tensor.
+- ``lazybarrier``: gloo, except that barrier returns at once.
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
+from disttest.conformance import UNSUPPORTED
 from disttest.threaded_pg import completed_work
 
 
@@ -37,9 +40,74 @@ class ToyBroken(dist.ProcessGroup):
         return completed_work(None)
 
 
-def _create(opts, backend_opts):
-    return ToyBroken(opts.group_rank, opts.group_size, str(opts.group_id))
+class ToyNothing(ToyBroken):
+    def getBackendName(self):
+        return "toynothing"
 
 
-if "TOYBROKEN" not in dist.Backend._plugins:
-    dist.Backend.register_backend("toybroken", _create, extended_api=True, devices=["cpu"])
+def _nothing(self, *args, **kwargs):
+    return completed_work(None)
+
+
+for _name in ("allreduce", "allreduce_coalesced", "reduce", "broadcast", "allgather", "_allgather_base",
+              "allgather_coalesced", "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
+              "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "barrier",
+              "send", "recv", "recv_anysource", "monitored_barrier"):
+    setattr(ToyNothing, _name, _nothing)
+
+
+class LazyBarrier(dist.ProcessGroup):
+    """gloo, delegated to method by method, with a barrier that does not wait."""
+
+    def __init__(self, inner, rank, size, name):
+        super().__init__(rank, size)
+        self._inner = inner
+        self._name = name
+
+    @property
+    def group_name(self):
+        return self._name
+
+    def getBackendName(self):
+        return "lazybarrier"
+
+    def barrier(self, opts=None):
+        return completed_work(None)
+
+
+def _delegate(name):
+    def method(self, *args):
+        return getattr(self._inner, name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("allreduce", "allreduce_coalesced", "reduce", "broadcast", "allgather", "_allgather_base",
+              "allgather_coalesced", "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
+              "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
+              "send", "recv", "recv_anysource", "monitored_barrier"):
+    setattr(LazyBarrier, _name, _delegate(_name))
+
+
+LazyBarrier.all_gather_single = _delegate("_allgather_base")
+LazyBarrier.reduce_scatter_single = _delegate("_reduce_scatter_base")
+
+
+def _lazy(opts, backend_opts):
+    inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    return LazyBarrier(inner, opts.group_rank, opts.group_size, str(opts.group_id))
+
+
+for _backend, _create in (
+    ("toybroken", lambda o, b: ToyBroken(o.group_rank, o.group_size, str(o.group_id))),
+    ("toynothing", lambda o, b: ToyNothing(o.group_rank, o.group_size, str(o.group_id))),
+    ("lazybarrier", _lazy),
+):
+    if _backend.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(_backend, _create, extended_api=True, devices=["cpu"])
+
+# The declaration mechanism: what these backends say they lack.
+CONFORMANCE_UNSUPPORTED = {
+    "lazybarrier": {**UNSUPPORTED["gloo"], "monitored_barrier": "c10d runs it on gloo by name only"},
+}

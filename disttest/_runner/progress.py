@@ -106,11 +106,22 @@ IDLE, WAITING, FAILED = 0, 1, 2  # a slot's state
 RECORDER = "fr:"  # groups as the flight recorder counts them: "fr:default", "fr:<id>"
 
 
-def _recorded_flight(rank: int, record: dict[str, Any], world_size: int) -> InFlight | None:
+#: A collective seen only by the flight recorder counts as waited in once
+#: the watcher has seen it pending this long, and saw it within FR_FRESH
+#: seconds (the record of a live rank may lag behind the rank by a tick).
+FR_SETTLE = 0.3
+FR_FRESH = 1.0
+
+
+def _recorded_flight(rank: int, record: dict[str, Any], world_size: int,
+                     ended: bool = False) -> InFlight | None:
     """The collective the flight recorder says ``rank`` has enqueued and not
     completed, if any (the one with the lowest number: the one it waits in)."""
+    import time
+
     waiting = [(v[0], key, v) for key, v in (record.get("fr") or {}).items() if v[0] > v[1] and v[2]]
-    if not waiting:
+    since, confirmed = record.get("fr_at") or (0.0, 0.0)
+    if not waiting or confirmed - since < FR_SETTLE or (not ended and time.time() - confirmed > FR_FRESH):
         return None
     seq, key, (_, _, op, ranks) = min(waiting)
     peers = tuple(range(world_size)) if ranks is None else tuple(ranks)
@@ -135,7 +146,7 @@ class _Reads:
             return None
         state = record.get("state", IDLE)
         if state == IDLE or (state == FAILED and not include_failed) or "op" not in record:
-            return _recorded_flight(rank, record, self.world_size)
+            return _recorded_flight(rank, record, self.world_size, ended=include_failed)
         return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
 
     def counts(self, rank: int) -> dict[str, int] | None:
@@ -255,6 +266,11 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
             if peer is not None:
                 found.append((peer, flight))
             continue
+        if flight.group.startswith(RECORDER):
+            peer = _recorded_abandoned(board, rank, flight, finished, entered_counts)
+            if peer is not None:
+                found.append((peer, flight))
+            continue
         for peer in finished:
             if peer not in flight.peers or peer == rank:
                 continue
@@ -263,6 +279,25 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
                 found.append((peer, flight))
                 break
     return found
+
+
+def _recorded_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[int],
+                        entered_counts: bool) -> int | None:
+    """The finished peer of a collective seen only by the flight recorder
+    that leaves it waiting: the collective was still pending FR_SETTLE
+    seconds after the peer's test ended. (The recorder's counters are not
+    compared across ranks: point-to-point traffic can move them apart.)"""
+    record = board.read(rank) or {}
+    since, confirmed = record.get("fr_at") or (0.0, 0.0)
+    for peer in finished:
+        if peer == rank or peer not in flight.peers:
+            continue
+        if not entered_counts:
+            return peer
+        done = (board.read(peer) or {}).get("done_at", 0.0)
+        if done and confirmed - max(since, done) >= FR_SETTLE:
+            return peer
+    return None
 
 
 def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[int]) -> int | None:
@@ -305,6 +340,8 @@ class _Tracker:
         self._local = threading.local()  # each thread of a rank its own depth
         self._lock = threading.Lock()  # the rank's threads and its watcher write
         self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
+        self._pending: list[tuple[str, int]] = []  # flight-recorder collectives pending
+        self._since = 0.0
 
     @property
     def depth(self) -> int:
@@ -319,7 +356,7 @@ class _Tracker:
         with self._lock:
             self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
                            "counts": dict(self.counts), "state": WAITING if waits else IDLE,
-                           "fr": self.record.get("fr")}
+                           "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
             self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
@@ -332,13 +369,30 @@ class _Tracker:
     def reset(self) -> None:
         with self._lock:
             self.counts = {}
-            self.record = {"counts": {}, "state": IDLE, "fr": self.record.get("fr")}
+            self.record = {"counts": {}, "state": IDLE, "fr": self.record.get("fr"),
+                           "fr_at": self.record.get("fr_at")}
+            self.board.write(self.rank, self.record)
+
+    def done(self) -> None:
+        """The rank's test ended (its peers' desync judgement needs when)."""
+        import time
+
+        with self._lock:
+            self.record["done_at"] = time.time()
             self.board.write(self.rank, self.record)
 
     def recorded(self, status: dict[str, list[Any]]) -> None:
-        """Publish what the flight recorder says (from the watcher thread)."""
+        """Publish what the flight recorder says (from the watcher thread),
+        with since when the same collectives are pending and when last seen."""
+        import time
+
+        now = time.time()
+        pending = sorted((k, v[0]) for k, v in status.items() if v[0] > v[1])
         with self._lock:
+            if pending != self._pending:
+                self._pending, self._since = pending, now
             self.record["fr"] = status
+            self.record["fr_at"] = [self._since, now]
             self.board.write(self.rank, self.record)
 
 
@@ -504,19 +558,23 @@ def watch_flight_recorder() -> Callable[[], None]:
     """In a rank process: a daemon thread publishes what c10d's flight
     recorder knows (collectives issued from C++ too) into this process's
     record, every :data:`WATCH_INTERVAL` while a group exists. Returns
-    ``publish``, to call once more when the rank's test ends."""
+    ``publish``, to call with ``done=True`` when the rank's test ends."""
     from disttest import _compat
 
     last: list[Any] = [None]
 
-    def publish() -> None:
+    def publish(done: bool = False) -> None:
         tracker = _process_tracker[0] if _process_tracker else None
+        if done and tracker is not None:
+            tracker.done()
         import torch.distributed as dist
 
         if tracker is None or not dist.is_initialized():
             return
         status = _compat.flight_status()
-        if status is not None and status != last[0]:
+        # While a collective is pending, every look is published: its time
+        # tells the parent the record is fresh.
+        if status is not None and (status != last[0] or any(v[0] > v[1] for v in status.values())):
             last[0] = status
             tracker.recorded(status)
 

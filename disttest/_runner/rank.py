@@ -144,7 +144,7 @@ def publish_progress() -> None:
     its peers' desync judgement needs its final counts)."""
     for publish in _context_publish:
         try:
-            publish()
+            publish(done=True)
         except Exception:  # noqa: BLE001,S110 (bookkeeping never breaks a rank)
             pass
 

@@ -1,143 +1,154 @@
-"""A conformance suite for process-group backends.
+"""A conformance suite for process-group backends: a specification, not a smoke test.
 
-Checks that a backend keeps the collective semantics of gloo and NCCL:
-every collective and reduce op, dtypes, subgroups, async ops,
-point-to-point, object collectives and argument errors, each against values
-computed directly. Use it as a mixin (:class:`CollectiveConformance`) in
-your own test class, or from the command line::
+Checks that a backend keeps the collective semantics of gloo and NCCL, case
+by case: every collective torch exposes x dtypes x reduce ops x sizes
+(empty, one element, an odd prime, about 1M) x contiguous and strided
+inputs x sync and ``async_op=True`` x the default group, a subgroup and
+overlapping subgroups; each result against numpy. Then behaviour: a
+barrier holds the ranks until the last arrives, a missing peer raises
+within the group's timeout, an async Work completes only once its data is
+there, bad arguments raise and leave outputs alone, inputs stay as they
+were. Use it as a mixin (:class:`CollectiveConformance`) or from the
+command line::
 
-    python -m disttest.conformance --backend gloo --world-size 2
-    python -m disttest.conformance --backend mybackend --world-size 4 --import my_pkg.register
+    python -m disttest.conformance --backend gloo --world-size 3
+    python -m disttest.conformance --backend mine --world-size 3 --import my_pkg.register \\
+        --unsupported all_to_all,PREMUL_SUM --json report.json
 
-which prints a table of what passed, failed, was skipped or is unsupported,
-per collective, and exits non-zero on any failure. ``threaded`` (disttest's
-in-process backend) runs with threads; any other backend with processes.
+It prints a table per collective, a dtype x reduce-op matrix and one
+summary line, and exits non-zero on any failure. A case is unsupported only
+when declared: ``--unsupported TOKENS``, a ``CONFORMANCE_UNSUPPORTED``
+mapping in an ``--import`` module (``{"mine": {"all_to_all": "why"}}``),
+or disttest's table for the backends it knows. ``threaded`` runs its ranks
+as threads; any other backend as a pool of processes that lives for the
+whole run.
 """
 
 from __future__ import annotations
 
 import importlib
+import time
 import unittest
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch.distributed as dist
-
-from disttest.conformance.suite import UNSUPPORTED, CollectiveConformance, Unsupported
+from disttest.conformance.cases import CASES, Case, Declaration
+from disttest.conformance.report import STATUSES, CaseResult, ConformanceResult
+from disttest.conformance.suite import (
+    UNSUPPORTED,
+    CollectiveConformance,
+    Unsupported,
+    declaration_for,
+)
 
 __unittest = True
 
-__all__ = ["UNSUPPORTED", "CollectiveConformance", "ConformanceResult", "Unsupported", "conformance_class", "run"]
+__all__ = [
+    "CASES", "STATUSES", "UNSUPPORTED", "Case", "CaseResult", "CollectiveConformance", "ConformanceResult",
+    "Declaration", "Unsupported", "conformance_class", "module_declaration", "run",
+]
 
-STATUSES = ("passed", "failed", "unsupported", "skipped")
+MODULE_ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"
+UNKNOWN_BACKEND = ("--backend {backend!r}: no such c10d backend is registered on this host (disttest); "
+                   "pass the module that registers it with --import")
+BAD_DECLARATION = "{module}.{attr} must map backend names to tokens (a list or a mapping token -> reason), got {value!r}"
 
 
-def conformance_class(backend: str, world_size: int, imports: Sequence[str] = (),
-                      timeout: float = 60) -> type[unittest.TestCase]:
-    """A test class running :class:`CollectiveConformance` on ``backend``
-    with ``world_size`` ranks (threads for ``threaded``, else processes,
-    each importing ``imports`` and making the group through a file store)."""
-    for module in imports:
-        importlib.import_module(module)
+def module_declaration(module: Any, backend: str) -> Declaration:
+    """What ``module`` (one that registers backends) declares ``backend`` lacks."""
+    raw = getattr(module, MODULE_ATTRIBUTE, None)
+    out = Declaration()
+    if raw is None:
+        return out
+    if not isinstance(raw, Mapping):
+        raise TypeError(BAD_DECLARATION.format(module=module.__name__, attr=MODULE_ATTRIBUTE, value=raw))
+    tokens = raw.get(backend)
+    if tokens is not None:
+        out.extend(tokens, f"declared by {module.__name__}")
+    return out
+
+
+def _prepare_backend(backend: str) -> None:
+    if backend == "fake":
+        from disttest.fake import register_fake_backend
+
+        register_fake_backend()
+
+
+def conformance_class(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
+                      unsupported: Declaration | None = None, lenient: bool = False) -> type[unittest.TestCase]:
+    """A test class running every case on ``backend`` with ``world_size``
+    ranks: threads for ``threaded``, else a pool of processes that lives
+    for the class (each case a test; the group is made once)."""
+    declared = Declaration()
+    for name in imports:
+        declared.reasons.update(module_declaration(importlib.import_module(name), backend).reasons)
+    if unsupported is not None:
+        declared.reasons.update(unsupported.reasons)
+    _prepare_backend(backend)
+    if backend != "threaded":
+        import torch.distributed as dist
+
+        if not dist.is_backend_available(backend):
+            raise ValueError(UNKNOWN_BACKEND.format(backend=backend))
+    attrs: dict[str, Any] = {"conformance_backend": backend, "conformance_unsupported": declared,
+                             "conformance_lenient": lenient, "world_size": world_size, "timeout": timeout}
     if backend == "threaded":
         from disttest.multithread import MultiThreadedTestCase
 
-        class ThreadedConformance(CollectiveConformance, MultiThreadedTestCase):
-            def setUp(self) -> None:
-                super().setUp()
-                self._spawn_threads()
+        def setUp(self: Any) -> None:
+            MultiThreadedTestCase.setUp(self)
+            self._spawn_threads()
 
-        cls: type[Any] = ThreadedConformance
-    else:
-        from disttest.multiprocess import MultiProcessTestCase
+        attrs["setUp"] = setUp
+        return type("ThreadedConformance", (CollectiveConformance, MultiThreadedTestCase), attrs)
+    from disttest.continuous import MultiProcContinousTest
 
-        class ProcessConformance(CollectiveConformance, MultiProcessTestCase):
-            def setUp(self) -> None:
-                super().setUp()
-                self._spawn_processes()
-
-            @classmethod
-            def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any) -> None:
-                for module in imports:
-                    importlib.import_module(module)
-                store = dist.FileStore(file_name, world_size)
-                dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
-                dist.barrier()  # every rank is connected before any test body runs
-                super()._run(rank, test_name, file_name, parent_pipe, **kwargs)
-
-        cls = ProcessConformance
-    cls.world_size = property(lambda self: world_size)
-    cls.timeout = timeout
-    cls.conformance_backend = backend
-    return cls
+    attrs["backend_str"] = classmethod(lambda cls: backend)
+    # NB: made in a function, as its qualname says: the pool forks its ranks
+    # from this process (a fork server could not import the class by name).
+    attrs["__qualname__"] = "conformance_class.<locals>.ProcessConformance"
+    return type("ProcessConformance", (CollectiveConformance, MultiProcContinousTest), attrs)
 
 
-@dataclass
-class ConformanceResult:
-    """Per collective, the tests in each status; and the unittest result."""
+class _Recording(unittest.TestResult):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcome: dict[str, tuple[str, str]] = {}
 
-    backend: str
-    world_size: int
-    rows: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    result: unittest.TestResult = field(default_factory=unittest.TestResult)
+    def addSuccess(self, test: unittest.TestCase) -> None:
+        super().addSuccess(test)
+        self.outcome[test._testMethodName] = ("passed", "")
 
-    @property
-    def ok(self) -> bool:
-        return self.result.wasSuccessful()
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:
+        super().addFailure(test, err)
+        self.outcome[test._testMethodName] = ("failed", self.failures[-1][1])
 
-    def table(self) -> str:
-        header = f"{'collective':28}" + "".join(f"{s:>13}" for s in STATUSES)
-        lines = [f"conformance of backend {self.backend!r}, world size {self.world_size} (disttest)",
-                 header, "-" * len(header)]
-        for collective in sorted(self.rows):
-            row = self.rows[collective]
-            lines.append(f"{collective:28}" + "".join(f"{len(row.get(s, [])):>13}" for s in STATUSES))
-        totals = {s: sum(len(r.get(s, [])) for r in self.rows.values()) for s in STATUSES}
-        lines.append("-" * len(header))
-        lines.append(f"{'total':28}" + "".join(f"{totals[s]:>13}" for s in STATUSES))
-        for test, text in self.result.failures + self.result.errors:
-            lines.append("")
-            lines.append(f"FAILED {test.id().rsplit('.', 1)[-1]}:")
-            lines.append(text.rstrip())
-        for test, reason in self.result.skipped:
-            if reason.startswith("unsupported:"):
-                lines.append(f"UNSUPPORTED {test.id().rsplit('.', 1)[-1]}: {reason[13:]}")
-        return "\n".join(lines)
+    def addError(self, test: unittest.TestCase, err: Any) -> None:
+        super().addError(test, err)
+        self.outcome[test._testMethodName] = ("failed", self.errors[-1][1])
+
+    def addSkip(self, test: unittest.TestCase, reason: str) -> None:
+        super().addSkip(test, reason)
+        status = "unsupported" if reason.startswith("unsupported:") else "skipped"
+        self.outcome[test._testMethodName] = (status, reason)
 
 
 def run(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
-        pattern: str | None = None) -> ConformanceResult:
-    """Run the suite on ``backend``; return the per-collective result."""
-    cls = conformance_class(backend, world_size, imports, timeout)
-    names = unittest.defaultTestLoader.getTestCaseNames(cls)
-    if pattern:
-        import fnmatch
+        pattern: str | None = None, unsupported: Declaration | None = None,
+        lenient: bool = False) -> ConformanceResult:
+    """Run the suite on ``backend``; every case's result, in order."""
+    import fnmatch
 
-        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
-    out = ConformanceResult(backend, world_size)
-    status: dict[str, str] = {}
-
-    class Recording(unittest.TestResult):
-        def addSuccess(self, test: unittest.TestCase) -> None:
-            super().addSuccess(test)
-            status[test._testMethodName] = "passed"
-
-        def addFailure(self, test: unittest.TestCase, err: Any) -> None:
-            super().addFailure(test, err)
-            status[test._testMethodName] = "failed"
-
-        def addError(self, test: unittest.TestCase, err: Any) -> None:
-            super().addError(test, err)
-            status[test._testMethodName] = "failed"
-
-        def addSkip(self, test: unittest.TestCase, reason: str) -> None:
-            super().addSkip(test, reason)
-            status[test._testMethodName] = "unsupported" if reason.startswith("unsupported:") else "skipped"
-
-    out.result = Recording()
-    unittest.TestSuite(cls(n) for n in names).run(out.result)
-    for name in names:
-        collective = getattr(getattr(cls, name), "__conformance__", ("other", ""))[0]
-        out.rows.setdefault(collective, {}).setdefault(status.get(name, "failed"), []).append(name)
+    cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient)
+    cases = [c for c in CASES if not pattern or fnmatch.fnmatch(c.name, pattern)]
+    recording = _Recording()
+    start = time.monotonic()
+    suite = unittest.TestSuite(cls(c.name) for c in cases)
+    unittest.TestSuite([suite]).run(recording)  # (an outer suite runs the class teardown)
+    out = ConformanceResult(backend, world_size, seconds=time.monotonic() - start,
+                            declared=declaration_for(backend, cls.conformance_unsupported).reasons)  # type: ignore[attr-defined]
+    for c in cases:
+        status, message = recording.outcome.get(c.name, ("failed", "the case did not report (disttest)"))
+        out.cases.append(CaseResult(c, status, message))
     return out

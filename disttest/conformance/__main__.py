@@ -1,4 +1,4 @@
-"""``python -m disttest.conformance --backend NAME --world-size N [--import MODULE]``."""
+"""``python -m disttest.conformance --backend NAME --world-size N [--import MODULE] [--unsupported TOKENS]``."""
 
 from __future__ import annotations
 
@@ -6,30 +6,58 @@ import argparse
 import sys
 
 from disttest.config import ConfigError, parse_timeout, parse_world_size
-from disttest.conformance import run
+from disttest.conformance import CASES, Declaration, run
+
+__unittest = True
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m disttest.conformance",
-        description="Check that a torch.distributed backend keeps gloo's and NCCL's collective semantics.")
-    parser.add_argument("--backend", required=True, help="c10d backend name (gloo, threaded, yours)")
-    parser.add_argument("--world-size", required=True, help="number of ranks")
+        description="Check, case by case, that a torch.distributed backend keeps gloo's and NCCL's "
+                    "collective semantics.")
+    parser.add_argument("--backend", required=True, help="c10d backend name (gloo, threaded, fake, yours)")
+    parser.add_argument("--world-size", required=True, help="number of ranks (3 runs every case)")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="module that registers the backend (repeatable)")
-    parser.add_argument("--timeout", default="60", help="seconds per test (default 60)")
-    parser.add_argument("-k", dest="pattern", help="only tests whose name matches this fnmatch pattern")
+                        help="module that registers the backend (repeatable); its CONFORMANCE_UNSUPPORTED "
+                             "declares what the backend lacks")
+    parser.add_argument("--unsupported", action="append", default=[], metavar="TOKENS",
+                        help="comma-separated tags the backend lacks by design: a collective (all_to_all), "
+                             "an op (PREMUL_SUM), a dtype, an aspect (noncontiguous, barrier_waits), or "
+                             "a+b for cases with both")
+    parser.add_argument("--lenient", action="store_true",
+                        help="count any 'not supported' error as unsupported (the old, fooled rule)")
+    parser.add_argument("--json", dest="json_path", metavar="FILE", help="write every case's result to FILE")
+    parser.add_argument("--timeout", default="60", help="seconds per case (default 60)")
+    parser.add_argument("-k", dest="pattern", help="only cases whose name matches this fnmatch pattern")
     args = parser.parse_args(argv)
     try:
         world_size = parse_world_size(args.world_size, "--world-size", text=True)
         timeout = parse_timeout(args.timeout, "--timeout")
     except ConfigError as e:
         parser.error(str(e))
+    declared = Declaration()
+    for tokens in args.unsupported:
+        declared.extend(tokens, "--unsupported")
+    known = set().union(*(c.all_tags for c in CASES))
+    for token in declared.reasons:
+        unknown = [part for part in token.split("+") if part not in known]
+        if unknown:
+            parser.error(f"--unsupported {token!r}: {unknown[0]!r} is no tag of any case (disttest); tags are "
+                         f"collectives, dtypes, ops and aspects such as noncontiguous, async, subgroup, "
+                         f"barrier_waits, missing_peer, argument_errors")
     try:
-        result = run(args.backend, world_size, args.imports, timeout, args.pattern)
+        result = run(args.backend, world_size, args.imports, timeout, args.pattern, declared, args.lenient)
     except ModuleNotFoundError as e:
         parser.error(f"--import {e.name!r}: no such module (disttest)")
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    if not result.cases:
+        parser.error(f"-k {args.pattern!r} matches no case (disttest)")
     print(result.table())
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            f.write(result.as_json())
     return 0 if result.ok else 1
 
 
