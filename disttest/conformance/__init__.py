@@ -27,6 +27,7 @@ whole run.
 from __future__ import annotations
 
 import importlib
+import sys
 import time
 import unittest
 from collections.abc import Mapping, Sequence
@@ -105,6 +106,9 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
     from disttest.continuous import MultiProcContinousTest
 
     attrs["backend_str"] = classmethod(lambda cls: backend)
+    # Every case is judged on its own: a backend that breaks the pool in
+    # every case must still get a verdict for each one.
+    attrs["max_pool_rebuilds"] = sys.maxsize
     # NB: made in a function, as its qualname says: the pool forks its ranks
     # from this process (a fork server could not import the class by name).
     attrs["__qualname__"] = "conformance_class.<locals>.ProcessConformance"
