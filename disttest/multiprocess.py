@@ -31,7 +31,8 @@ from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
-from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for_outcomes
+from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
+from disttest._runner.verdict import judge
 from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
@@ -181,15 +182,10 @@ class MultiProcessTestCase(RankDispatch):
         if injection is not None:
             outcomes = injection.judge(outcomes)
         expected = self.special_return_code_checks.get(fn)
-        lenient = fn in self.skip_return_code_checks
-        for o in outcomes:
-            if o.kind is Kind.CRASHED and o.exit is not None and (
-                lenient or (expected is not None and o.exit.code == expected)
-            ):
-                o.kind = Kind.PASSED
+        verdict = judge(outcomes, expected_exit_codes=() if expected is None else (expected,),
+                        lenient_exits=fn in self.skip_return_code_checks)
         keep = self._launcher.keep_logs if self._launcher is not None else None
-        raise_for_outcomes(self._current_test_name(), len(outcomes), self._test_timeout(), outcomes,
-                           keep_logs=keep)
+        raise_for(verdict, self._current_test_name(), len(outcomes), self._test_timeout(), keep)
 
     # --- inside a rank -----------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
+from disttest._runner.verdict import ended, reclassified
 
 __unittest = True
 
@@ -29,14 +30,8 @@ CONSEQUENCE = "rank {rank}/{world} failed in {what} after rank {peer}/{world} ha
 
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
-    outcome = launcher.outcome(rank)
-    if outcome is None:
-        return Outcome(rank, Kind.CRASHED, exit=status, output_tail=launcher.output(rank))
-    outcome.exit = status
-    if status.signal is not None and outcome.kind is not Kind.CRASHED:
-        outcome.detail = f"after reporting {outcome.kind.value}"
-        outcome.kind = Kind.CRASHED
-    return outcome
+    reported = launcher.outcome(rank)
+    return ended(rank, reported, status, launcher.output(rank) if reported is None else "")
 
 
 def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
@@ -51,10 +46,10 @@ def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], seen: dict
     """Explain every errored rank that can be; return the finished ranks.
     ``seen[rank]`` is the poll in which the rank's end was seen."""
     finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
-    for o in outcomes.values():
+    for r, o in list(outcomes.items()):
         if o.kind is Kind.ERRORED:
             earlier = [p for p, q in outcomes.items() if q.kind.is_cause and _before(q, o, seen)]
-            _explain(launcher, o, finished, earlier, world)
+            outcomes[r] = _explain(launcher, o, finished, earlier, world)
     return finished
 
 
@@ -68,20 +63,19 @@ def _before(a: Outcome, b: Outcome, seen: dict[int, int]) -> bool:
 
 
 def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed_before: list[int],
-             world: int) -> None:
-    """Reclassify a rank that raised inside a collective: a desync if a
+             world: int) -> Outcome:
+    """A rank that raised inside a collective, judged again: a desync if a
     finished peer never entered it; a consequence if a peer in it had
     already failed (its leaving broke the collective or the rendezvous)."""
     found = launcher.desync([o.rank], finished, ended=True)
     if found:
-        o.kind = Kind.DESYNC
-        o.detail = _desync_detail(found[0], world)
-        return
+        return reclassified(o, Kind.DESYNC, _desync_detail(found[0], world))
     found = launcher.desync([o.rank], failed_before, ended=True, entered_counts=False)
     if found:
         peer, flight = found[0]
-        o.kind = Kind.STOPPED
-        o.detail = CONSEQUENCE.format(rank=o.rank, world=world, what=flight.describe(), peer=peer)
+        return reclassified(o, Kind.STOPPED, CONSEQUENCE.format(rank=o.rank, world=world,
+                                                                 what=flight.describe(), peer=peer))
+    return o
 
 
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],

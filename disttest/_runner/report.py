@@ -16,6 +16,7 @@ from types import TracebackType
 
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
+from disttest._runner.verdict import Status, Verdict, judge
 
 __unittest = True
 
@@ -26,6 +27,7 @@ __all__ = [
     "RankReport",
     "format_report",
     "rank_section",
+    "raise_for",
     "raise_for_outcomes",
 ]
 
@@ -201,24 +203,25 @@ def format_report(test: str, world_size: int, timeout: float | None,
 def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
                        outcomes: Sequence[Outcome], always_failure: bool = False,
                        keep_logs: Callable[[str], str] | None = None) -> None:
-    """Raise the unittest outcome for ``outcomes``; return if all passed.
+    """Raise the unittest outcome of ``outcomes`` (:func:`~.verdict.judge`);
+    return if all passed."""
+    raise_for(judge(outcomes, always_failure), test, world_size, timeout, keep_logs)
 
-    A skip in any rank wins over desyncs and stops it caused (the skipping
-    rank left its peers waiting); real failures win over skips. With
-    ``always_failure``, any failing rank raises :class:`RankFailure`.
-    """
-    kinds = {o.kind for o in outcomes}
-    hard = [o for o in outcomes if o.kind in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT)]
-    skipped = [o for o in outcomes if o.kind is Kind.SKIPPED]
-    if skipped and not hard:
-        reasons = sorted({o.message for o in skipped})
-        raise unittest.SkipTest("; ".join(reasons))
-    if not (kinds & {k for k in Kind if k.is_cause}):
+
+def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | None,
+              keep_logs: Callable[[str], str] | None = None) -> None:
+    """Raise ``verdict`` to unittest: SkipTest, :class:`RankFailure` or
+    :class:`RankError` with the report; return if the test passed.
+    ``keep_logs(test)`` keeps the ranks' whole logs (DISTTEST_KEEP_LOGS)
+    and returns their folder, which the report names."""
+    if verdict.status is Status.SKIPPED:
+        raise unittest.SkipTest(verdict.reason)
+    if verdict.status is Status.PASSED:
         return
-    only_assertions = always_failure or all(o.kind is Kind.FAILED for o in outcomes if o.kind.is_cause)
-    cls: type[RankReport] = RankFailure if only_assertions else RankError
-    verdict = "failed" if only_assertions else "errored"
-    message = format_report(test, world_size, timeout, outcomes, verdict)
+    failed = verdict.status is Status.FAILED
+    cls: type[RankReport] = RankFailure if failed else RankError
+    outcomes = verdict.outcomes
+    message = format_report(test, world_size, timeout, outcomes, verdict.status.value)
     if keep_logs is not None and settings.keep_logs():
         message += "\n\n" + LOGS_KEPT.format(folder=keep_logs(test))
     report = cls(message, test, world_size, timeout, outcomes)

@@ -12,6 +12,7 @@ daemon thread, so it never keeps the process alive.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from disttest._runner.progress import (
     install_tracking,
     track_into,
 )
+from disttest._runner.verdict import reclassified
 from disttest.threaded_pg import CollectiveAborted, ThreadedWorld, _bind_thread
 
 __unittest = True
@@ -128,9 +130,8 @@ class ThreadLauncher:
             _bind_thread(None)
         outcome = outcome_from_exception(rank, exc)
         if isinstance(exc, (CollectiveAborted, RankStopped)):
-            outcome.kind = Kind.STOPPED
-            outcome.detail = f"rank {rank}/{self.world_size} was released by disttest"
-        outcome.output_tail = self.output(rank)
+            outcome = reclassified(outcome, Kind.STOPPED, f"rank {rank}/{self.world_size} was released by disttest")
+        outcome = dataclasses.replace(outcome, output_tail=self.output(rank))
         self._outcomes[rank] = outcome
         self._ended.set()
 
