@@ -93,6 +93,8 @@ class InFlight:
             peer = self.group[5:]
             other = "any rank" if peer == ANY else f"rank {peer}"
             return f"{self.op} #{self.seq} {'to' if self.group[0] == 's' else 'from'} {other}"
+        if self.group == WORLD_GROUP:
+            return f"{self.op} #{self.seq} of the default group (counted by the threaded backend)"
         if self.group.startswith(RECORDER):
             key = self.group[len(RECORDER):]
             where = "the default group" if key == DEFAULT_GROUP else f"group {key}"
@@ -104,6 +106,9 @@ class InFlight:
 
 IDLE, WAITING, FAILED = 0, 1, 2  # a slot's state
 RECORDER = "fr:"  # groups as the flight recorder counts them: "fr:default", "fr:<id>"
+#: The default group as the threaded world counts its collectives (all of
+#: them, also those issued from C++).
+WORLD_GROUP = "threaded:default"
 
 
 #: A collective seen only by the flight recorder counts as waited in once

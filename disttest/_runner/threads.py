@@ -23,6 +23,8 @@ from typing import Any
 
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import (
+    FR_SETTLE,
+    WORLD_GROUP,
     InFlight,
     MemoryBoard,
     find_desync,
@@ -163,7 +165,33 @@ class ThreadLauncher:
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:
-        return find_desync(self.board, ranks, finished, ended, entered_counts)
+        found = find_desync(self.board, ranks, finished, ended, entered_counts)
+        return found or self._world_desync(ranks, finished, entered_counts)
+
+    def _world_desync(self, ranks: Sequence[int], finished: Sequence[int],
+                      entered_counts: bool) -> list[tuple[int, InFlight]]:
+        """What the tracked calls miss (DDP's reducer calls the group from C++):
+        a rank's collective of a world-wide group, joined and still pending
+        :data:`~.progress.FR_SETTLE` s after a peer's test ended without
+        joining it, as the threaded world itself counts."""
+        if not finished:
+            return []
+        rank_of = dict(self._idents)
+        now = time.time()
+        found = []
+        for call in self.world.pending():
+            rank = rank_of.get(call.thread)
+            if rank is None or rank not in ranks or call.group_size != self.world_size:
+                continue
+            for peer in finished:
+                outcome = self._outcomes.get(peer)
+                done = outcome.at if outcome is not None else 0.0
+                never = not entered_counts or self.world.entered(call.group, peer) < call.seq
+                if never and done and now - max(call.since, done) >= FR_SETTLE:
+                    flight = InFlight(rank, call.op, call.seq, WORLD_GROUP, tuple(range(self.world_size)))
+                    found.append((peer, flight))
+                    break
+        return found
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         frames = sys._current_frames()
