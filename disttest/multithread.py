@@ -22,7 +22,7 @@ from disttest._faults_rank import armed
 from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
-from disttest._runner.outcome import Outcome
+from disttest._runner.outcome import Outcome, in_phase
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
@@ -157,12 +157,14 @@ class MultiThreadedTestCase(RankDispatch):
         dist.init_process_group(backend=BACKEND, rank=rank, world_size=world_size,
                                 store=_current_world().store)
         try:
-            self.perThreadSetUp()
+            with in_phase("perThreadSetUp"):
+                self.perThreadSetUp()
             try:
                 with armed(type(self), test_name, rank):
                     getattr(self, test_name)()
             finally:
-                self.perThreadTearDown()
+                with in_phase("perThreadTearDown"):
+                    self.perThreadTearDown()
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -54,6 +54,31 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertEqual(sorted(e for e in seen if e[0] == "teardown"), [("teardown", r) for r in range(3)])
         self.assertFalse(dist.is_initialized())  # no group leaks into the main thread
 
+    def test_a_failure_names_the_hook_it_came_from(self):
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def perThreadSetUp(self):
+                if self._testMethodName == "test_setup" and self.rank == 1:
+                    raise ValueError("setup broke")
+
+            def perThreadTearDown(self):
+                if self._testMethodName == "test_teardown" and self.rank == 0:
+                    raise KeyError("teardown broke")
+
+            def test_setup(self):
+                pass
+
+            def test_teardown(self):
+                pass
+
+        self.assertIn("rank 1/2 raised ValueError in perThreadSetUp", run(Case("test_setup")).errors[0][1])
+        self.assertIn("rank 0/2 raised KeyError in perThreadTearDown", run(Case("test_teardown")).errors[0][1])
+
     def test_assert_on_rank(self):
         class Case(disttest.MultiThreadedTestCase):
             def setUp(self):

@@ -6,11 +6,13 @@ standard library and :mod:`disttest.skips` (for the exit-code mapping).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import signal
 import time
 import traceback
 import unittest
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -19,7 +21,7 @@ from disttest.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "outcome_from_exception", "safe_str"]
+__all__ = ["MAX_TEXT", "in_phase", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "outcome_from_exception", "safe_str"]
 
 
 class Kind(str, enum.Enum):
@@ -158,6 +160,22 @@ def _format(exc: BaseException) -> str:
             + "".join(traceback.format_exception_only(type(exc), exc)))
 
 
+PHASE_ATTR = "__disttest_phase__"
+
+
+@contextlib.contextmanager
+def in_phase(phase: str) -> Iterator[None]:
+    """Mark an exception leaving the block as raised in ``phase`` (a hook
+    such as ``perThreadSetUp``); :func:`outcome_from_exception` reports it."""
+    try:
+        yield
+    except BaseException as e:
+        if not hasattr(e, PHASE_ATTR):
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(e, PHASE_ATTR, phase)
+        raise
+
+
 def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
     """Classify how a rank's test body ended (``exc`` None: it returned).
 
@@ -167,6 +185,7 @@ def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
     """
     outcome = _classify(rank, exc)
     outcome.at = time.time()
+    outcome.phase = getattr(exc, PHASE_ATTR, "") if exc is not None else ""
     return outcome
 
 
