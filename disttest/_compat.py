@@ -12,7 +12,15 @@ from typing import Any
 __unittest = True
 
 __all__ = [
+    "LOCAL_TENSOR_MISSING",
     "c10d_world",
+    "dtensor_sharding_prop_lock",
+    "enable_record_function",
+    "fsdp_param_group",
+    "is_functional_tensor",
+    "local_tensor",
+    "pytree",
+    "reset_dtensor_rng_tracker",
     "dynamo_config_patch",
     "ensure_fake_backend",
     "group_name",
@@ -186,3 +194,70 @@ def rref_debug_info() -> dict[str, str]:
 def load_faulty_rpc_agent() -> None:
     """Register the FAULTY_TENSORPIPE RPC backend (``rpc._testing``)."""
     import torch.distributed.rpc._testing  # noqa: F401
+
+
+#: Why the local-tensor bases skip on a torch without the mode.
+LOCAL_TENSOR_MISSING = (
+    "needs torch.distributed._local_tensor (LocalTensorMode), which torch {version} lacks; "
+    "torch 2.10 and later have it (disttest)"
+)
+
+
+def local_tensor() -> Any:
+    """torch's private local-tensor module (``torch.distributed._local_tensor``:
+    ``LocalTensorMode``, ``LocalTensor``, ``LocalIntNode``,
+    ``maybe_disable_local_tensor_mode``, ``maybe_run_for_local_tensor``), or
+    None on a torch without it."""
+    try:
+        import torch.distributed._local_tensor as module
+    except ImportError:
+        return None
+    return module
+
+
+def dtensor_sharding_prop_lock(lock: Any | None = None) -> Any:
+    """DTensor's ``ShardingPropagator._fake_mode_lock`` (a no-op lock unless
+    threads share the propagator); with ``lock``, set it and return the old one."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    old = ShardingPropagator._fake_mode_lock
+    if lock is not None:
+        ShardingPropagator._fake_mode_lock = lock
+    return old
+
+
+def enable_record_function(enabled: bool) -> None:
+    """``torch.autograd._enable_record_function`` (profiler ranges on ops)."""
+    import torch
+
+    torch.autograd._enable_record_function(enabled)
+
+
+def reset_dtensor_rng_tracker() -> None:
+    """Forget DTensor's random-state tracker (``tensor._random._rng_tracker``)."""
+    from torch.distributed.tensor import _random
+
+    _random._rng_tracker = None
+
+
+def is_functional_tensor(t: Any) -> bool:
+    """``torch._is_functional_tensor``."""
+    import torch
+
+    return bool(torch._is_functional_tensor(t))
+
+
+def pytree() -> Any:
+    """torch's pytree module (``torch.utils._pytree``: tree_flatten, tree_unflatten)."""
+    import torch.utils._pytree as module
+
+    return module
+
+
+def fsdp_param_group() -> Any:
+    """FSDP2's private param-group module
+    (``torch.distributed.fsdp._fully_shard._fsdp_param_group``: ``FSDPParamGroup``,
+    ``RegisterPostBackwardFunction``, ``foreach_all_gather``, ``foreach_reduce``)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as module
+
+    return module
