@@ -26,7 +26,7 @@ import itertools
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -99,7 +99,7 @@ OP_MISMATCH = "op on DTensors with placements {placements} differs from the op o
 def skip_unless_torch_gpu(method: T) -> T:
     """Skip unless torch sees ``NUM_DEVICES`` accelerator devices; decided in
     the parent, before any rank starts."""
-    return skip_if_lt_x_gpu(NUM_DEVICES)(method)  # type: ignore[no-any-return]
+    return cast(T, skip_if_lt_x_gpu(NUM_DEVICES)(cast(Any, method)))
 
 
 class DTensorTestMixin:
@@ -296,7 +296,7 @@ class DTensorOpTestBase(MultiThreadedTestCase):
         self._spawn_threads()
 
 
-class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinousTest):
+class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinousTest):  # type: ignore[misc]
     """DTensor tests in one pool of rank processes per class (``world_size``,
     default 2, as a class attribute); the class's group lives as long as the
     pool (``@with_comms`` changes nothing here)."""
@@ -509,7 +509,7 @@ class _LocalMixin:
         torch.manual_seed(0)
 
 
-class LocalDTensorTestBase(_LocalMixin, DTensorTestBase):  # type: ignore[misc]
+class LocalDTensorTestBase(_LocalMixin, DTensorTestBase):
     """:class:`DTensorTestBase` with every rank simulated in the test process
     (torch's local-tensor mode over the ``fake`` group): no processes."""
 
@@ -518,7 +518,7 @@ class LocalDTensorTestBase(_LocalMixin, DTensorTestBase):  # type: ignore[misc]
         self._local_setup()
 
 
-class LocalDTensorOpTestBase(_LocalMixin, DTensorOpTestBase):  # type: ignore[misc]
+class LocalDTensorOpTestBase(_LocalMixin, DTensorOpTestBase):
     """:class:`DTensorOpTestBase` with every rank simulated in the test
     process (torch's local-tensor mode): no threads."""
 

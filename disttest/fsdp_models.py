@@ -106,8 +106,9 @@ class TransformerWithSharedParams(FSDPTestModel):
                                           dim_feedforward=8, dropout=0.1)
         self.output_proj = nn.Linear(d_model, d_vocab)
         self.output_proj.weight = self.embed_tokens.weight
-        self.register_buffer("vocab_bias", self.embed_tokens.weight.new_ones((d_model,)))
-        self.register_buffer("long_buffer", torch.zeros_like(self.vocab_bias, dtype=torch.long))
+        vocab_bias = self.embed_tokens.weight.new_ones((d_model,))
+        self.register_buffer("vocab_bias", vocab_bias)
+        self.register_buffer("long_buffer", torch.zeros_like(vocab_bias, dtype=torch.long))
         self.bs = 2
         self.bn: nn.Module = nn.BatchNorm1d(self.bs) if add_bn else nn.Identity()
         if device_init_mode == DEVICEInitMode.DEVICE_BEFORE:
@@ -123,7 +124,7 @@ class TransformerWithSharedParams(FSDPTestModel):
 
     def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> torch.Tensor:
         src = self.embed_tokens(src_ids)
-        src = src + self.vocab_bias + self.long_buffer.type_as(src)
+        src = src + self.vocab_bias + self.long_buffer.type_as(src)  # type: ignore[operator]
         tgt = self.bn(self.embed_tokens(tgt_ids))
         return self.output_proj(self.transformer(src, tgt))
 
