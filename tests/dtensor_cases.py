@@ -206,3 +206,10 @@ class FsdpPool(FSDPTestContinuous):
 
     def test_parity(self):
         _parity(self)
+
+
+class FsdpFake(FSDPTest):
+    fake_pg = True
+
+    def test_fake_group(self):
+        assert dist.get_backend() == "fake" and dist.get_world_size() == 2

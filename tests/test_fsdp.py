@@ -40,6 +40,9 @@ class ProcessesTest(unittest.TestCase):
         self.assertIn("'test_failing_subtest' failed (disttest): rank 1/2 raised AssertionError", text)
         self.assertIn("subtest a=2 fails on rank 1", text)
 
+    def test_fake_pg(self):
+        ok(self, run(cases.FsdpFake("test_fake_group")))
+
     def test_too_few_accelerators_skip_in_the_parent(self):
         case = cases.FsdpProcesses("test_group_and_subtests")
         with mock.patch.object(fsdp, "DEVICE_TYPE", "cuda"), \
