@@ -205,3 +205,23 @@ class ConverterTest(unittest.TestCase):
         combos = list(conv.sharding_combs)
         self.assertEqual([[repr(p) for p in c] for c in combos],
                          [["Replicate()", "Replicate()"], ["Shard(dim=0)", "Replicate()"]])
+
+
+class ImportTest(unittest.TestCase):
+    def test_importing_the_bases_changes_nothing_in_torch(self):
+        # Compared with `import disttest` alone: the DTensor and FSDP modules
+        # wrap no function and register no backend.
+        import subprocess
+        import sys
+
+        code = (
+            "import torch, torch.distributed as dist, disttest\n"
+            "def snap():\n"
+            "    return ({k: id(getattr(dist, k)) for k in dir(dist)},\n"
+            "            tuple(dist.Backend.backend_list), tuple(sorted(dist.Backend._plugins)))\n"
+            "before = snap()\n"
+            "import disttest.dtensor, disttest.fsdp, disttest.fsdp_models\n"
+            "print(snap() == before)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.stdout.strip(), "True", out.stderr[-2000:])
