@@ -36,6 +36,16 @@ from disttest import _compat
 from disttest.config import ConfigError
 from disttest.continuous import MultiProcContinousTest
 from disttest.devices import ACCELERATOR_DIST_BACKENDS, accelerator_count, accelerator_type
+from disttest.dtensor_models import (
+    Attention,
+    FeedForward,
+    MLPModule,
+    MLPStacked,
+    ModelArgs,
+    RMSNormPython,
+    Transformer,
+    TransformerBlock,
+)
 from disttest.helpers import run_subtests
 from disttest.multiprocess import MultiProcessTestCase
 from disttest.multithread import MultiThreadedTestCase
@@ -54,11 +64,16 @@ __all__ = [
     "DTensorOpTestBase",
     "DTensorTestBase",
     "DTensorTestMixin",
+    "Attention",
+    "FeedForward",
     "LocalDTensorOpTestBase",
     "LocalDTensorTestBase",
     "MLPModule",
     "MLPStacked",
+    "ModelArgs",
     "RMSNormPython",
+    "Transformer",
+    "TransformerBlock",
     "create_local_tensor_test_class",
     "map_local_for_rank",
     "map_local_tensor_for_rank",
@@ -389,49 +404,6 @@ class DTensorConverter:
             self.miss += 1  # a tensor subclass: not converted
             return t
         raise TypeError(f"DTensorConverter: expected a tensor, got {type(t).__name__} {t!r} (disttest)")
-
-
-class RMSNormPython(nn.Module):
-    """RMSNorm in plain torch ops."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class MLPModule(nn.Module):
-    """10 -> 16 -> ReLU -> 10, seeded with 5 (the same weights on every rank)."""
-
-    def __init__(self, device: Any, bias: bool = True) -> None:
-        super().__init__()
-        torch.manual_seed(5)
-        self.net1 = nn.Linear(10, 16, bias=bias, device=device)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(16, 10, bias=bias, device=device)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net2(self.relu(self.net1(x)))
-
-    def reset_parameters(self) -> None:
-        self.net1.reset_parameters()
-        self.net2.reset_parameters()
-
-
-class MLPStacked(nn.Module):
-    """``n_layers`` :class:`MLPModule` in a row."""
-
-    def __init__(self, device: Any, n_layers: int = 2) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([MLPModule(device) for _ in range(n_layers)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 # --- local-tensor mode: every rank simulated in the test process --------------
