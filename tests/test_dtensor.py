@@ -124,6 +124,18 @@ class ProcessesTest(unittest.TestCase):
         self.assertIn("with_comms(backend=...)", result.errors[0][1])
 
 
+class SkipTest(unittest.TestCase):
+    def test_skip_unless_torch_gpu_is_decided_in_the_parent(self):
+        from disttest.skips import precheck_skip
+
+        @dt.skip_unless_torch_gpu
+        def test_x(self):
+            raise AssertionError("ran")
+
+        skip = precheck_skip(cases.Processes("test_bare"), test_x)
+        self.assertEqual(str(skip), TEST_SKIPS["multi-gpu-4"].message)
+
+
 class ThreadsTest(unittest.TestCase):
     def test_passes_and_with_comms_keeps_the_group(self):
         for name in ("test_roundtrip", "test_with_comms_keeps_the_group"):
