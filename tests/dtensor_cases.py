@@ -227,3 +227,21 @@ class FsdpFake(FSDPTest):
 
     def test_fake_group(self):
         assert dist.get_backend() == "fake" and dist.get_world_size() == 2
+
+
+class Hangs(DTensorTestBase):
+    timeout = 2
+
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_rank_1_skips_the_gather(self):
+        dt = distribute_tensor(torch.ones(4, 4), self.build_device_mesh(), [Shard(0)])
+        if self.rank == 0:
+            dt.full_tensor()  # an all-gather that rank 1 never joins
+        else:
+            import time
+
+            time.sleep(30)

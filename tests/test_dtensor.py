@@ -106,6 +106,18 @@ class ProcessesTest(unittest.TestCase):
         self.assertIn("RankFailure: 'test_fails_on_rank_1' failed (disttest): rank 1/2 raised AssertionError", text)
         self.assertNotIn("rank 0/2 raised", text)
 
+    def test_hang_ends_at_the_limit_with_the_stacks(self):
+        import time
+
+        start = time.monotonic()
+        result = run(cases.Hangs("test_rank_1_skips_the_gather"))
+        self.assertLess(time.monotonic() - start, 25)  # the sleeping rank would take 30 s
+        self.assertEqual(len(result.errors), 1, result.failures)
+        text = result.errors[0][1]
+        self.assertIn("timed out after 2s", text)
+        self.assertIn("in full_tensor", text)  # rank 0's stack, inside the gather
+        self.assertIn("rank 1/2 did not finish", text)
+
     def test_op_mismatch_names_the_placements(self):
         result = run(cases.Processes("test_op_mismatch"))
         self.assertEqual(len(result.failures), 1)
