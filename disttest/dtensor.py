@@ -187,6 +187,10 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
     parent, before any rank starts.
     """
 
+    #: Imported by the fork server before it forks the ranks: DTensor's
+    #: ``distribute_tensor`` imports dynamo on first use (about 1 s per rank).
+    rank_preload: tuple[str, ...] = ("torch._dynamo",)
+
     @property
     def world_size(self) -> int:
         return NUM_DEVICES

@@ -92,6 +92,11 @@ class Processes(DTensorTestBase):
             tokens = torch.randint(0, 8, (2, 8))
             self.assertEqual(model(tokens), reference(tokens), atol=1e-5, rtol=1e-5)
 
+    def test_dynamo_preloaded(self):
+        import sys
+
+        assert "torch._dynamo" in sys.modules, "the fork server did not preload torch._dynamo"
+
     def test_seed_for_rank(self):
         self.init_manual_seed_for_rank()
         self.assertEqual(torch.initial_seed(), self.rank)

@@ -89,7 +89,7 @@ class WithCommsTest(unittest.TestCase):
 class ProcessesTest(unittest.TestCase):
     def test_with_comms_forms_pass_in_fresh_ranks(self):
         for name in ("test_bare", "test_with_arguments", "test_op", "test_seed_for_rank",
-                     "test_transformer_parallel_matches"):
+                     "test_transformer_parallel_matches", "test_dynamo_preloaded"):
             with self.subTest(name):
                 result = run(cases.Processes(name))
                 self.assertTrue(passed(result), result.errors + result.failures + result.skipped)

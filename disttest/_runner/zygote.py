@@ -111,6 +111,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         try:
             sys.path[:] = spec.sys_path
             cls = resolve_class(spec)
+            # Modules every rank of this class needs (imported once here).
+            for name in getattr(cls, "rank_preload", ()):
+                importlib.import_module(name)
         except BaseException:  # noqa: BLE001 (reported to the test process)
             outbox.send(("error", run_id, traceback.format_exc()))
             continue
