@@ -130,6 +130,10 @@ class FSDPTest(FSDPTestMixin, MultiProcessTestCase):
     the test body, and the ranks meet at a barrier before and after it.
     """
 
+    #: Imported by the fork server before it forks the ranks: ``fully_shard``
+    #: imports dynamo on first use (about 1 s per rank).
+    rank_preload: tuple[str, ...] = ("torch._dynamo",)
+
     @property
     def world_size(self) -> int:
         return FSDP_WORLD_SIZE

@@ -176,6 +176,9 @@ def _parity(case):
 class FsdpProcesses(FSDPTest):
     def test_group_and_subtests(self):
         assert dist.is_initialized() and self.process_group.size() == self.world_size == 2
+        import sys
+
+        assert "torch._dynamo" in sys.modules, "the fork server did not preload torch._dynamo"
         _subtests_in_order(self, [])
 
     def test_parity(self):
