@@ -19,6 +19,8 @@ the script prints, per file and harness, the counts of passed / failed /
 errors / skipped tests, the time, and the mean time of a process-based test
 (DTensorTestBase, one set of rank processes per test), then the ratio, and
 lists every test that passes under torch's harness but not under disttest.
+``--json FILE`` saves every test's outcome and time; ``--from-json FILE``
+prints the table of a saved run again.
 ``--upstream-max N`` time-boxes torch's side to the first N tests of each
 file (upstream spawns 4 fresh interpreters per test); the counts then cover
 those tests on both sides. Exit status 1 when a test lost its pass.
@@ -137,10 +139,44 @@ def run_file(copy_dir: str, module: str, pattern: str, limit: int | None) -> dic
 def summary(run: dict[str, Any]) -> dict[str, Any]:
     rows = run["tests"].values()
     counts = {k: sum(1 for r in rows if r["outcome"] == k) for k in ("passed", "failed", "errors", "skipped")}
-    proc = [r["seconds"] for r in rows if r.get("process_based") and r["outcome"] != "skipped"]
+    proc = sorted(r["seconds"] for r in rows if r.get("process_based") and r["outcome"] != "skipped")
     counts["seconds"] = run["seconds"]
     counts["per_process_test"] = sum(proc) / len(proc) if proc else None
+    counts["median_process_test"] = proc[len(proc) // 2] if proc else None
     return counts
+
+
+def print_report(report: dict[str, Any]) -> list[str]:
+    """Print the table; return the tests that lost their pass under disttest."""
+    print(f"{'file':24} {'harness':9} {'pass':>5} {'fail':>5} {'err':>4} {'skip':>5} "
+          f"{'seconds':>8} {'s/proc-test':>11} {'median':>7}")
+    lost: list[str] = []
+    totals = {h: 0.0 for h in HARNESSES}
+    for module, runs in report.items():
+        for h in HARNESSES:
+            s = summary(runs[h])
+            totals[h] += s["seconds"]
+            per = f"{s['per_process_test']:.2f}" if s["per_process_test"] is not None else "-"
+            med = f"{s['median_process_test']:.2f}" if s["median_process_test"] is not None else "-"
+            print(f"{module:24} {h:9} {s['passed']:5} {s['failed']:5} {s['errors']:4} {s['skipped']:5} "
+                  f"{s['seconds']:8.1f} {per:>11} {med:>7}")
+        up, dt = summary(runs["upstream"]), summary(runs["disttest"])
+        if up["per_process_test"] and dt["per_process_test"]:
+            print(f"{'':24} ratio: {up['per_process_test'] / dt['per_process_test']:.1f}x per process-based "
+                  f"test (mean), {up['median_process_test'] / dt['median_process_test']:.1f}x (median), "
+                  f"{up['seconds'] / max(dt['seconds'], 1e-9):.1f}x for the file")
+        else:
+            print(f"{'':24} ratio: {up['seconds'] / max(dt['seconds'], 1e-9):.1f}x for the file")
+        for test_id, row in runs["upstream"]["tests"].items():
+            theirs = runs["disttest"]["tests"].get(test_id, {"outcome": "missing"})
+            if row["outcome"] == "passed" and theirs["outcome"] != "passed":
+                lost.append(f"{test_id}: {theirs['outcome']} under disttest {theirs.get('detail', '')[-300:]}")
+    print(f"total seconds: upstream {totals['upstream']:.1f}, disttest {totals['disttest']:.1f} "
+          f"({totals['upstream'] / max(totals['disttest'], 1e-9):.1f}x)")
+    print("passes lost under disttest: " + (str(len(lost)) if lost else "none"))
+    for line in lost:
+        print("  " + line)
+    return lost
 
 
 def main() -> None:
@@ -149,18 +185,21 @@ def main() -> None:
     parser.add_argument("-k", default="*", help="fnmatch pattern on test method names")
     parser.add_argument("--upstream-max", type=int, default=None, help="first N tests per file on both sides")
     parser.add_argument("--json", help="also write every test's outcome and time to this file")
+    parser.add_argument("--from-json", help="print the table of a run saved with --json (no run)")
     parser.add_argument("--run-one", nargs=2, metavar=("DIR", "MODULE"), help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_one:
         run_one(args.run_one[0], args.run_one[1], args.k, args.limit)
         return
+    if args.from_json:
+        with open(args.from_json) as saved:
+            sys.exit(1 if print_report(json.load(saved)) else 0)
     if not args.folder or not os.path.isdir(args.folder):
         parser.error(f"FOLDER {args.folder!r} is not a directory of test files")
     files = sorted(f for f in os.listdir(args.folder) if re.fullmatch(r"test_\w+\.py", f))
     if not files:
         parser.error(f"no test_*.py files in {args.folder!r}")
-    lost: list[str] = []
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="dtensor-suite-") as tmp:
         dirs = {h: os.path.join(tmp, h) for h in HARNESSES}
@@ -170,38 +209,13 @@ def main() -> None:
                 shutil.copy(os.path.join(args.folder, f), d)
         ported = [os.path.join(dirs["disttest"], f) for f in files]
         subprocess.run(sed_line().replace("test_*.py", " ".join(ported)), shell=True, check=True)
-        header = (f"{'file':24} {'harness':9} {'pass':>5} {'fail':>5} {'err':>4} {'skip':>5} "
-                  f"{'seconds':>8} {'s/proc-test':>11}")
-        print(header)
-        totals = {h: 0.0 for h in HARNESSES}
         for f in files:
             module = f[:-3]
-            runs = {h: run_file(dirs[h], module, args.k, args.upstream_max) for h in HARNESSES}
-            report[module] = runs
-            for h in HARNESSES:
-                s = summary(runs[h])
-                totals[h] += s["seconds"]
-                per = f"{s['per_process_test']:.2f}" if s["per_process_test"] is not None else "-"
-                print(f"{module:24} {h:9} {s['passed']:5} {s['failed']:5} {s['errors']:4} {s['skipped']:5} "
-                      f"{s['seconds']:8.1f} {per:>11}")
-            up, dt = summary(runs["upstream"]), summary(runs["disttest"])
-            if up["per_process_test"] and dt["per_process_test"]:
-                print(f"{'':24} ratio: {up['per_process_test'] / dt['per_process_test']:.1f}x per process-based test, "
-                      f"{up['seconds'] / max(dt['seconds'], 1e-9):.1f}x for the file")
-            else:
-                print(f"{'':24} ratio: {up['seconds'] / max(dt['seconds'], 1e-9):.1f}x for the file")
-            for test_id, row in runs["upstream"]["tests"].items():
-                theirs = runs["disttest"]["tests"].get(test_id, {"outcome": "missing"})
-                if row["outcome"] == "passed" and theirs["outcome"] != "passed":
-                    lost.append(f"{test_id}: {theirs['outcome']} under disttest {theirs.get('detail', '')[-300:]}")
-        print(f"total seconds: upstream {totals['upstream']:.1f}, disttest {totals['disttest']:.1f} "
-              f"({totals['upstream'] / max(totals['disttest'], 1e-9):.1f}x)")
+            report[module] = {h: run_file(dirs[h], module, args.k, args.upstream_max) for h in HARNESSES}
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=1)
-    print("passes lost under disttest: " + (str(len(lost)) if lost else "none"))
-    for line in lost:
-        print("  " + line)
+    lost = print_report(report)
     sys.exit(1 if lost else 0)
 
 
