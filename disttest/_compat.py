@@ -12,21 +12,31 @@ from typing import Any
 __unittest = True
 
 __all__ = [
+    "LOCAL_TENSOR_MISSING",
+    "activation_checkpoint",
     "backend_creator",
     "c10d_world",
     "default_group",
+    "dtensor_sharding_prop_lock",
     "dynamo_config_patch",
+    "enable_record_function",
     "ensure_fake_backend",
     "flight_status",
+    "fsdp_param_group",
     "group_name",
+    "hybrid_sharding_strategies",
+    "is_functional_tensor",
     "load_faulty_rpc_agent",
+    "local_tensor",
     "new_c10d_world",
     "preload_dynamo",
     "premul_sum",
+    "pytree",
     "reduce_op_parts",
     "register_backend",
     "registered_backend_names",
     "remove_dynamo_trace_handler",
+    "reset_dtensor_rng_tracker",
     "reset_dynamo",
     "rref_debug_info",
     "set_c10d_world",
@@ -304,6 +314,24 @@ def flight_status() -> dict[str, list[Any]] | None:
     return status
 
 
+def hybrid_sharding_strategies() -> set[Any]:
+    """FSDP1's hybrid strategies (``ShardingStrategy._HYBRID_SHARD_ZERO2`` is private)."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    found = {ShardingStrategy.HYBRID_SHARD}
+    zero2 = getattr(ShardingStrategy, "_HYBRID_SHARD_ZERO2", None)
+    if zero2 is not None:
+        found.add(zero2)
+    return found
+
+
+def activation_checkpoint() -> Any:
+    """The composable ``checkpoint`` (``torch.distributed._composable``)."""
+    from torch.distributed._composable import checkpoint
+
+    return checkpoint
+
+
 def premul_sum(factor: Any) -> Any:
     """The PREMUL_SUM reduce op with ``factor`` (``dist._make_nccl_premul_sum``)."""
     import torch.distributed as dist
@@ -338,3 +366,70 @@ def rref_debug_info() -> dict[str, str]:
 def load_faulty_rpc_agent() -> None:
     """Register the FAULTY_TENSORPIPE RPC backend (``rpc._testing``)."""
     import torch.distributed.rpc._testing  # noqa: F401
+
+
+#: Why the local-tensor bases skip on a torch without the mode.
+LOCAL_TENSOR_MISSING = (
+    "needs torch.distributed._local_tensor (LocalTensorMode), which torch {version} lacks; "
+    "torch 2.10 and later have it (disttest)"
+)
+
+
+def local_tensor() -> Any:
+    """torch's private local-tensor module (``torch.distributed._local_tensor``:
+    ``LocalTensorMode``, ``LocalTensor``, ``LocalIntNode``,
+    ``maybe_disable_local_tensor_mode``, ``maybe_run_for_local_tensor``), or
+    None on a torch without it."""
+    try:
+        import torch.distributed._local_tensor as module
+    except ImportError:
+        return None
+    return module
+
+
+def dtensor_sharding_prop_lock(lock: Any | None = None) -> Any:
+    """DTensor's ``ShardingPropagator._fake_mode_lock`` (a no-op lock unless
+    threads share the propagator); with ``lock``, set it and return the old one."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    old = ShardingPropagator._fake_mode_lock
+    if lock is not None:
+        ShardingPropagator._fake_mode_lock = lock
+    return old
+
+
+def enable_record_function(enabled: bool) -> None:
+    """``torch.autograd._enable_record_function`` (profiler ranges on ops)."""
+    import torch
+
+    torch.autograd._enable_record_function(enabled)
+
+
+def reset_dtensor_rng_tracker() -> None:
+    """Forget DTensor's random-state tracker (``tensor._random._rng_tracker``)."""
+    from torch.distributed.tensor import _random
+
+    _random._rng_tracker = None
+
+
+def is_functional_tensor(t: Any) -> bool:
+    """``torch._is_functional_tensor``."""
+    import torch
+
+    return bool(torch._is_functional_tensor(t))
+
+
+def pytree() -> Any:
+    """torch's pytree module (``torch.utils._pytree``: tree_flatten, tree_unflatten)."""
+    import torch.utils._pytree as module
+
+    return module
+
+
+def fsdp_param_group() -> Any:
+    """FSDP2's private param-group module
+    (``torch.distributed.fsdp._fully_shard._fsdp_param_group``: ``FSDPParamGroup``,
+    ``RegisterPostBackwardFunction``, ``foreach_all_gather``, ``foreach_reduce``)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as module
+
+    return module

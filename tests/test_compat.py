@@ -110,13 +110,19 @@ class CompatFunctionsTest(unittest.TestCase):
             first()
 
     def test_threaded_backend_exists_only_while_a_world_is_installed(self):
-        self.assertNotIn(THREADED_BACKEND, dist.Backend.backend_list)
+        from disttest.threaded_pg import _create
+
+        # (torch's own multi_threaded_pg, if a test imported it, registers "threaded" too)
+        before = (THREADED_BACKEND in dist.Backend.backend_list, _compat.backend_creator(THREADED_BACKEND))
+        self.assertIsNot(before[1], _create)
         install_threaded_pg()
         try:
             self.assertIn(THREADED_BACKEND, dist.Backend.backend_list)
+            self.assertIs(_compat.backend_creator(THREADED_BACKEND), _create)
         finally:
             uninstall_threaded_pg()
-        self.assertNotIn(THREADED_BACKEND, dist.Backend.backend_list)
+        after = (THREADED_BACKEND in dist.Backend.backend_list, _compat.backend_creator(THREADED_BACKEND))
+        self.assertEqual(after, before)
 
     def test_fake_backend_and_wrappers_exist_only_inside_with_dist(self):
         original = dist.broadcast_object_list

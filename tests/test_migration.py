@@ -77,6 +77,8 @@ class ReadmeTest(unittest.TestCase):
             from torch.testing._internal.dist_utils import dist_init
             from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import RpcAgentTestFixture
             from torch.testing._internal.common_utils import run_tests
+            from torch.testing._internal.distributed._tensor.common_dtensor import (
+            from torch.testing._internal.common_fsdp import FSDPTest, MLP
         """)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "test_port.py")
@@ -92,3 +94,4 @@ class ReadmeTest(unittest.TestCase):
             "from disttest import RpcAgentTestFixture",
         ])
         self.assertEqual(ported[4], "from torch.testing._internal.common_utils import run_tests")
+        self.assertEqual(ported[5:], ["from disttest.dtensor import (", "from disttest.fsdp import FSDPTest, MLP"])

@@ -114,6 +114,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             cls = resolve_class(spec)
             if "disttest.dynamo" in sys.modules:
                 _compat.preload_dynamo()  # once here, not in every rank
+            # Modules every rank of this class needs (imported once here).
+            for name in getattr(cls, "rank_preload", ()):
+                importlib.import_module(name)
         except BaseException:  # noqa: BLE001 (reported to the test process)
             outbox.send(("error", run_id, traceback.format_exc()))
             continue
