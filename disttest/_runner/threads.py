@@ -99,6 +99,11 @@ class ThreadLauncher:
         self._ended = threading.Event()
 
     def start(self) -> None:
+        # NB: torch.testing.assert_close imports torch.distributed.tensor on
+        # first use; two rank threads doing it at once register its operators
+        # twice ("Tried to register an operator ... multiple times").
+        import torch.distributed.tensor  # noqa: F401
+
         self._untrack = install_tracking()
         self._idents: dict[int, int] = {}
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
