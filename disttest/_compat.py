@@ -119,7 +119,19 @@ def register_backend(name: str, creator: Any, devices: list[str]) -> Any:
         "plugin": backend._plugins.get(up, _MISSING),
         "devices": {d: backend.default_device_backend_map.get(d, _MISSING) for d in devices},
     }
-    backend.register_backend(name, creator, extended_api=True, devices=devices)
+    try:
+        backend.register_backend(name, creator, extended_api=True, devices=devices)
+    except AssertionError:
+        # Before torch 2.7 a name may be registered once: take the earlier
+        # entry out first (the undo puts it back).
+        if up in backend.__dict__:
+            delattr(backend, up)
+        if low in backend.backend_list:
+            backend.backend_list.remove(low)
+        backend._plugins.pop(up, None)
+        backend.backend_capability.pop(low, None)
+        backend.backend_type_map.pop(low, None)
+        backend.register_backend(name, creator, extended_api=True, devices=devices)
 
     def put(mapping: dict[str, Any], key: str, value: Any) -> None:
         if value is _MISSING:
