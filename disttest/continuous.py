@@ -37,6 +37,7 @@ from disttest._runner.report import raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher
 from disttest.case import TestCase, set_rng_seed
 from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world_size
+from disttest.launchers import resolve_rank
 from disttest.skips import precheck_skip
 
 __unittest = True
@@ -280,14 +281,18 @@ class MultiProcContinousTest(TestCase):
     # --- external launchers --------------------------------------------------------
 
     @classmethod
-    def run_rank(cls, rank: int, world_size: int, rdvz_file: str | None = None) -> unittest.TestResult:
+    def run_rank(cls, rank: int | None = None, world_size: int | None = None,
+                 rdvz_file: str | None = None) -> unittest.TestResult:
         """Run the class's tests in this process, as ``rank`` of ``world_size``.
 
-        For external launchers: each process (torchrun's, on one node or
-        several) calls it. Rendezvous through ``rdvz_file`` if given, else
-        ``env://``. Returns the unittest result; the caller decides the exit
-        status (``sys.exit(not result.wasSuccessful())``).
+        For external launchers: each process (torchrun's, srun's, mpirun's,
+        on one node or several) calls it. Without ``rank``/``world_size``
+        they come from the launcher's environment (``disttest.launchers``).
+        Rendezvous through ``rdvz_file`` if given, else ``env://``. Returns
+        the unittest result; the caller decides the exit status
+        (``sys.exit(not result.wasSuccessful())``).
         """
+        rank, world_size = resolve_rank(rank, world_size, rdvz_file is not None)
         cls.rank = parse_world_size(rank + 1, "run_rank(rank=...)") - 1
         cls.world_size = parse_world_size(world_size, "run_rank(world_size=...)")
         if not 0 <= rank < world_size:
