@@ -1,7 +1,11 @@
-"""Every touch of private torch API in disttest goes through this module.
+"""Every touch of private torch API in disttest goes through this module,
+and so does every public torch API that only newer releases have.
 
 Each function names the private API it uses, so that a torch upgrade that
 moves one breaks here, in one place, and ``tests/test_compat.py`` says which.
+``TORCH_FEATURES`` names each version-dependent API with the first torch
+release that has it; ``missing_feature`` turns a missing one into the reason
+a test skips ("needs torch >= 2.10").
 """
 
 from __future__ import annotations
@@ -12,21 +16,141 @@ from typing import Any
 __unittest = True
 
 __all__ = [
+    "TORCH_FEATURES",
+    "accelerator_count",
+    "accelerator_type",
     "c10d_world",
+    "default_backend_for_device",
     "dynamo_config_patch",
     "ensure_fake_backend",
     "group_name",
+    "has_feature",
     "load_faulty_rpc_agent",
+    "missing_feature",
     "new_c10d_world",
     "reduce_op_parts",
     "remove_dynamo_trace_handler",
     "reset_dynamo",
     "rref_debug_info",
     "set_c10d_world",
+    "set_device_index",
     "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
+    "torch_version",
 ]
+
+#: Version-dependent torch API: feature -> (the first torch release that has
+#: it, the dotted name probed). Versions read from the released wheels
+#: (2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0-2.13.0, 2.14.1).
+TORCH_FEATURES: dict[str, tuple[str, str]] = {
+    "torch.accelerator": ("2.6", "torch.accelerator"),
+    "dist.all_gather_single": ("2.13", "torch.distributed.all_gather_single"),
+    "dist.reduce_scatter_single": ("2.13", "torch.distributed.reduce_scatter_single"),
+    "funcol.all_gather_single": ("2.13", "torch.distributed._functional_collectives.all_gather_single"),
+    "Backend.FAKE": ("2.11", "torch.distributed.Backend.FAKE"),
+    "dist.get_default_backend_for_device": ("2.6", "torch.distributed.get_default_backend_for_device"),
+    "dist.is_xccl_available": ("2.6", "torch.distributed.is_xccl_available"),
+}
+
+FEATURE_MISSING = "needs torch >= {version} ({feature}; this is torch {installed})"
+
+
+def torch_version() -> str:
+    """The installed torch's version, without a local part (``2.8.0``)."""
+    import torch
+
+    return str(torch.__version__).split("+")[0]
+
+
+def _probe(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def has_feature(feature: str) -> bool:
+    """True when the installed torch has ``feature`` (a key of TORCH_FEATURES)."""
+    return _probe(TORCH_FEATURES[feature][1])
+
+
+def missing_feature(feature: str) -> str | None:
+    """None when the installed torch has ``feature``; else the skip reason,
+    naming the torch version it needs (``FEATURE_MISSING``)."""
+    if feature not in TORCH_FEATURES:
+        raise KeyError(f"unknown torch feature {feature!r}; expected one of {sorted(TORCH_FEATURES)} (disttest)")
+    if has_feature(feature):
+        return None
+    return FEATURE_MISSING.format(version=TORCH_FEATURES[feature][0], feature=feature, installed=torch_version())
+
+
+def accelerator_type() -> str | None:
+    """The type of this host's accelerator (``"cuda"``, ``"xpu"``...), or None.
+
+    ``torch.accelerator`` where torch has it (2.6+); before, the CUDA and XPU
+    device counts, which ask NVML/the driver without initialising CUDA (a
+    later ``fork`` stays safe).
+    """
+    import torch
+
+    acc_mod = getattr(torch, "accelerator", None)
+    if acc_mod is not None:
+        acc = acc_mod.current_accelerator() if acc_mod.is_available() else None
+        return acc.type if acc is not None else None
+    for name in ("cuda", "xpu"):
+        module = getattr(torch, name, None)
+        if module is not None and module.device_count() > 0:
+            return name
+    return None
+
+
+def accelerator_count() -> int:
+    """How many devices this host's accelerator has (0 without one)."""
+    import torch
+
+    acc_mod = getattr(torch, "accelerator", None)
+    if acc_mod is not None:
+        return int(acc_mod.device_count()) if acc_mod.is_available() else 0
+    kind = accelerator_type()
+    return int(getattr(torch, kind).device_count()) if kind is not None else 0
+
+
+def set_device_index(device: Any) -> None:
+    """Make ``device`` (an index or a ``torch.device``) this thread's current
+    accelerator device (``torch.accelerator.set_device_index``, 2.6+; before,
+    the device module's ``set_device``)."""
+    import torch
+
+    acc_mod = getattr(torch, "accelerator", None)
+    if acc_mod is not None:
+        acc_mod.set_device_index(device)
+        return
+    kind = device.type if isinstance(device, torch.device) else accelerator_type()
+    if kind is not None:
+        getattr(torch, kind).set_device(device)
+
+
+def default_backend_for_device(device: str) -> str:
+    """c10d's backend for ``device`` (``dist.get_default_backend_for_device``,
+    2.6+; before, nccl for cuda, xccl for xpu, gloo for cpu)."""
+    import torch.distributed as dist
+
+    get = getattr(dist, "get_default_backend_for_device", None)
+    if get is not None:
+        return str(get(device))
+    kind = device.split(":")[0]
+    return {"cuda": "nccl", "xpu": "xccl"}.get(kind, "gloo")
 
 
 def reset_dynamo() -> None:
@@ -60,6 +184,11 @@ def ensure_fake_backend() -> None:
     utilities register it; this does the same through the private
     ``FakeProcessGroup._create_internal``.
     """
+    reason = missing_feature("Backend.FAKE")
+    if reason is not None:
+        import unittest
+
+        raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
     import torch.distributed as dist
     from torch._C._distributed_c10d import FakeProcessGroup
 

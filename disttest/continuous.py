@@ -25,9 +25,9 @@ import weakref
 from datetime import timedelta
 from typing import Any, ClassVar
 
-import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import START_METHODS, ForkLauncher, ProcessLauncher, SpawnLauncher
@@ -38,7 +38,7 @@ from disttest._runner.zygote import ZygoteLauncher
 from disttest.case import TestCase, set_rng_seed
 from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world_size
 from disttest.launchers import resolve_rank
-from disttest.skips import precheck_skip
+from disttest.skips import backend_skip_reason, precheck_skip
 
 __unittest = True
 
@@ -94,8 +94,7 @@ class MultiProcContinousTest(TestCase):
     @classmethod
     def device_type(cls) -> str:
         """Hook: the device the class tests ("cpu" on a host without accelerators)."""
-        acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        return acc.type if acc is not None else "cpu"
+        return _compat.accelerator_type() or "cpu"
 
     @classmethod
     def opts(cls, high_priority_stream: bool = False) -> Any:
@@ -168,9 +167,9 @@ class MultiProcContinousTest(TestCase):
             return pool
         if pool is not None:
             pool.close()
-        backend = cls.backend_str()
-        if backend is not None and not dist.is_backend_available(backend):
-            cls._pool_skip = f"Backend {backend!r} is not available (disttest)"
+        unusable = backend_skip_reason(cls.backend_str())  # nccl needs a visible GPU too
+        if unusable is not None:
+            cls._pool_skip = unusable
             raise unittest.SkipTest(cls._pool_skip)
         method = cls._start_method()
         module = sys.modules.get(cls.__module__)
