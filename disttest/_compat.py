@@ -29,6 +29,7 @@ __all__ = [
     "missing_feature",
     "new_c10d_world",
     "reduce_op_parts",
+    "register_backend",
     "remove_dynamo_trace_handler",
     "reset_dynamo",
     "rref_debug_info",
@@ -37,6 +38,7 @@ __all__ = [
     "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
+    "torch_at_least",
     "torch_version",
 ]
 
@@ -61,6 +63,15 @@ def torch_version() -> str:
     import torch
 
     return str(torch.__version__).split("+")[0]
+
+
+def torch_at_least(version: str) -> bool:
+    """True when the installed torch is ``version`` (``"2.7"``) or newer."""
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+
+    return parts(torch_version()) >= parts(version)
 
 
 def _probe(dotted: str) -> bool:
@@ -200,9 +211,32 @@ def ensure_fake_backend() -> None:
             common_opts.group_rank, common_opts.group_size, backend_opts
         )
 
-    dist.Backend.register_backend(
-        dist.Backend.FAKE, create, extended_api=True, devices=["cpu", "cuda", "hpu", "xpu"]
-    )
+    register_backend(dist.Backend.FAKE, create, extended_api=True, devices=["cpu", "cuda", "hpu", "xpu"])
+
+
+def register_backend(name: str, creator: Any, *, extended_api: bool, devices: list[str]) -> None:
+    """``dist.Backend.register_backend``, replacing an earlier registration.
+
+    torch 2.7+ replaces one itself; before, it asserts the name is new, so
+    the earlier entry (``Backend.<NAME>``, ``backend_list``, ``_plugins``,
+    ``backend_capability``, ``backend_type_map``) is removed first.
+    """
+    import torch.distributed as dist
+
+    backend = dist.Backend
+    try:
+        backend.register_backend(name, creator, extended_api=extended_api, devices=devices)
+        return
+    except AssertionError:
+        pass
+    if hasattr(backend, name.upper()):
+        delattr(backend, name.upper())
+    if name.lower() in backend.backend_list:
+        backend.backend_list.remove(name.lower())
+    backend._plugins.pop(name.upper(), None)
+    for table in ("backend_capability", "backend_type_map"):
+        getattr(backend, table, {}).pop(name.lower(), None)
+    backend.register_backend(name, creator, extended_api=extended_api, devices=devices)
 
 
 def dynamo_config_patch(**changes: Any) -> Any:

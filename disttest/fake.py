@@ -231,7 +231,7 @@ def _create(opts: Any, backend_opts: Any) -> MockProcessGroup:
 def _register() -> None:
     plugin = dist.Backend._plugins.get(BACKEND.upper())
     if plugin is None or plugin.creator_fn is not _create:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+        _compat.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 _register()

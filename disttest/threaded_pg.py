@@ -538,7 +538,7 @@ def _register_backend() -> None:
     # "threaded" with upstream's creator; every install takes it back.
     plugin = dist.Backend._plugins.get(BACKEND.upper())
     if plugin is None or plugin.creator_fn is not _create:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+        _compat.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 _register_backend()

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest.skips import TestSkip
 
 __unittest = True
@@ -62,6 +63,10 @@ def supports(collective: str, detail: str = "") -> Callable[[F], F]:
     what = f"{collective} {detail}".strip()
 
     def lacking(args: Any) -> TestSkip | None:
+        feature = f"dist.{collective}"
+        too_old = _compat.missing_feature(feature) if feature in _compat.TORCH_FEATURES else None
+        if too_old is not None:  # the torch API itself is missing: not the backend's fault
+            return TestSkip(86, f"unsupported by this torch: {what} ({too_old})")
         backend = _backend(args[0] if args else None)
         if backend is not None and (collective, detail) in UNSUPPORTED.get(backend, set()):
             return TestSkip(86, f"unsupported: {what} ({backend} lacks it)")
