@@ -29,6 +29,7 @@ __all__ = [
     "missing_feature",
     "new_c10d_world",
     "reduce_op_parts",
+    "register_python_group_backend",
     "register_backend",
     "remove_dynamo_trace_handler",
     "reset_dynamo",
@@ -237,6 +238,41 @@ def register_backend(name: str, creator: Any, *, extended_api: bool, devices: li
     for table in ("backend_capability", "backend_type_map"):
         getattr(backend, table, {}).pop(name.lower(), None)
     backend.register_backend(name, creator, extended_api=extended_api, devices=devices)
+
+
+def register_python_group_backend(group: Any, rank: int, world_size: int) -> None:
+    """Give a Python-implemented process group a placeholder C++ backend for
+    CPU (``ProcessGroup._register_backend``), which supports nothing itself.
+
+    torch 2.14's ``batch_isend_irecv`` asks every group for its CPU backend
+    (``_get_backend``) to see whether it coalesces; a group without one raises
+    "No backend type associated with device type cpu". Collectives still go
+    to the group's Python methods.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not _placeholder_backend:
+        from torch._C._distributed_c10d import Backend
+
+        class _Placeholder(Backend):  # type: ignore[misc]
+            # NB: the base class's properties recurse when it is made from
+            # Python; the ones c10d reads are answered here.
+            supports_coalescing = False
+            supports_splitting = False
+            supports_time_estimate = False
+
+        _placeholder_backend.append(_Placeholder)
+    try:
+        backend = _placeholder_backend[0](rank, world_size)
+    except TypeError:
+        # Before 2.14 c10d's Backend has no Python constructor, and
+        # batch_isend_irecv does not ask a Python group for its backend.
+        return
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+
+
+_placeholder_backend: list[type] = []
 
 
 def dynamo_config_patch(**changes: Any) -> Any:

@@ -234,6 +234,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
         super().__init__(rank, world_size)  # type: ignore[call-arg]
         self._name = name
         self._tworld = world if world is not None else _current_world()
+        _compat.register_python_group_backend(self, rank, world_size)
 
     @property
     def group_name(self) -> str:
