@@ -255,7 +255,7 @@ def register_python_group_backend(group: Any, rank: int, world_size: int) -> Non
     if not _placeholder_backend:
         from torch._C._distributed_c10d import Backend
 
-        class _Placeholder(Backend):  # type: ignore[misc]
+        class _Placeholder(Backend):
             # NB: the base class's properties recurse when it is made from
             # Python; the ones c10d reads are answered here.
             supports_coalescing = False
