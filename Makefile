@@ -29,7 +29,8 @@ examples: $(STAMP)
 	$(PY) examples/run_all.py
 
 $(TVENV)/.disttest-installed: setup.cfg setup.py
-	test -n "$(TORCH)" && $(PYTHON) -m venv $(TVENV) && $(TVENV)/bin/python -m pip install -q torch==$(TORCH) && $(TVENV)/bin/python -m pip install -q -e '.[dev]' && touch $@
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.8.0 [TORCH_TESTS=tests/test_x.py]"; exit 2; }
+	$(PYTHON) -m venv $(TVENV) && $(TVENV)/bin/python -m pip install -q torch==$(TORCH) && $(TVENV)/bin/python -m pip install -q -e '.[dev]' && touch $@
 
 test-torch: $(TVENV)/.disttest-installed
 	$(TVENV)/bin/python -c 'import torch; print("torch", torch.__version__)' && $(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS) ; s=$$?; $(TVENV)/bin/python examples/run_all.py && exit $$s

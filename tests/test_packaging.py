@@ -42,12 +42,11 @@ class DistributionTest(unittest.TestCase):
         src = os.path.join(cls.tmp, "src")
         shutil.copytree(ROOT, src, ignore=_ignore)
         out = os.path.join(cls.tmp, "out")
-        for command in (["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, src],):
-            proc = subprocess.run([sys.executable, "-m", "pip", *command], capture_output=True, text=True,
-                                  timeout=300)
-            if proc.returncode != 0:
-                shutil.rmtree(cls.tmp)
-                raise AssertionError(f"building the wheel failed:\n{proc.stdout}{proc.stderr}")
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                               "-w", out, src], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            shutil.rmtree(cls.tmp)
+            raise AssertionError(f"building the wheel failed:\n{proc.stdout}{proc.stderr}")
         sdist = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", out], cwd=src,
                                capture_output=True, text=True, timeout=300)
         if sdist.returncode != 0:
@@ -106,6 +105,28 @@ class DistributionTest(unittest.TestCase):
                     for item in json.loads(proc.stdout)["install"]}
         self.assertIn("torch-disttest", installs)
         self.assertNotIn("torch", installs, f"pip would replace torch {torch.__version__}")
+
+
+@unittest.skipIf(shutil.which("make") is None, "needs make")
+class VersionMatrixTargetTest(unittest.TestCase):
+    def make(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    def test_a_venv_per_torch_running_the_suite_and_the_examples(self):
+        proc = self.make("-n", "test-torch", "TORCH=9.9.9", "TORCH_TESTS=tests/test_config.py")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(".venv-torch-9.9.9/bin/python -m pip install -q torch==9.9.9", proc.stdout)
+        self.assertIn(".venv-torch-9.9.9/bin/python -m pytest -q -p no:cacheprovider tests/test_config.py", proc.stdout)
+        self.assertIn(".venv-torch-9.9.9/bin/python examples/run_all.py", proc.stdout)
+
+    def test_without_a_version_it_says_how(self):
+        proc = self.make("test-torch")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("usage: make test-torch TORCH=2.8.0", proc.stdout)
+
+    def test_the_dev_install_keeps_the_pinned_cpu_wheel(self):
+        proc = self.make("-n", "-B", "install")
+        self.assertIn("pip install -q torch==2.13.0", proc.stdout)
 
 
 if __name__ == "__main__":
