@@ -39,7 +39,10 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "world_size(n, mode='threads'): run this disttest test "
                                        "(or plain function: threads or processes) with n ranks")
-    _pytest_support.apply_xdist_gpu_slice()
+    try:
+        _pytest_support.apply_xdist_gpu_slice()
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
     raw = config.getoption("disttest_timeout")
     if raw is not None:
         try:
