@@ -45,7 +45,9 @@ __all__ = [
 
 #: Version-dependent torch API: feature -> (the first torch release that has
 #: it, the dotted name probed). Versions read from the released wheels
-#: (2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0-2.13.0, 2.14.1).
+#: (2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0-2.13.0, 2.14.1). torch before
+#: 2.7 is not supported (README, "Supported platforms"); the fallbacks below
+#: for older releases only keep ``import disttest`` working there.
 TORCH_FEATURES: dict[str, tuple[str, str]] = {
     "torch.accelerator": ("2.6", "torch.accelerator"),
     "dist.all_gather_single": ("2.13", "torch.distributed.all_gather_single"),

@@ -74,7 +74,7 @@ class DistributionTest(unittest.TestCase):
     def test_torch_is_a_range_with_no_upper_bound(self):
         meta, _ = self.metadata()
         torch_req = [r for r in meta.get_all("Requires-Dist") if r.split(">")[0].split("=")[0].strip() == "torch"]
-        self.assertEqual(torch_req, ["torch>=2.4"])
+        self.assertEqual(torch_req, ["torch>=2.7"])
 
     def test_licence_is_in_the_wheel(self):
         meta, names = self.metadata()
