@@ -100,6 +100,15 @@ class CollectivesTest(unittest.TestCase):
         dist.reduce_scatter_single(small, torch.arange(8.0))
         torch.testing.assert_close(small, torch.tensor([2.0, 3.0]) * n)
 
+    @with_fake_comms(rank=0, world_size=2)
+    def test_batch_isend_irecv(self):
+        # torch 2.14 asks the group for its CPU backend here (coalescing check).
+        got = torch.zeros(2)
+        ops = [dist.P2POp(dist.isend, torch.ones(2), 1), dist.P2POp(dist.irecv, got, 1)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        self.assertEqual(got.shape, (2,))
+
     @with_fake_comms(rank=2, world_size=4)
     def test_object_collectives(self):
         objs = [None] * 4
