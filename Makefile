@@ -6,7 +6,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.disttest-installed
 
-.PHONY: install test examples lint backend-suite clean
+.PHONY: install test examples lint backend-suite clean test-torch
+
+# `make test-torch TORCH=2.8.0`: the suite and the examples on another torch,
+# in its own venv (.venv-torch-2.8.0). NB: any torch but the local 2.13.0 CPU
+# wheel comes from the package index as a CUDA build (several GB, minutes), so
+# this is a manual check, never part of `make test` or CI. TORCH_TESTS picks
+# what pytest runs (default: the whole suite).
+TORCH ?=
+TORCH_TESTS ?= tests
+TVENV := .venv-torch-$(TORCH)
 
 install: $(STAMP)
 
@@ -19,6 +28,13 @@ test: $(STAMP)
 examples: $(STAMP)
 	$(PY) examples/run_all.py
 
+$(TVENV)/.disttest-installed: setup.cfg setup.py
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.8.0 [TORCH_TESTS=tests/test_x.py]"; exit 2; }
+	$(PYTHON) -m venv $(TVENV) && $(TVENV)/bin/python -m pip install -q torch==$(TORCH) && $(TVENV)/bin/python -m pip install -q -e '.[dev]' && touch $@
+
+test-torch: $(TVENV)/.disttest-installed
+	$(TVENV)/bin/python -c 'import torch; print("torch", torch.__version__)' && $(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS) ; s=$$?; $(TVENV)/bin/python examples/run_all.py && exit $$s
+
 # PyTorch's own backend suite (DistributedTest._DistTestBase) on disttest,
 # gloo, world sizes 2 and 3. Too slow for every CI run; a subset is in tests/.
 backend-suite: $(STAMP)
@@ -28,4 +44,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check disttest tests examples benchmarks && $(PY) -m mypy disttest
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-torch-* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

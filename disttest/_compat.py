@@ -1,7 +1,11 @@
-"""Every touch of private torch API in disttest goes through this module.
+"""Every touch of private torch API in disttest goes through this module,
+and so does every public torch API that only newer releases have.
 
 Each function names the private API it uses, so that a torch upgrade that
 moves one breaks here, in one place, and ``tests/test_compat.py`` says which.
+``TORCH_FEATURES`` names each version-dependent API with the first torch
+release that has it; ``missing_feature`` turns a missing one into the reason
+a test skips ("needs torch >= 2.10").
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ __unittest = True
 
 __all__ = [
     "LOCAL_TENSOR_MISSING",
+    "TORCH_FEATURES",
+    "accelerator_count",
+    "accelerator_type",
     "activation_checkpoint",
     "backend_creator",
     "c10d_world",
+    "default_backend_for_device",
     "default_group",
     "dtensor_sharding_prop_lock",
     "dynamo_config_patch",
@@ -24,27 +32,156 @@ __all__ = [
     "flight_status",
     "fsdp_param_group",
     "group_name",
+    "has_feature",
     "hybrid_sharding_strategies",
     "is_functional_tensor",
     "load_faulty_rpc_agent",
     "local_tensor",
+    "missing_feature",
     "new_c10d_world",
     "preload_dynamo",
     "premul_sum",
     "pytree",
     "reduce_op_parts",
     "register_backend",
+    "register_python_group_backend",
     "registered_backend_names",
     "remove_dynamo_trace_handler",
     "reset_dtensor_rng_tracker",
     "reset_dynamo",
     "rref_debug_info",
     "set_c10d_world",
+    "set_device_index",
     "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
+    "torch_at_least",
+    "torch_version",
     "work_base",
 ]
+
+#: Version-dependent torch API: feature -> (the first torch release that has
+#: it, the dotted name probed). Versions read from the released wheels
+#: (2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0-2.13.0, 2.14.1). torch before
+#: 2.7 is not supported (README, "Supported platforms"); the fallbacks below
+#: for older releases only keep ``import disttest`` working there.
+TORCH_FEATURES: dict[str, tuple[str, str]] = {
+    "torch.accelerator": ("2.6", "torch.accelerator"),
+    "dist.all_gather_single": ("2.13", "torch.distributed.all_gather_single"),
+    "dist.reduce_scatter_single": ("2.13", "torch.distributed.reduce_scatter_single"),
+    "funcol.all_gather_single": ("2.13", "torch.distributed._functional_collectives.all_gather_single"),
+    "Backend.FAKE": ("2.11", "torch.distributed.Backend.FAKE"),
+    "dist.get_default_backend_for_device": ("2.6", "torch.distributed.get_default_backend_for_device"),
+    "dist.is_xccl_available": ("2.6", "torch.distributed.is_xccl_available"),
+}
+
+FEATURE_MISSING = "needs torch >= {version} ({feature}; this is torch {installed})"
+
+
+def torch_version() -> str:
+    """The installed torch's version, without a local part (``2.8.0``)."""
+    import torch
+
+    return str(torch.__version__).split("+")[0]
+
+
+def torch_at_least(version: str) -> bool:
+    """True when the installed torch is ``version`` (``"2.7"``) or newer."""
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+
+    return parts(torch_version()) >= parts(version)
+
+
+def _probe(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def has_feature(feature: str) -> bool:
+    """True when the installed torch has ``feature`` (a key of TORCH_FEATURES)."""
+    return _probe(TORCH_FEATURES[feature][1])
+
+
+def missing_feature(feature: str) -> str | None:
+    """None when the installed torch has ``feature``; else the skip reason,
+    naming the torch version it needs (``FEATURE_MISSING``)."""
+    if feature not in TORCH_FEATURES:
+        raise KeyError(f"unknown torch feature {feature!r}; expected one of {sorted(TORCH_FEATURES)} (disttest)")
+    if has_feature(feature):
+        return None
+    return FEATURE_MISSING.format(version=TORCH_FEATURES[feature][0], feature=feature, installed=torch_version())
+
+
+def accelerator_type() -> str | None:
+    """The type of this host's accelerator (``"cuda"``, ``"xpu"``...), or None.
+
+    ``torch.accelerator`` where torch has it (2.6+); before, the CUDA and XPU
+    device counts, which ask NVML/the driver without initialising CUDA (a
+    later ``fork`` stays safe).
+    """
+    import torch
+
+    acc_mod = getattr(torch, "accelerator", None)
+    if acc_mod is not None:
+        acc = acc_mod.current_accelerator() if acc_mod.is_available() else None
+        return acc.type if acc is not None else None
+    for name in ("cuda", "xpu"):
+        module = getattr(torch, name, None)
+        if module is not None and module.device_count() > 0:
+            return name
+    return None
+
+
+def accelerator_count() -> int:
+    """How many devices this host's accelerator has (0 without one)."""
+    import torch
+
+    acc_mod = getattr(torch, "accelerator", None)
+    if acc_mod is not None:
+        return int(acc_mod.device_count()) if acc_mod.is_available() else 0
+    kind = accelerator_type()
+    return int(getattr(torch, kind).device_count()) if kind is not None else 0
+
+
+def set_device_index(device: Any) -> None:
+    """Make ``device`` (an index or a ``torch.device``) this thread's current
+    accelerator device (``torch.accelerator.set_device_index``, 2.6+; before,
+    the device module's ``set_device``)."""
+    import torch
+
+    acc_mod = getattr(torch, "accelerator", None)
+    if acc_mod is not None:
+        acc_mod.set_device_index(device)
+        return
+    kind = device.type if isinstance(device, torch.device) else accelerator_type()
+    if kind is not None:
+        getattr(torch, kind).set_device(device)
+
+
+def default_backend_for_device(device: str) -> str:
+    """c10d's backend for ``device`` (``dist.get_default_backend_for_device``,
+    2.6+; before, nccl for cuda, xccl for xpu, gloo for cpu)."""
+    import torch.distributed as dist
+
+    get = getattr(dist, "get_default_backend_for_device", None)
+    if get is not None:
+        return str(get(device))
+    kind = device.split(":")[0]
+    return {"cuda": "nccl", "xpu": "xccl"}.get(kind, "gloo")
 
 
 def reset_dynamo() -> None:
@@ -78,6 +215,11 @@ def ensure_fake_backend() -> None:
     utilities register it; this does the same through the private
     ``FakeProcessGroup._create_internal``.
     """
+    reason = missing_feature("Backend.FAKE")
+    if reason is not None:
+        import unittest
+
+        raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
     import torch.distributed as dist
     from torch._C._distributed_c10d import FakeProcessGroup
 
@@ -89,9 +231,43 @@ def ensure_fake_backend() -> None:
             common_opts.group_rank, common_opts.group_size, backend_opts
         )
 
-    dist.Backend.register_backend(
-        dist.Backend.FAKE, create, extended_api=True, devices=["cpu", "cuda", "hpu", "xpu"]
-    )
+    # Registered for the rest of the process, as torch's own helpers do.
+    register_backend(dist.Backend.FAKE, create, ["cpu", "cuda", "hpu", "xpu"])
+
+
+def register_python_group_backend(group: Any, rank: int, world_size: int) -> None:
+    """Give a Python-implemented process group a placeholder C++ backend for
+    CPU (``ProcessGroup._register_backend``), which supports nothing itself.
+
+    torch 2.14's ``batch_isend_irecv`` asks every group for its CPU backend
+    (``_get_backend``) to see whether it coalesces; a group without one raises
+    "No backend type associated with device type cpu". Collectives still go
+    to the group's Python methods.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not _placeholder_backend:
+        from torch._C._distributed_c10d import Backend
+
+        class _Placeholder(Backend):
+            # NB: the base class's properties recurse when it is made from
+            # Python; the ones c10d reads are answered here.
+            supports_coalescing = False
+            supports_splitting = False
+            supports_time_estimate = False
+
+        _placeholder_backend.append(_Placeholder)
+    try:
+        backend = _placeholder_backend[0](rank, world_size)
+    except TypeError:
+        # Before 2.14 c10d's Backend has no Python constructor, and
+        # batch_isend_irecv does not ask a Python group for its backend.
+        return
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+
+
+_placeholder_backend: list[type] = []
 
 
 _MISSING = object()

@@ -30,7 +30,7 @@ from disttest import _compat
 from disttest.barrier import Barrier
 from disttest.config import ConfigError, parse_world_size
 from disttest.multiprocess import MultiProcessTestCase
-from disttest.skips import TEST_SKIPS, DistTestCases, TestSkip, _skip_when
+from disttest.skips import TEST_SKIPS, DistTestCases, TestSkip, _skip_when, nccl_skip_reason
 from disttest.stores import LOOPBACK
 from disttest.tempdirs import FILE_SCHEMA, cleanup_temp_dir, initialize_temp_directories
 
@@ -88,10 +88,10 @@ ddp_suggest_debug_mode_str = (
 
 _AVAILABLE: dict[str, Callable[[], bool]] = {
     "gloo": lambda: dist.is_gloo_available(),
-    "nccl": lambda: dist.is_nccl_available() and torch.cuda.is_available(),
+    "nccl": lambda: nccl_skip_reason() is None,
     "mpi": lambda: dist.is_mpi_available(),
     "ucc": lambda: dist.is_ucc_available(),
-    "xccl": lambda: dist.is_xccl_available(),
+    "xccl": lambda: bool(getattr(dist, "is_xccl_available", lambda: False)()),
 }
 
 

@@ -24,7 +24,6 @@ import weakref
 from datetime import timedelta
 from typing import Any, ClassVar
 
-import torch
 import torch.distributed as dist
 
 from disttest import _compat
@@ -40,7 +39,8 @@ from disttest._runner.report import raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher
 from disttest.case import TestCase, set_rng_seed
 from disttest.config import ConfigError, parse_world_size
-from disttest.skips import precheck_skip
+from disttest.launchers import resolve_rank
+from disttest.skips import backend_skip_reason, precheck_skip
 
 __unittest = True
 
@@ -106,8 +106,7 @@ class MultiProcContinousTest(TestCase):
     @classmethod
     def device_type(cls) -> str:
         """Hook: the device the class tests ("cpu" on a host without accelerators)."""
-        acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        return acc.type if acc is not None else "cpu"
+        return _compat.accelerator_type() or "cpu"
 
     @classmethod
     def opts(cls, high_priority_stream: bool = False) -> Any:
@@ -177,9 +176,9 @@ class MultiProcContinousTest(TestCase):
         if cls.__dict__.get("_pool_breaks", 0) > cls.max_pool_rebuilds:
             cls._pool_failed = REBUILD_CAP.format(cls=cls.__name__, n=cls.max_pool_rebuilds)
             raise PoolUnavailable(cls._pool_failed)
-        backend = cls.backend_str()
-        if backend is not None and not dist.is_backend_available(backend):
-            cls._pool_skip = f"Backend {backend!r} is not available (disttest)"
+        unusable = backend_skip_reason(cls.backend_str())  # nccl needs a visible GPU too
+        if unusable is not None:
+            cls._pool_skip = unusable
             raise unittest.SkipTest(cls._pool_skip)
         method = cls._start_method()
         module = sys.modules.get(cls.__module__)
@@ -303,14 +302,18 @@ class MultiProcContinousTest(TestCase):
     # --- external launchers --------------------------------------------------------
 
     @classmethod
-    def run_rank(cls, rank: int, world_size: int, rdvz_file: str | None = None) -> unittest.TestResult:
+    def run_rank(cls, rank: int | None = None, world_size: int | None = None,
+                 rdvz_file: str | None = None) -> unittest.TestResult:
         """Run the class's tests in this process, as ``rank`` of ``world_size``.
 
-        For external launchers: each process (torchrun's, on one node or
-        several) calls it. Rendezvous through ``rdvz_file`` if given, else
-        ``env://``. Returns the unittest result; the caller decides the exit
-        status (``sys.exit(not result.wasSuccessful())``).
+        For external launchers: each process (torchrun's, srun's, mpirun's,
+        on one node or several) calls it. Without ``rank``/``world_size``
+        they come from the launcher's environment (``disttest.launchers``).
+        Rendezvous through ``rdvz_file`` if given, else ``env://``. Returns
+        the unittest result; the caller decides the exit status
+        (``sys.exit(not result.wasSuccessful())``).
         """
+        rank, world_size = resolve_rank(rank, world_size, rdvz_file is not None)
         cls.rank = parse_world_size(rank + 1, "run_rank(rank=...)") - 1
         cls.world_size = parse_world_size(world_size, "run_rank(world_size=...)")
         if not 0 <= rank < world_size:

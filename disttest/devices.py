@@ -1,7 +1,8 @@
 """Accelerator discovery and device/transport helpers.
 
-Counting devices goes through ``torch.accelerator``, which does not poison a
-later ``fork`` on CUDA hosts where NVML answers.
+Counting devices goes through ``torch.accelerator`` (through ``_compat``, so
+that torch before 2.6 counts CUDA/XPU devices instead), which does not poison
+a later ``fork`` on CUDA hosts where NVML answers.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import subprocess
 import sys
 
 import torch
+
+from disttest import _compat
 
 __unittest = True
 
@@ -33,13 +36,12 @@ ACCELERATOR_DIST_BACKENDS = ["nccl", "xccl", "hccl"]
 
 def accelerator_type() -> str | None:
     """The type of this host's accelerator (``"cuda"``, ``"xpu"``...), or None."""
-    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    return acc.type if acc is not None else None
+    return _compat.accelerator_type()
 
 
 def accelerator_count() -> int:
     """How many accelerator devices this host has (0 on a CPU-only host)."""
-    return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
+    return _compat.accelerator_count()
 
 
 #: True when this host has at least one accelerator device.

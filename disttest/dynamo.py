@@ -67,14 +67,14 @@ def dynamo_dist_per_rank_init(
     """
     device = _device_type()
     if not fake_pg and device != "cpu":
-        torch.accelerator.set_device_index(rank)
+        _compat.set_device_index(rank)
     if init_pg:
         if fake_pg:
             _compat.ensure_fake_backend()
             dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=world_size)
         else:
             _rendezvous_env(world_size)
-            backend = backend or dist.get_default_backend_for_device(device)
+            backend = backend or _compat.default_backend_for_device(device)
             dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
     _compat.reset_dynamo()
     try:
@@ -138,7 +138,7 @@ class DynamoDistributedSingleProcTestCase(_DynamoState):
         device = _device_type()
         cls.device = f"{device}:{cls.rank}"
         cls.device_ids = None if device == "cpu" else [cls.rank]
-        dist.init_process_group(dist.get_default_backend_for_device(device), rank=0, world_size=1)
+        dist.init_process_group(_compat.default_backend_for_device(device), rank=0, world_size=1)
         cls._exit_stack.callback(dist.destroy_process_group)
 
 

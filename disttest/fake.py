@@ -99,6 +99,7 @@ class MockProcessGroup(dist.ProcessGroup):
     def __init__(self, rank: int, world_size: int, name: str = "") -> None:
         super().__init__(rank, world_size)  # type: ignore[call-arg]
         self._name = name
+        _compat.register_python_group_backend(self, rank, world_size)
 
     @property
     def group_name(self) -> str:

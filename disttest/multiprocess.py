@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+import unittest
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,7 @@ from disttest.config import (
     DEFAULT_WORLD_SIZE,
 )
 from disttest.helpers import set_environ
+from disttest.skips import backend_skip_reason
 
 __unittest = True
 
@@ -249,18 +251,21 @@ class DistributedTestBase(MultiProcessTestCase):
         """In a rank: make the default group for ``device`` through the test's
         rendezvous file, and return it."""
         world_size = self.world_size if world_size is None else world_size
-        store = dist.FileStore(self.file_name, world_size)
         backend = self.backend(device)
+        unusable = backend_skip_reason(backend) if backend == "nccl" else None
+        if unusable is not None:  # a CUDA build of torch on a host without a visible GPU
+            raise unittest.SkipTest(unusable)
+        store = dist.FileStore(self.file_name, world_size)
         dist.init_process_group(backend=backend, world_size=world_size, rank=self.rank, store=store)
         if "nccl" in backend or "xccl" in backend:
-            accelerator = torch.accelerator.current_accelerator()
+            accelerator = _compat.accelerator_type()
             if accelerator is None:
                 raise RuntimeError(
                     f"expected an accelerator for the {backend} backend, found none (disttest)"
                 )
-            dev = torch.device(f"{accelerator.type}:{self.rank}")
+            dev = torch.device(f"{accelerator}:{self.rank}")
             torch.set_default_device(dev)
-            torch.accelerator.set_device_index(dev)
+            _compat.set_device_index(dev)
         return _compat.default_group()
 
     def rank_to_device(self, device: str) -> dict[int, list[int]]:

@@ -11,6 +11,7 @@ shared by the threads, so random values differ between ranks
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -196,8 +197,9 @@ def spawn_threads_and_init_comms(
     func: Callable[..., Any] | None = None, timeout: float | None = None,
     world_size: int = DEFAULT_WORLD_SIZE,
 ) -> Any:
-    """Decorator: run a test method of an ordinary TestCase in ``world_size``
-    threads, each with the default group initialised (backend ``threaded``).
+    """Decorator: run a test method of an ordinary TestCase, or a plain test
+    function (pytest), in ``world_size`` threads, each with the default group
+    initialised (backend ``threaded``).
 
     A ``SkipTest`` in the ranks skips the test; a failing rank raises
     ``RankFailure``, both ``AssertionError`` and ``RuntimeError``. ``timeout``
@@ -208,20 +210,25 @@ def spawn_threads_and_init_comms(
     if func is None:
         return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=world_size)
 
+    # A method of a TestCase, or a plain function (pytest's function-style
+    # tests, whose fixtures come as keyword arguments).
+    takes_self = next(iter(inspect.signature(func).parameters), None) == "self"
+
     @functools.wraps(func)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+    def wrapper(*args: Any, **kwargs: Any) -> None:
         from disttest.threaded_pg import _current_world
 
         def body(rank: int) -> None:
             dist.init_process_group(backend=BACKEND, rank=rank, world_size=size,
                                     store=_current_world().store)
             try:
-                func(self, *args, **kwargs)
+                func(*args, **kwargs)
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
 
-        test = self.id().split(".")[-1] if hasattr(self, "id") else func.__name__
+        self = args[0] if takes_self and args else None
+        test = self.id().split(".")[-1] if self is not None and hasattr(self, "id") else func.__name__
         run = _ThreadRun(size, body, test)
         seconds = limit if limit is not None else get_timeout(test)
         outcomes = run.join(seconds)

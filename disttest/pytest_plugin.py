@@ -7,11 +7,15 @@
 - ``--disttest-fault``, ``--disttest-chaos``, ``--disttest-repeat``: fault
   injection and schedule fuzzing (:mod:`disttest._faults_pytest`).
 - ``@pytest.mark.world_size(n)``: run a disttest test (or every test of a
-  class) with ``n`` ranks; ``self.world_size`` reads ``n`` in every runner.
+  class) with ``n`` ranks; ``self.world_size`` reads ``n`` in every runner;
+  on a plain test function, run the function in ``n`` ranks
+  (``mode="threads"`` or ``"processes"``), with the fixtures ``rank`` and
+  ``world_size`` (``disttest._pytest_support``).
 - Under pytest-timeout (``--timeout``, ``@pytest.mark.timeout``), disttest's
   own limit for a test stays below pytest-timeout's, so that a hang is
   reported by disttest, with every rank's stack, before pytest-timeout
   kills the process.
+- A report header line; under pytest-xdist, a slice of the GPUs per worker.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from disttest import _faults_pytest
+from disttest import _faults_pytest, _pytest_support
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, rank_section
 from disttest.config import ConfigError, parse_timeout, parse_world_size
@@ -31,9 +35,13 @@ __all__ = [
     "pytest_addoption",
     "pytest_collection_modifyitems",
     "pytest_configure",
+    "pytest_pyfunc_call",
+    "pytest_report_header",
     "pytest_runtest_call",
     "pytest_runtest_makereport",
     "pytest_runtest_protocol",
+    "rank",
+    "world_size",
 ]
 
 
@@ -55,7 +63,12 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    config.addinivalue_line("markers", "world_size(n): run this disttest test with n ranks")
+    config.addinivalue_line("markers", "world_size(n, mode='threads'): run this disttest test "
+                                       "(or plain function: threads or processes) with n ranks")
+    try:
+        _pytest_support.apply_xdist_gpu_slice()
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
     raw = config.getoption("disttest_timeout")
     if raw is not None:
         try:
@@ -141,3 +154,34 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         item.user_properties.append((f"disttest_rank_{o.rank}", o.kind.value))
         if o.output_tail.strip():
             item.user_properties.append((f"disttest_rank_{o.rank}_output", o.output_tail[-TAIL_CHARS:]))
+
+
+def pytest_report_header(config: Any) -> str:
+    return _pytest_support.header_line()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: Any) -> bool | None:
+    marker = pyfuncitem.get_closest_marker("world_size")
+    if marker is None or not marker.args or not _pytest_support.wants_ranks(pyfuncitem.obj):
+        return None
+    where = f"@pytest.mark.world_size on {pyfuncitem.nodeid}"
+    mode = _pytest_support.function_mode(marker.kwargs, where)
+    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    _pytest_support.run_function(pyfuncitem.obj, kwargs, marker.args[0], mode, pyfuncitem.name)
+    return True
+
+
+@pytest.fixture
+def rank() -> int:
+    """This rank's number, in a function marked ``world_size`` (-1 elsewhere)."""
+    return _pytest_support.NOT_IN_A_RANK
+
+
+@pytest.fixture
+def world_size(request: Any) -> int:
+    """The number of ranks of a function marked ``world_size`` (-1 elsewhere)."""
+    marker = request.node.get_closest_marker("world_size")
+    if marker is None or not marker.args:
+        return _pytest_support.NOT_IN_A_RANK
+    return parse_world_size(marker.args[0], f"@pytest.mark.world_size on {request.node.nodeid}")

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest.config import ConfigError, parse_world_size
 from disttest.devices import (
     ACCELERATOR_DIST_BACKENDS,
@@ -41,7 +42,10 @@ __all__ = [
     "DistSkip",
     "DistTestCases",
     "TestSkip",
+    "NCCL_NO_GPU",
+    "NCCL_NOT_BUILT",
     "at_least_x_gpu",
+    "backend_skip_reason",
     "get_required_world_size",
     "import_transformers_or_skip",
     "nccl_skip_if_lt_x_gpu",
@@ -52,6 +56,7 @@ __all__ = [
     "requires_mpi",
     "requires_nccl",
     "requires_nccl_version",
+    "requires_torch_feature",
     "requires_ucc",
     "requires_world_size",
     "skip_but_pass_in_sandcastle",
@@ -323,9 +328,51 @@ def requires_gloo() -> Callable[[F], F]:
     return _backend_decorator(dist.is_available() and dist.is_gloo_available(), "Gloo")
 
 
+NCCL_NOT_BUILT = "c10d was not compiled with the NCCL backend"
+NCCL_NO_GPU = (
+    "NCCL needs a GPU: this torch has NCCL but sees none (torch.cuda.device_count() == 0) (disttest)"
+)
+
+
+def nccl_skip_reason() -> str | None:
+    """Why NCCL cannot run here (not built; built but no GPU visible, as on
+    a CUDA build of torch on a CI runner), or None when it can."""
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return NCCL_NOT_BUILT
+    if torch.cuda.device_count() == 0:
+        return NCCL_NO_GPU
+    return None
+
+
+def backend_skip_reason(backend: str | None) -> str | None:
+    """Why a process group of ``backend`` cannot be made here, or None.
+
+    Hook for every runner's backend check: an unknown or absent backend, and
+    nccl without a visible GPU.
+    """
+    if backend is None:
+        return None
+    name = str(backend).lower()
+    if name == "nccl":
+        reason = nccl_skip_reason()
+        return None if reason is None else f"Backend 'nccl' is not available: {reason}"
+    if not dist.is_backend_available(name):
+        return f"Backend {backend!r} is not available (disttest)"
+    return None
+
+
 def requires_nccl() -> Callable[[F], F]:
-    """Skip unless c10d has the NCCL backend."""
-    return _backend_decorator(dist.is_available() and dist.is_nccl_available(), "NCCL")
+    """Skip unless c10d has the NCCL backend and a GPU is visible."""
+    reason = nccl_skip_reason()
+    return skip_but_pass_in_sandcastle_if(reason is not None, reason or "")
+
+
+def requires_torch_feature(feature: str) -> Callable[[F], F]:
+    """Skip unless the installed torch has ``feature`` (a key of
+    ``disttest._compat.TORCH_FEATURES``, e.g. ``"dist.all_gather_single"``);
+    the reason names the torch version it needs (``needs torch >= 2.13``)."""
+    reason = _compat.missing_feature(feature)
+    return skip_but_pass_in_sandcastle_if(reason is not None, reason or "")
 
 
 def requires_ucc() -> Callable[[F], F]:
@@ -344,8 +391,9 @@ def requires_nccl_version(version: tuple[int, ...], msg: str) -> Callable[[F], F
     Upstream runs the test anyway on a host without CUDA; disttest skips, as
     the test cannot check what it claims there.
     """
-    if not (dist.is_available() and dist.is_nccl_available()):
-        return skip_but_pass_in_sandcastle("c10d was not compiled with the NCCL backend")
+    reason = nccl_skip_reason()
+    if reason is not None:
+        return skip_but_pass_in_sandcastle(reason)
     found = torch.cuda.nccl.version()
     return skip_but_pass_in_sandcastle_if(
         found < version,
@@ -360,8 +408,8 @@ def requires_accelerator_dist_backend(
     """Skip unless one of ``backends`` (default: nccl, xccl, hccl) is usable."""
     names = list(ACCELERATOR_DIST_BACKENDS if backends is None else backends)
     probes: dict[str, Callable[[], bool]] = {
-        "nccl": lambda: dist.is_nccl_available() and HAS_ACCELERATOR,
-        "xccl": lambda: dist.is_xccl_available() and HAS_ACCELERATOR,
+        "nccl": lambda: nccl_skip_reason() is None,
+        "xccl": lambda: bool(getattr(dist, "is_xccl_available", lambda: False)()) and HAS_ACCELERATOR,
         "hccl": lambda: hasattr(torch, "hpu") and HAS_ACCELERATOR,
     }
     ok = dist.is_available() and any(probes.get(b, lambda: False)() for b in names)

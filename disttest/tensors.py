@@ -10,6 +10,8 @@ import operator
 
 import torch
 
+from disttest import _compat
+
 __unittest = True
 
 __all__ = ["build_multidim_tensor", "build_tensor", "simple_sparse_reduce_tests"]
@@ -36,8 +38,7 @@ def build_multidim_tensor(
 
 
 def _accelerator() -> str:
-    acc = torch.accelerator.current_accelerator()
-    return acc.type if acc is not None else "cuda"
+    return _compat.accelerator_type() or "cuda"
 
 
 def _sparse(rank: int, world_size: int, sparse_dims: int = 1, dense_dims: int = 0) -> torch.Tensor:

@@ -295,6 +295,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
         self._tworld = world if world is not None else _current_world()
         #: seconds a Work waits for its peers before it raises (None: until the test ends)
         self.timeout = seconds(timeout)
+        _compat.register_python_group_backend(self, rank, world_size)
 
     @property
     def group_name(self) -> str:

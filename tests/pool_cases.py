@@ -233,12 +233,12 @@ class Marked(disttest.MultiProcContinousTest):
 
 
 if __name__ == "__main__":
-    # python pool_cases.py RANK WORLD_SIZE [RDVZ_FILE]; without a file,
-    # env:// (as torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+    # python pool_cases.py RANK WORLD_SIZE [RDVZ_FILE]; without arguments,
+    # the launcher's environment (torchrun, Slurm, Open MPI) and env://.
     if len(sys.argv) > 1:
         rank, world = int(sys.argv[1]), int(sys.argv[2])
         rdvz = sys.argv[3] if len(sys.argv) > 3 else None
     else:
-        rank, world, rdvz = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None
+        rank, world, rdvz = None, None, None
     result = Launched.run_rank(rank, world, rdvz)
     sys.exit(0 if result.wasSuccessful() else 1)

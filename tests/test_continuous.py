@@ -95,7 +95,8 @@ class PoolTest(unittest.TestCase):
 
     def test_unavailable_backend_skips_the_class(self):
         result, _ = run_class(cases.NoBackend)
-        self.assertEqual(by_name(result.skipped), {"test_never_runs": "Backend 'nccl' is not available (disttest)"})
+        reason = disttest.skips.nccl_skip_reason()  # CPU-only build or no GPU: tests/test_cuda_build.py
+        self.assertEqual(by_name(result.skipped), {"test_never_runs": f"Backend 'nccl' is not available: {reason}"})
 
     def test_group_that_cannot_be_made_is_an_error(self):
         result, _ = run_class(cases.InitFails)

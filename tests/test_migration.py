@@ -12,6 +12,7 @@ import textwrap
 import unittest
 
 import disttest
+from disttest import _compat
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.rst")
 
@@ -61,6 +62,9 @@ class ReadmeTest(unittest.TestCase):
         self.assertGreater(len(names), 110)
         self.assertEqual([n for n in names if not hasattr(disttest, n)], [])
 
+    # NB: the list was checked against torch 2.13's harness; older ones lack
+    # some names (MultiProcContinuousTest, requires_world_size...).
+    @unittest.skipUnless(_compat.torch_at_least("2.13"), "needs torch >= 2.13 (the upstream names listed)")
     def test_names_exist_upstream(self):
         import torch.testing._internal.common_distributed as upstream
 

@@ -15,9 +15,13 @@ from disttest.skips import precheck_skip
 
 SKIP, RUN = "skip", "run"
 ran: list[str] = []
+#: NCCL's skip reason on this build: a CPU-only torch lacks NCCL; a CUDA build
+#: on a host without GPUs has it but cannot use it (tests/test_cuda_build.py).
+NCCL_REASON = disttest.skips.NCCL_NOT_BUILT if not torch.distributed.is_nccl_available() else disttest.skips.NCCL_NO_GPU
 
 # (decorator, world size of the test class, env, expected outcome, upstream key
-#  or message). This host has no accelerator and only gloo among the backends.
+#  or message). This host has no accelerator and only gloo among the usable
+#  backends (torch may be a CPU-only or a CUDA build).
 CASES = [
     (disttest.skip_if_no_gpu, 2, {}, SKIP, "no_cuda"),
     (disttest.skip_if_small_worldsize, 4, {}, SKIP, "small_worldsize"),
@@ -33,11 +37,10 @@ CASES = [
     (disttest.skip_if_lt_x_gpu(4, allow_cpu=True), 2, {}, RUN, None),
     (disttest.skip_if_rocm, 2, {}, RUN, None),
     (disttest.requires_gloo(), 2, {}, RUN, None),
-    (disttest.requires_nccl(), 2, {}, SKIP, "c10d was not compiled with the NCCL backend"),
+    (disttest.requires_nccl(), 2, {}, SKIP, NCCL_REASON),
     (disttest.requires_ucc(), 2, {}, SKIP, "c10d was not compiled with the UCC backend"),
     (disttest.requires_mpi(), 2, {}, SKIP, "c10d was not compiled with the MPI backend"),
-    (disttest.requires_nccl_version((2, 0), "x"), 2, {}, SKIP,
-     "c10d was not compiled with the NCCL backend"),
+    (disttest.requires_nccl_version((2, 0), "x"), 2, {}, SKIP, NCCL_REASON),
     (disttest.requires_accelerator_dist_backend(), 2, {}, SKIP,
      "No accelerator communication backend available among ['nccl', 'xccl', 'hccl']"),
     (disttest.skip_if_rocm_multiprocess, 2, {}, RUN, None),

@@ -112,9 +112,6 @@ class ReductionsTest(unittest.TestCase):
                     with warnings.catch_warnings():  # deprecated in 2.13, still used
                         warnings.simplefilter("ignore", FutureWarning)
                         dist.reduce_scatter_tensor(out_tensor, torch.cat(inputs), op=op)
-                    out_single = torch.zeros(4)
-                    dist.reduce_scatter_single(out_single, torch.cat(inputs), op=op)
-                    torch.testing.assert_close(out_single, out_tensor)
                     return out_list, out_tensor
 
                 got = on_ranks(self, n, fn)
@@ -122,6 +119,20 @@ class ReductionsTest(unittest.TestCase):
                     expected = direct(op, [data(src * n + dst, torch.float32) for src in range(n)])
                     torch.testing.assert_close(got[dst][0], expected)
                     torch.testing.assert_close(got[dst][1], expected)
+
+    @disttest.requires_torch_feature("dist.reduce_scatter_single")
+    def test_reduce_scatter_single(self):
+        for n, op in itertools.product(SIZES, (R.SUM, R.MIN, R.AVG)):
+            with self.subTest(world_size=n, op=op):
+                def fn(rank, n, op=op):
+                    out = torch.zeros(4)
+                    dist.reduce_scatter_single(out, torch.cat([data(rank * n + j, torch.float32)
+                                                               for j in range(n)]), op=op)
+                    return out
+
+                for dst, got in enumerate(on_ranks(self, n, fn)):
+                    torch.testing.assert_close(got, direct(op, [data(src * n + dst, torch.float32)
+                                                                for src in range(n)]))
 
 
 class DataMovementTest(unittest.TestCase):
@@ -142,19 +153,27 @@ class DataMovementTest(unittest.TestCase):
                 mine = data(rank, torch.float64, 3)
                 listed = [torch.zeros(3, dtype=torch.float64) for _ in range(n)]
                 dist.all_gather(listed, mine)
-                concat = torch.zeros(3 * n, dtype=torch.float64)
-                dist.all_gather_single(concat, mine)
                 stacked = torch.zeros(n, 3, dtype=torch.float64)
                 with warnings.catch_warnings():  # deprecated in 2.13, still used
                     warnings.simplefilter("ignore", FutureWarning)
                     dist.all_gather_into_tensor(stacked, mine)
-                return listed, concat, stacked
+                return listed, stacked
 
             expected = [data(r, torch.float64, 3) for r in range(n)]
-            for listed, concat, stacked in on_ranks(self, n, fn):
+            for listed, stacked in on_ranks(self, n, fn):
                 torch.testing.assert_close(listed, expected)
-                torch.testing.assert_close(concat, torch.cat(expected))
                 torch.testing.assert_close(stacked, torch.stack(expected))
+
+    @disttest.requires_torch_feature("dist.all_gather_single")
+    def test_all_gather_single(self):
+        for n in SIZES:
+            def fn(rank, n):
+                concat = torch.zeros(3 * n, dtype=torch.float64)
+                dist.all_gather_single(concat, data(rank, torch.float64, 3))
+                return concat
+
+            for concat in on_ranks(self, n, fn):
+                torch.testing.assert_close(concat, torch.cat([data(r, torch.float64, 3) for r in range(n)]))
 
     def test_gather_and_scatter_at_each_root(self):
         for n in SIZES:
@@ -321,11 +340,24 @@ class AsyncAndGroupsTest(unittest.TestCase):
 
         def fn(rank, n):
             reduced = funcol.all_reduce(torch.ones(2) * rank, "sum", dist.group.WORLD)
-            gathered = funcol.all_gather_single(torch.tensor([float(rank)]), 0, dist.group.WORLD)
+            with warnings.catch_warnings():  # deprecated in 2.13 for all_gather_single, still there
+                warnings.simplefilter("ignore", FutureWarning)
+                gathered = funcol.all_gather_tensor(torch.tensor([float(rank)]), 0, dist.group.WORLD)
             return funcol.wait_tensor(reduced), funcol.wait_tensor(gathered)
 
         for reduced, gathered in on_ranks(self, 3, fn):
             torch.testing.assert_close(reduced, torch.full((2,), 3.0))
+            torch.testing.assert_close(gathered, torch.tensor([0.0, 1.0, 2.0]))
+
+    @disttest.requires_torch_feature("funcol.all_gather_single")
+    def test_functional_all_gather_single(self):
+        import torch.distributed._functional_collectives as funcol
+
+        def fn(rank, n):
+            gathered = funcol.all_gather_single(torch.tensor([float(rank)]), 0, dist.group.WORLD)
+            return funcol.wait_tensor(gathered)
+
+        for gathered in on_ranks(self, 3, fn):
             torch.testing.assert_close(gathered, torch.tensor([0.0, 1.0, 2.0]))
 
     def test_barrier_and_queries(self):
@@ -374,6 +406,7 @@ class ArgumentErrorsTest(unittest.TestCase):
             2, lambda rank, n: dist.all_to_all_single(torch.zeros(4), torch.zeros(4), [2, 2], [3, 3]),
             ValueError, "split sizes [3, 3] do not cover dim 0 of size 4")
 
+    @disttest.requires_torch_feature("dist.all_gather_single")
     def test_all_gather_into_tensor_size(self):
         self.errors_on_every_rank(
             2, lambda rank, n: dist.all_gather_single(torch.zeros(3), torch.ones(2)),

@@ -1,9 +1,14 @@
-"""A pooled class meant for an external launcher: each torchrun process runs
-the class's tests as its rank (env:// rendezvous).
+"""A pooled class meant for an external launcher: each process the launcher
+starts runs the class's tests as its rank (env:// rendezvous). run_rank()
+reads rank, world size and master from torchrun, Slurm or Open MPI:
 
     torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0 \\
              --master-addr=HOST0 --master-port=29500 pooled_ops.py
     (and --node-rank=1 on the second node)
+
+    srun --nodes=2 --ntasks-per-node=1 python pooled_ops.py     (see srun.sbatch)
+
+    mpirun -np 2 -x MASTER_ADDR=HOST0 python pooled_ops.py
 """
 
 import os
@@ -31,5 +36,5 @@ class PooledOps(disttest.MultiProcContinousTest):
 
 
 if __name__ == "__main__":
-    result = PooledOps.run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    result = PooledOps.run_rank()
     sys.exit(0 if result.wasSuccessful() else 1)

@@ -1,0 +1,219 @@
+"""What disttest's pytest plugin does beyond options and markers.
+
+- Plain test functions as distributed tests: a function marked
+  ``@pytest.mark.world_size(n)`` runs in ``n`` ranks, each with the default
+  process group made (threads over the ``threaded`` backend by default;
+  ``@pytest.mark.world_size(n, mode="processes")``: forked processes over
+  gloo). The fixtures ``rank`` and ``world_size`` give each rank its place.
+- The report header: torch version, start method, timeout.
+- pytest-xdist: each worker sees its own slice of the GPUs
+  (``CUDA_VISIBLE_DEVICES``), so two workers never share one.
+
+``disttest.pytest_plugin`` registers these; this module holds the logic.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import unittest
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+from disttest.config import ConfigError, default_timeout, parse_world_size
+
+__unittest = True
+
+__all__ = [
+    "FUNCTION_MODES",
+    "RANK_FIXTURES",
+    "header_line",
+    "run_function",
+    "xdist_device_slice",
+    "xdist_visible_devices",
+]
+
+#: How a marked plain function's ranks run.
+FUNCTION_MODES = ("threads", "processes")
+#: Fixtures whose values a rank supplies (placeholders outside ranks).
+RANK_FIXTURES = ("rank", "world_size")
+#: The rank fixtures' value outside a rank (a function not marked
+#: ``world_size`` that asks for ``rank``).
+NOT_IN_A_RANK = -1
+
+BAD_MODE = "expected one of {modes}"
+
+
+def header_line(environ: Mapping[str, str] | None = None) -> str:
+    """One line for pytest's report header: torch, start method, timeout."""
+    import torch
+
+    env = os.environ if environ is None else environ
+    method = env.get("DISTTEST_START_METHOD") or "class default (zygote; pool: fork)"
+    try:
+        seconds = default_timeout(env)
+        source = next((f" ({name})" for name in ("DISTTEST_TIMEOUT", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT")
+                       if (env.get(name) or "").strip()), " (default)")
+        timeout = f"{seconds}s{source}"
+    except ConfigError as e:
+        timeout = f"invalid: {e}"
+    return f"disttest: torch {torch.__version__}, start method {method}, timeout {timeout}"
+
+
+def function_mode(kwargs: Mapping[str, Any], where: str) -> str:
+    """The ``mode=`` of a ``world_size`` marker on a plain function, checked."""
+    mode = kwargs.get("mode", "threads")
+    if mode not in FUNCTION_MODES:
+        raise ConfigError("mode", mode, where, BAD_MODE.format(modes=FUNCTION_MODES))
+    return str(mode)
+
+
+class _Reraise(unittest.TestResult):
+    """Keeps the first error, failure or skip of a wrapped run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: BaseException | None = None
+        self.skip_reason: str | None = None
+
+    def addError(self, test: Any, err: Any) -> None:  # noqa: N802 - unittest's name
+        self.error = self.error or err[1]
+
+    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        self.error = self.error or err[1]
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        self.skip_reason = reason
+
+
+def _call(func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    given = dict(kwargs)
+    for name in RANK_FIXTURES:
+        if name in given:
+            given[name] = dist.get_rank() if name == "rank" else dist.get_world_size()
+    import pytest
+
+    try:
+        func(**given)
+    except pytest.skip.Exception as e:
+        # pytest.skip() in a rank: a skip for the runners too (they know SkipTest).
+        raise unittest.SkipTest(str(e.msg)) from None
+
+
+def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mode: str,
+                 name: str) -> None:
+    """Run the plain test function ``func`` in ``size`` ranks (``mode``), in
+    each with the default group made and the rank fixtures filled in.
+
+    Raises what the ranks' outcome is: ``RankFailure``/``RankError``, or
+    ``unittest.SkipTest`` (pytest reports it as a skip).
+    """
+    size = parse_world_size(size, f"@pytest.mark.world_size on {name}")
+    if mode == "threads":
+        from disttest.multithread import spawn_threads_and_init_comms
+
+        def body() -> None:
+            _call(func, kwargs)
+
+        body.__name__ = name
+        spawn_threads_and_init_comms(body, world_size=size)()
+        return
+    case = _process_case(func, kwargs, size, name)
+    result = _Reraise()
+    case.run(result)
+    if result.error is not None:
+        raise result.error
+    if result.skip_reason is not None:
+        raise unittest.SkipTest(result.skip_reason)
+
+
+def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, name: str) -> unittest.TestCase:
+    import torch.distributed as dist
+
+    from disttest.multiprocess import MultiProcessTestCase
+
+    class FunctionInProcesses(MultiProcessTestCase):
+        # NB: forked, so the function, its fixtures' values and its module
+        # need not be importable or picklable in the rank.
+        start_method = "fork"
+
+        @property
+        def world_size(self) -> int:
+            return size
+
+        def setUp(self) -> None:
+            super().setUp()
+            self._spawn_processes("fork")
+
+        def test_function(self) -> None:
+            store = dist.FileStore(self.file_name, self.world_size)
+            dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+            try:
+                _call(func, kwargs)
+            finally:
+                dist.destroy_process_group()
+
+    FunctionInProcesses.__qualname__ = FunctionInProcesses.__name__ = f"function {name}"
+    return FunctionInProcesses("test_function")
+
+
+def wants_ranks(func: Callable[..., Any]) -> bool:
+    """True when ``func`` is a plain function (no ``self``)."""
+    params = list(inspect.signature(func).parameters)
+    return not params or params[0] != "self"
+
+
+def xdist_device_slice(worker: int, workers: int, devices: Sequence[str]) -> list[str]:
+    """The devices worker ``worker`` of ``workers`` may use: contiguous,
+    disjoint slices, the first workers taking one more when they do not
+    divide evenly; a worker beyond the number of devices gets none."""
+    per, extra = divmod(len(devices), workers)
+    start = worker * per + min(worker, extra)
+    return list(devices[start:start + per + (1 if worker < extra else 0)])
+
+
+def xdist_visible_devices(environ: Mapping[str, str], device_count: Callable[[], int]) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for this pytest-xdist worker, or None when not
+    under xdist or without GPUs. Reads ``PYTEST_XDIST_WORKER`` (``gw3``) and
+    ``PYTEST_XDIST_WORKER_COUNT``; the devices are ``CUDA_VISIBLE_DEVICES``
+    if set, else ``device_count()`` of them."""
+    worker_id = environ.get("PYTEST_XDIST_WORKER")
+    raw_count = environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker_id or not raw_count:
+        return None
+    if not (worker_id.startswith("gw") and worker_id[2:].isdigit()):
+        raise ConfigError("xdist worker", worker_id, "environment variable PYTEST_XDIST_WORKER", "expected gw<N>")
+    workers = parse_world_size(raw_count, "environment variable PYTEST_XDIST_WORKER_COUNT")
+    worker = int(worker_id[2:])
+    if worker >= workers:
+        raise ConfigError("xdist worker", worker_id, "environment variable PYTEST_XDIST_WORKER",
+                          f"expected a worker below PYTEST_XDIST_WORKER_COUNT={workers}")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        devices = [str(i) for i in range(device_count())]
+    if not devices:
+        return None
+    return ",".join(xdist_device_slice(worker, workers, devices))
+
+
+def apply_xdist_gpu_slice(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Set this xdist worker's ``CUDA_VISIBLE_DEVICES``; return it (None: unchanged).
+
+    NB: must run before CUDA is initialised in the worker; the device count
+    comes from NVML (``torch.cuda.device_count``), which does not initialise it.
+    """
+    env = os.environ if environ is None else environ
+
+    def count() -> int:
+        import torch
+
+        return int(torch.cuda.device_count())
+
+    value = xdist_visible_devices(env, count)
+    if value is not None:
+        env["CUDA_VISIBLE_DEVICES"] = value
+    return value

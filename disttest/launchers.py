@@ -1,0 +1,242 @@
+"""Where a rank learns who it is: torchrun, Slurm and Open MPI environments.
+
+An external launcher starts one process per rank and tells it its rank, the
+world size, its rank on the node and where rank 0 listens, each in its own
+variables:
+
+- torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``;
+- Slurm (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, and
+  rank 0's host is the first of ``SLURM_STEP_NODELIST`` (``node[01-03,07]``,
+  expanded as ``scontrol show hostnames`` does);
+- Open MPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
+  ``OMPI_COMM_WORLD_LOCAL_RANK``; rank 0's host from ``MASTER_ADDR`` (Open MPI
+  does not publish it; a one-node job uses 127.0.0.1).
+
+:func:`detect` reads them (first match in that order: a torchrun inside an
+``srun`` step wins), :func:`export` writes the result as the variables
+c10d's ``env://`` rendezvous reads. A bad value raises
+:class:`~disttest.config.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+
+from disttest.config import ConfigError
+
+__unittest = True
+
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "LaunchEnv",
+    "detect",
+    "expand_hostlist",
+    "export",
+    "resolve_rank",
+]
+
+#: The port rank 0 listens on when neither the caller nor the launcher says
+#: (torchrun's default). Under Slurm the job id picks one instead, so two
+#: jobs sharing a node do not collide.
+DEFAULT_MASTER_PORT = 29500
+_SLURM_PORT_BASE, _SLURM_PORT_SPAN = 15000, 20000
+
+NO_LAUNCHER = (
+    "no launcher environment found (disttest): set RANK and WORLD_SIZE (torchrun), "
+    "run under srun (SLURM_PROCID) or mpirun (OMPI_COMM_WORLD_RANK), or pass rank and world_size"
+)
+OMPI_NEEDS_MASTER = (
+    "expected MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=<host of rank 0>) when the "
+    "Open MPI job spans several nodes"
+)
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """One rank's place in a launched job, and where its variables came from."""
+
+    launcher: str  # "torchrun", "slurm" or "openmpi"
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def _int(env: Mapping[str, str], name: str, what: str, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        raise ConfigError(what, raw, f"environment variable {name}", "it is not set")
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(what, raw, f"environment variable {name}", f"expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise ConfigError(what, raw, f"environment variable {name}", f"expected an integer >= {minimum}")
+    return value
+
+
+def _port(raw: object, where: str) -> int:
+    why = "expected a TCP port, 1 to 65535"
+    if isinstance(raw, bool):
+        raise ConfigError("master port", raw, where, why)
+    try:
+        port = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError("master port", raw, where, why) from None
+    if not 0 < port < 65536:
+        raise ConfigError("master port", raw, where, why)
+    return port
+
+
+def _split_top(spec: str) -> list[str]:
+    """Split a Slurm host list on the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(spec[start:i])
+            start = i + 1
+    parts.append(spec[start:])
+    return parts
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _expand_one(host: str, spec: str, where: str) -> list[str]:
+    if "[" not in host:
+        if "]" in host or not host:
+            raise ConfigError("host list", spec, where, "expected hosts such as node[01-03,07]")
+        return [host]
+    head, _, rest = host.partition("[")
+    body, closed, tail = rest.partition("]")
+    if not closed or not body:
+        raise ConfigError("host list", spec, where, "unbalanced brackets")
+    names = []
+    for item in body.split(","):
+        m = _RANGE.match(item.strip())
+        if m is None:
+            raise ConfigError("host list", spec, where, f"bad range {item!r} in brackets")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise ConfigError("host list", spec, where, f"range {item!r} runs backwards")
+        width = len(lo)  # node[01-03]: zero-padded to the width of the first bound
+        names += [f"{head}{n:0{width}d}" for n in range(int(lo), int(hi) + 1)]
+    return [name + suffix for name in names for suffix in _expand_one_tail(tail, spec, where)]
+
+
+def _expand_one_tail(tail: str, spec: str, where: str) -> list[str]:
+    return _expand_one(tail, spec, where) if tail else [""]
+
+
+def expand_hostlist(spec: str, where: str = "host list") -> list[str]:
+    """The host names of a Slurm host list, in order, as ``scontrol show
+    hostnames`` prints them: ``node[01-03,07]`` is node01, node02, node03,
+    node07; ``a,b[1-2]`` is a, b1, b2. Raises ConfigError naming ``where``."""
+    if not spec.strip():
+        raise ConfigError("host list", spec, where, "it is empty")
+    hosts: list[str] = []
+    for part in _split_top(spec.strip()):
+        hosts += _expand_one(part.strip(), spec, where)
+    return hosts
+
+
+def _slurm_port(env: Mapping[str, str]) -> int:
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if job.isdigit():
+        return _SLURM_PORT_BASE + int(job) % _SLURM_PORT_SPAN
+    return DEFAULT_MASTER_PORT
+
+
+def detect(
+    environ: Mapping[str, str] | None = None,
+    *,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> LaunchEnv:
+    """This process's rank, world size, local rank and master, from its launcher.
+
+    ``master_addr``/``master_port`` given win over the environment; without
+    them ``MASTER_ADDR``/``MASTER_PORT`` win over what the launcher implies
+    (the first host of the Slurm step, a port from the Slurm job id). Raises
+    ConfigError naming the variable when one is missing or bad, or when no
+    launcher's variables are set.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
+        launcher = "torchrun"
+        rank = _int(env, "RANK", "rank", 0)
+        world = _int(env, "WORLD_SIZE", "world size", 1)
+        local = _int(env, "LOCAL_RANK", "local rank", 0) if env.get("LOCAL_RANK") else rank
+        rank_var = "RANK"
+        implied_addr: str | None = "127.0.0.1"
+        implied_port = DEFAULT_MASTER_PORT
+    elif env.get("SLURM_PROCID") is not None:
+        launcher = "slurm"
+        rank = _int(env, "SLURM_PROCID", "rank", 0)
+        ntasks = "SLURM_NTASKS" if env.get("SLURM_NTASKS") is not None else "SLURM_NPROCS"
+        world = _int(env, ntasks, "world size", 1)
+        local = _int(env, "SLURM_LOCALID", "local rank", 0) if env.get("SLURM_LOCALID") else 0
+        rank_var = "SLURM_PROCID"
+        nodes = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                      if env.get(v)), None)
+        implied_addr = expand_hostlist(env[nodes], f"environment variable {nodes}")[0] if nodes else None
+        implied_port = _slurm_port(env)
+    elif env.get("OMPI_COMM_WORLD_RANK") is not None:
+        launcher = "openmpi"
+        rank = _int(env, "OMPI_COMM_WORLD_RANK", "rank", 0)
+        world = _int(env, "OMPI_COMM_WORLD_SIZE", "world size", 1)
+        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "local rank", 0)
+        rank_var = "OMPI_COMM_WORLD_RANK"
+        local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "").strip()
+        implied_addr = "127.0.0.1" if local_size == str(world) else None
+        implied_port = DEFAULT_MASTER_PORT
+    else:
+        raise ConfigError("launcher environment", None, "the environment", NO_LAUNCHER)
+    if rank >= world:
+        raise ConfigError("rank", rank, f"environment variable {rank_var}",
+                          f"expected a rank below the world size {world}")
+    addr = master_addr or env.get("MASTER_ADDR") or implied_addr
+    if not addr:
+        why = OMPI_NEEDS_MASTER if launcher == "openmpi" else "expected MASTER_ADDR or a node list"
+        raise ConfigError("master address", None, "environment variable MASTER_ADDR", why)
+    if master_port is not None:
+        port = _port(master_port, "master_port")
+    elif env.get("MASTER_PORT"):
+        port = _port(env["MASTER_PORT"], "environment variable MASTER_PORT")
+    else:
+        port = implied_port
+    return LaunchEnv(launcher, rank, world, local, addr, port)
+
+
+def export(launch: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> None:
+    """Write ``launch`` as the variables ``env://`` reads (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."""
+    env = os.environ if environ is None else environ
+    env["RANK"] = str(launch.rank)
+    env["WORLD_SIZE"] = str(launch.world_size)
+    env["LOCAL_RANK"] = str(launch.local_rank)
+    env["MASTER_ADDR"] = launch.master_addr
+    env["MASTER_PORT"] = str(launch.master_port)
+
+
+def resolve_rank(rank: int | None, world_size: int | None, rendezvous_given: bool) -> tuple[int, int]:
+    """``run_rank``'s rank and world size: as given, else from the launcher.
+
+    Without a rendezvous file the launcher's values are exported for
+    ``env://``. Given values win over the environment's.
+    """
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    launch = detect()
+    if not rendezvous_given:
+        export(launch)
+    return (launch.rank if rank is None else rank,
+            launch.world_size if world_size is None else world_size)

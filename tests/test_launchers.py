@@ -1,0 +1,172 @@
+"""disttest.launchers: torchrun, Slurm and Open MPI environments, read and
+checked; run_rank under each, simulated with local processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import unittest
+
+import disttest
+from disttest.config import ConfigError
+from disttest.launchers import DEFAULT_MASTER_PORT, LaunchEnv, detect, expand_hostlist, export
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+#: Variables of any launcher, removed from the environment a simulated one gets.
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+class HostlistTest(unittest.TestCase):
+    def test_forms_scontrol_expands(self):
+        cases = {
+            "node01": ["node01"],
+            "node[01-03,07]": ["node01", "node02", "node03", "node07"],
+            "a,b": ["a", "b"],
+            "gpu[8-10]": ["gpu8", "gpu9", "gpu10"],
+            "n[1-2],m[5],x": ["n1", "n2", "m5", "x"],
+            "rack[1-2]-n[01-02]": ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"],
+            "host-1.example.org": ["host-1.example.org"],
+        }
+        for spec, hosts in cases.items():
+            with self.subTest(spec=spec):
+                self.assertEqual(expand_hostlist(spec), hosts)
+
+    def test_bad_forms_name_the_source(self):
+        for spec in ("", "node[01-03", "node[a-b]", "node[3-1]", "node[]", "a,,b", "node]1"):
+            with self.subTest(spec=spec), self.assertRaises(ConfigError) as ctx:
+                expand_hostlist(spec, "environment variable SLURM_STEP_NODELIST")
+            self.assertIn("SLURM_STEP_NODELIST", str(ctx.exception))
+            self.assertIn(repr(spec), str(ctx.exception))
+
+
+class DetectTest(unittest.TestCase):
+    def test_torchrun(self):
+        env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}
+        self.assertEqual(detect(env), LaunchEnv("torchrun", 3, 4, 1, "h0", 1234))
+
+    def test_slurm_master_is_first_host_of_the_step(self):
+        env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+               "SLURM_STEP_NODELIST": "node[03-06]", "SLURM_JOB_NODELIST": "node[01-09]", "SLURM_JOB_ID": "77"}
+        self.assertEqual(detect(env), LaunchEnv("slurm", 5, 8, 1, "node03", 15077))
+
+    def test_slurm_falls_back_to_the_job_nodelist_and_given_master_wins(self):
+        env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "a,b"}
+        self.assertEqual(detect(env).master_addr, "a")
+        self.assertEqual(detect(env).master_port, DEFAULT_MASTER_PORT)
+        self.assertEqual(detect(dict(env, MASTER_ADDR="m", MASTER_PORT="99")).master_addr, "m")
+        given = detect(dict(env, MASTER_ADDR="m"), master_addr="g", master_port=4321)
+        self.assertEqual((given.master_addr, given.master_port), ("g", 4321))
+
+    def test_torchrun_inside_srun_wins(self):
+        env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]",
+               "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "MASTER_ADDR": "n1", "MASTER_PORT": "29400"}
+        self.assertEqual(detect(env), LaunchEnv("torchrun", 3, 4, 3, "n1", 29400))
+
+    def test_openmpi(self):
+        env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+               "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0"}
+        self.assertEqual(detect(env), LaunchEnv("openmpi", 2, 4, 0, "h0", DEFAULT_MASTER_PORT))
+
+    def test_openmpi_on_one_node_needs_no_master(self):
+        env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+               "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+        self.assertEqual(detect(env).master_addr, "127.0.0.1")
+
+    def test_openmpi_on_several_nodes_asks_for_master_addr(self):
+        env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+               "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+        with self.assertRaises(ConfigError) as ctx:
+            detect(env)
+        self.assertIn("MASTER_ADDR", str(ctx.exception))
+        self.assertIn("mpirun -x", str(ctx.exception))
+
+    def test_bad_values_name_the_variable(self):
+        cases = [
+            ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, "SLURM_PROCID", "'x'"),
+            ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM_NTASKS", "'0'"),
+            ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "a"}, "SLURM_PROCID", "2"),
+            ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "-1"}, "SLURM_LOCALID", "'-1'"),
+            ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "n[1-"}, "SLURM_STEP_NODELIST",
+             "'n[1-'"),
+            ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "a", "MASTER_PORT": "70000"},
+             "MASTER_PORT", "'70000'"),
+            ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "two"}, "OMPI_COMM_WORLD_SIZE", "'two'"),
+            ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_LOCAL_RANK", "None"),
+            ({"RANK": "1.5", "WORLD_SIZE": "2"}, "RANK", "'1.5'"),
+            ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "z"}, "LOCAL_RANK", "'z'"),
+        ]
+        for env, variable, value in cases:
+            with self.subTest(env=env), self.assertRaises(ConfigError) as ctx:
+                detect(env)
+            self.assertIn(f"environment variable {variable}", str(ctx.exception))
+            self.assertIn(value, str(ctx.exception))
+
+    def test_no_launcher_says_what_to_set(self):
+        with self.assertRaises(ConfigError) as ctx:
+            detect({"PATH": "/bin"})
+        self.assertIn("SLURM_PROCID", str(ctx.exception))
+        self.assertIn("OMPI_COMM_WORLD_RANK", str(ctx.exception))
+
+    def test_export_writes_what_env_rendezvous_reads(self):
+        env: dict[str, str] = {}
+        export(LaunchEnv("slurm", 1, 2, 0, "node01", 15000), env)
+        self.assertEqual(env, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                               "MASTER_ADDR": "node01", "MASTER_PORT": "15000"})
+
+
+def run_simulated(per_rank_env: list[dict[str, str]]) -> list[tuple[int, str]]:
+    """Run tests/pool_cases.py (Launched.run_rank() with no arguments) in one
+    local process per rank, each with its launcher variables."""
+    base = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "OMPI_"))}
+    base["OMP_NUM_THREADS"] = "1"
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "pool_cases.py")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=dict(base, **env))
+             for env in per_rank_env]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:  # one that failed must not leave the others waiting
+            p.kill()
+    return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
+
+
+class RunRankUnderLaunchersTest(unittest.TestCase):
+    def check(self, results: list[tuple[int, str]]) -> None:
+        for code, out in results:
+            self.assertEqual(code, 0, out[-3000:])
+            self.assertIn("Ran 2 tests", out)
+            self.assertIn("OK", out)
+
+    def test_slurm_two_tasks(self):
+        port = str(disttest.find_free_port())
+        self.check(run_simulated([
+            {"SLURM_PROCID": str(i), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(i),
+             "SLURM_STEP_NODELIST": "localhost", "MASTER_PORT": port}
+            for i in range(2)
+        ]))
+
+    def test_openmpi_three_ranks(self):
+        port = str(disttest.find_free_port())
+        self.check(run_simulated([
+            {"OMPI_COMM_WORLD_RANK": str(i), "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(i),
+             "OMPI_COMM_WORLD_LOCAL_SIZE": "3", "MASTER_PORT": port}
+            for i in range(3)
+        ]))
+
+    def test_torchrun_variables(self):
+        port = str(disttest.find_free_port())
+        self.check(run_simulated([
+            {"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": str(i), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": port}
+            for i in range(2)
+        ]))
+
+    def test_bad_slurm_value_fails_naming_it(self):
+        (code, out), = run_simulated([{"SLURM_PROCID": "0", "SLURM_NTASKS": "many"}])
+        self.assertNotEqual(code, 0)
+        self.assertIn("Invalid world size 'many' from environment variable SLURM_NTASKS (disttest)", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,223 @@
+"""The plugin's function-style tests, report header and xdist GPU slicing
+(disttest._pytest_support), run through real pytest sessions."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from unittest import mock
+
+import torch
+
+from disttest._pytest_support import (
+    apply_xdist_gpu_slice,
+    header_line,
+    xdist_device_slice,
+    xdist_visible_devices,
+)
+from disttest.config import ConfigError
+
+FUNCTIONS = textwrap.dedent("""
+    import os
+    import pytest
+    import torch
+    import torch.distributed as dist
+    import disttest
+
+    SEEN = os.environ["SEEN_FILE"]
+
+    def note(line):
+        with open(SEEN, "a") as f:
+            f.write(line + "\\n")
+
+    @pytest.fixture
+    def label():
+        return "fixture-value"
+
+    @pytest.mark.world_size(3)
+    def test_threads_sum(rank, world_size, label):
+        t = torch.ones(1) * rank
+        dist.all_reduce(t)
+        assert t.item() == sum(range(world_size))
+        note(f"threads {rank}/{world_size} {label} pid={os.getpid()}")
+
+    @pytest.mark.world_size(2, mode="processes")
+    def test_processes_sum(rank, world_size):
+        t = torch.ones(1) * (rank + 1)
+        dist.all_reduce(t)
+        assert t.item() == 3
+        note(f"processes {rank}/{world_size} backend={dist.get_backend()} pid={os.getpid()}")
+
+    @pytest.mark.world_size(2)
+    def test_rank_one_fails(rank):
+        assert rank == 0, f"rank {rank} says no"
+
+    @pytest.mark.world_size(2, mode="processes")
+    def test_rank_one_fails_in_processes(rank):
+        assert rank == 0, f"rank {rank} says no"
+
+    @pytest.mark.world_size(2)
+    def test_skip_in_ranks(rank):
+        pytest.skip("not on this torch")
+
+    @pytest.mark.world_size(2, mode="pool")
+    def test_bad_mode(rank):
+        pass
+
+    @disttest.spawn_threads_and_init_comms(world_size=4)
+    def test_decorated_function(label):
+        assert dist.get_world_size() == 4
+        note(f"decorated {dist.get_rank()} {label}")
+
+    def test_unmarked_rank_fixture(rank, world_size):
+        assert (rank, world_size) == (-1, -1)
+""")
+
+
+def run_pytest(source: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "test_functions.py")
+        with open(path, "w") as f:
+            f.write(source)
+        seen = os.path.join(tmp, "seen.txt")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", path, *args],
+                              cwd=tmp, capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, SEEN_FILE=seen, **(env or {})))
+        lines = open(seen).read() if os.path.exists(seen) else ""
+    return proc, lines
+
+
+class FunctionTestsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.proc, cls.seen = run_pytest(FUNCTIONS, "--disttest-timeout=60", "-v")
+        cls.out = cls.proc.stdout
+
+    def outcome(self, name):
+        line = next((ln for ln in self.out.splitlines() if f"::{name} " in ln), "")
+        found = re.search(r" (PASSED|FAILED|SKIPPED|ERROR)\b", line)
+        return found.group(1) if found else f"{name} not in output:\n{self.out[-3000:]}"
+
+    def test_threads_run_every_rank_with_fixtures(self):
+        self.assertEqual(self.outcome("test_threads_sum"), "PASSED")
+        lines = sorted(ln for ln in self.seen.splitlines() if ln.startswith("threads"))
+        self.assertEqual([ln.split(" pid")[0] for ln in lines],
+                         [f"threads {r}/3 fixture-value" for r in range(3)])
+        self.assertEqual(len({ln.split("pid=")[1] for ln in lines}), 1)  # one process
+
+    def test_processes_run_every_rank_in_its_own_process(self):
+        self.assertEqual(self.outcome("test_processes_sum"), "PASSED")
+        lines = sorted(ln for ln in self.seen.splitlines() if ln.startswith("processes"))
+        self.assertEqual([ln.split(" pid")[0] for ln in lines],
+                         ["processes 0/2 backend=gloo", "processes 1/2 backend=gloo"])
+        self.assertEqual(len({ln.split("pid=")[1] for ln in lines}), 2)
+
+    def test_a_failing_rank_fails_the_test_naming_it(self):
+        for name in ("test_rank_one_fails", "test_rank_one_fails_in_processes"):
+            with self.subTest(name=name):
+                self.assertEqual(self.outcome(name), "FAILED")
+        self.assertIn("rank 1 says no", self.out)
+
+    def test_skip_in_the_ranks_is_a_skip(self):
+        self.assertEqual(self.outcome("test_skip_in_ranks"), "SKIPPED")
+        self.assertIn("not on this torch", self.out)
+
+    def test_bad_mode_names_itself(self):
+        self.assertEqual(self.outcome("test_bad_mode"), "FAILED")
+        self.assertIn("Invalid mode 'pool' from @pytest.mark.world_size on test_functions.py::test_bad_mode", self.out)
+
+    def test_decorator_on_a_plain_function(self):
+        self.assertEqual(self.outcome("test_decorated_function"), "PASSED")
+        self.assertEqual(sorted(ln for ln in self.seen.splitlines() if ln.startswith("decorated")),
+                         [f"decorated {r} fixture-value" for r in range(4)])
+
+    def test_rank_fixtures_outside_ranks(self):
+        self.assertEqual(self.outcome("test_unmarked_rank_fixture"), "PASSED")
+
+    def test_report_header(self):
+        self.assertIn(f"disttest: torch {torch.__version__}, start method ", self.out)
+        self.assertIn("timeout 60s (DISTTEST_TIMEOUT)", self.out)
+
+
+class HeaderTest(unittest.TestCase):
+    def test_header_names_torch_method_and_timeout(self):
+        line = header_line({"DISTTEST_START_METHOD": "spawn", "DISTTEST_TIMEOUT": "12"})
+        self.assertEqual(line, f"disttest: torch {torch.__version__}, start method spawn, timeout 12s (DISTTEST_TIMEOUT)")
+        self.assertTrue(header_line({}).endswith("timeout 300s (default)"))
+        self.assertIn("invalid: Invalid timeout 'soon' from environment variable DISTTEST_TIMEOUT",
+                      header_line({"DISTTEST_TIMEOUT": "soon"}))
+
+
+class XdistGpuSliceTest(unittest.TestCase):
+    def test_slices_are_disjoint_and_cover_the_devices(self):
+        for n_devices in range(0, 9):
+            for workers in range(1, 6):
+                devices = [str(i) for i in range(n_devices)]
+                slices = [xdist_device_slice(w, workers, devices) for w in range(workers)]
+                with self.subTest(devices=n_devices, workers=workers):
+                    self.assertEqual(sum(slices, []), devices)  # disjoint, in order, all used
+                    self.assertLessEqual(max(map(len, slices)) - min(map(len, slices)), 1)
+
+    def test_from_a_faked_device_count(self):
+        env = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
+        self.assertEqual(xdist_visible_devices(env, lambda: 4), "2,3")
+        self.assertEqual(xdist_visible_devices(dict(env, PYTEST_XDIST_WORKER="gw0"), lambda: 4), "0,1")
+        self.assertEqual(xdist_visible_devices(dict(env, PYTEST_XDIST_WORKER_COUNT="4", PYTEST_XDIST_WORKER="gw3"),
+                                               lambda: 2), "")  # more workers than GPUs: none
+        self.assertIsNone(xdist_visible_devices(env, lambda: 0))
+        self.assertIsNone(xdist_visible_devices({}, lambda: 4))
+
+    def test_an_existing_mask_is_sliced(self):
+        env = {"PYTEST_XDIST_WORKER": "gw2", "PYTEST_XDIST_WORKER_COUNT": "3", "CUDA_VISIBLE_DEVICES": "4,5,6,7,8,9"}
+        self.assertEqual(xdist_visible_devices(env, lambda: 99), "8,9")
+
+    def test_apply_uses_torch_device_count(self):
+        env = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
+        with mock.patch.object(torch.cuda, "device_count", return_value=8):
+            self.assertEqual(apply_xdist_gpu_slice(env), "4,5,6,7")
+        self.assertEqual(env["CUDA_VISIBLE_DEVICES"], "4,5,6,7")
+
+    def test_bad_worker_variables_are_named(self):
+        for env, variable in [({"PYTEST_XDIST_WORKER": "w1", "PYTEST_XDIST_WORKER_COUNT": "2"}, "PYTEST_XDIST_WORKER"),
+                              ({"PYTEST_XDIST_WORKER": "gw2", "PYTEST_XDIST_WORKER_COUNT": "2"}, "PYTEST_XDIST_WORKER"),
+                              ({"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "x"},
+                               "PYTEST_XDIST_WORKER_COUNT")]:
+            with self.subTest(env=env), self.assertRaises(ConfigError) as ctx:
+                xdist_visible_devices(env, lambda: 4)
+            self.assertIn(f"environment variable {variable}", str(ctx.exception))
+
+    def test_each_xdist_worker_gets_its_own_gpus(self):
+        # Each worker records what it sees once configured (after the plugin).
+        conftest = textwrap.dedent("""
+            import os
+            import pytest
+
+            @pytest.hookimpl(trylast=True)
+            def pytest_configure(config):
+                worker = os.environ.get("PYTEST_XDIST_WORKER")
+                if worker:
+                    with open(os.environ["SEEN_FILE"] + "." + worker, "w") as f:
+                        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text in (("conftest.py", conftest), ("test_gpus.py", "def test_nothing():\n    pass\n")):
+                with open(os.path.join(tmp, name), "w") as f:
+                    f.write(text)
+            seen = os.path.join(tmp, "seen")
+            # Four "GPUs" through the mask (this host has none), two workers.
+            env = dict(os.environ, SEEN_FILE=seen, CUDA_VISIBLE_DEVICES="0,1,2,3")
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "test_gpus.py"],
+                                  cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
+            self.assertEqual(proc.returncode, 0, proc.stdout[-3000:])
+            got = {name.rsplit(".", 1)[1]: open(os.path.join(tmp, name)).read()
+                   for name in os.listdir(tmp) if name.startswith("seen.")}
+        self.assertEqual(got, {"gw0": "0,1", "gw1": "2,3"})
+
+
+if __name__ == "__main__":
+    unittest.main()
