@@ -185,7 +185,7 @@ def xdist_visible_devices(environ: Mapping[str, str], device_count: Callable[[],
         return None
     if not (worker_id.startswith("gw") and worker_id[2:].isdigit()):
         raise ConfigError("xdist worker", worker_id, "environment variable PYTEST_XDIST_WORKER", "expected gw<N>")
-    workers = parse_world_size(raw_count, "environment variable PYTEST_XDIST_WORKER_COUNT")
+    workers = parse_world_size(raw_count, "environment variable PYTEST_XDIST_WORKER_COUNT", text=True)
     worker = int(worker_id[2:])
     if worker >= workers:
         raise ConfigError("xdist worker", worker_id, "environment variable PYTEST_XDIST_WORKER",
