@@ -125,11 +125,13 @@ class MultiProcessTestCase(RankDispatch):
         """
         self._precheck()
         method, _ = settings.start_method(type(self), start_method)
+        self._refuse_second_start("_spawn_processes()", self._launcher is not None)
         self._start_processes(method)
 
     def _start_processes(self, proc: Any = None) -> None:
         """Hook: start the ranks with ``proc`` (a start method name; an
         upstream ``Process`` class means "spawn")."""
+        self._refuse_second_start("_start_processes()", self._launcher is not None)
         method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
         cls = type(self)
         module = sys.modules.get(cls.__module__)

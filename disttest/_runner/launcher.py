@@ -37,6 +37,7 @@ __all__ = ["ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnL
 
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
+NO_STACK = "(no stack: the rank did not answer SIGUSR1 in time)"
 
 
 class Launcher(Protocol):
@@ -191,10 +192,13 @@ class ProcessLauncher:
                 last[r] = size
         stacks = {}
         for r in ranks:
-            with open(files[r], "rb") as f:
-                f.seek(sizes[r])
-                text = f.read().decode(errors="replace")
-            stacks[r] = text or "(no stack: the rank did not answer SIGUSR1 in time)"
+            try:
+                with open(files[r], "rb") as f:
+                    f.seek(sizes[r])
+                    text = f.read().decode(errors="replace")
+            except OSError:  # the rank had not yet made its file (a tiny timeout)
+                text = ""
+            stacks[r] = text or NO_STACK
         return stacks
 
     def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:

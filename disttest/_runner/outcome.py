@@ -46,8 +46,12 @@ class ExitStatus:
 
     code: int | None = None
     signal: int | None = None
+    #: How the rank was lost when neither is known ("was lost: the fork server ...").
+    note: str = ""
 
     def describe(self) -> str:
+        if self.note:
+            return self.note
         if self.signal is not None:
             try:
                 name = signal.Signals(self.signal).name

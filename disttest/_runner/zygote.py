@@ -40,6 +40,7 @@ __unittest = True
 __all__ = ["ZygoteLauncher", "ZygoteUnavailable", "main", "resolve_class"]
 
 START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
+SERVER_DIED = ("died with the fork server, which {how} (the next test starts a fresh one)")
 
 
 class ZygoteUnavailable(RuntimeError):
@@ -180,6 +181,13 @@ class _Client:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def died_of(self) -> str:
+        """How the server ended: "was killed by SIGKILL", "exited with code 1"."""
+        code = self.proc.poll()
+        if code is None:
+            return "stopped answering"
+        return ExitStatus.from_exitcode(code).describe()
+
     def pump(self, timeout: float = 0.0) -> None:
         """Deliver every message that has arrived."""
         while self.inbox.poll(timeout):
@@ -200,6 +208,8 @@ class _Client:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            self.inbox.close()
 
 
 _clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its parent's
@@ -208,6 +218,8 @@ _clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its par
 def _client() -> _Client:
     client = _clients.get(os.getpid())
     if client is None or not client.alive():
+        if client is not None:  # it died (a rank may have killed it): drop its pipes
+            client.close()
         client = _clients[os.getpid()] = _Client()
     return client
 
@@ -231,9 +243,17 @@ class ZygoteLauncher(ProcessLauncher):
         client.outbox.send(("start", self._run_id, self.spec))
         deadline = time.monotonic() + START_TIMEOUT
         while not self.pids and self._error is None:
-            if time.monotonic() > deadline or not client.alive():
-                raise ZygoteUnavailable("the fork server did not answer")
             client.pump(0.05)
+            if not self.pids and not client.alive():
+                # It died after forking some ranks, maybe killed by one (they die
+                # with it): the test's ranks are lost; running it again another
+                # way could repeat what killed the server.
+                lost = ExitStatus(note=SERVER_DIED.format(how=client.died_of()))
+                self._exits.update(dict.fromkeys(range(self.world_size), lost))
+                client.runs.pop(self._run_id, None)
+                return
+            if time.monotonic() > deadline:
+                raise ZygoteUnavailable("the fork server did not answer")
         if self._error is not None:
             client.runs.pop(self._run_id, None)
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
@@ -254,8 +274,9 @@ class ZygoteLauncher(ProcessLauncher):
     def _reap(self) -> None:
         self._client.pump()
         if not self._client.alive():
+            lost = ExitStatus(note=SERVER_DIED.format(how=self._client.died_of()))
             for r in self.pids:
-                self._exits.setdefault(r, ExitStatus(code=None))
+                self._exits.setdefault(r, lost)
 
     def close(self) -> None:
         super().close()
