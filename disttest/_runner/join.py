@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
@@ -31,7 +32,8 @@ CONSEQUENCE = "rank {rank}/{world} failed in {what} after rank {peer}/{world} ha
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
     outcome = launcher.outcome(rank)
     if outcome is None:
-        return Outcome(rank, Kind.CRASHED, exit=status, output_tail=launcher.output(rank))
+        site, tail = split_fatal_dump(launcher.output(rank))
+        return Outcome(rank, Kind.CRASHED, exit=status, stacks=site, output_tail=tail)
     outcome.exit = status
     if status.signal is not None and outcome.kind is not Kind.CRASHED:
         outcome.detail = f"after reporting {outcome.kind.value}"
@@ -89,6 +91,10 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
     stacks = launcher.dump_stacks(live)
     launcher.stop()
     for r in live:
+        reported = launcher.outcome(r)  # it reported meanwhile (it was lingering)
+        if reported is not None:
+            outcomes[r] = reported
+            continue
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
                               detail=details.get(r, ""), output_tail=launcher.output(r))
 

@@ -28,6 +28,7 @@ import psutil
 
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings
+from disttest._runner.crashsite import FATAL
 from disttest._runner.outcome import ExitStatus, Outcome
 from disttest._runner.progress import InFlight, ProgressBoard, find_desync
 
@@ -37,6 +38,7 @@ __all__ = ["ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnL
 
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
+OUTPUT_CHARS = 4000  # of a rank's output kept for the report
 NO_STACK = "(no stack: the rank did not answer SIGUSR1 in time)"
 
 
@@ -167,7 +169,9 @@ class ProcessLauncher:
             return None
 
     def output(self, rank: int) -> str:
-        return rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"])
+        # More when it ends in faulthandler's dump (crashsite), which can be long.
+        text = rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"], 8 * OUTPUT_CHARS)
+        return text if FATAL in text else text[-OUTPUT_CHARS:]
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:

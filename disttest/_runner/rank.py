@@ -27,6 +27,7 @@ __unittest = True
 __all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_process"]
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 STACK_SIGNAL = signal.SIGUSR1
 #: The parent's word that every rank has reported: a lingering rank leaves.
 RELEASE_SIGNAL = signal.SIGUSR2
@@ -103,8 +104,49 @@ def set_parent_death_signal(parent_pid: int) -> None:
         os._exit(1)
 
 
+def set_child_subreaper() -> None:
+    """Become the parent of every orphaned descendant (Linux): a process the
+    test started in a new session, or whose parent has exited, stays
+    reachable, so that :func:`kill_descendants` finds it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
+    """Kill every running descendant process of this one (but ``keep``);
+    return each as "pid N: command line" (a test leaves no process behind)."""
+    import psutil
+
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
+    except psutil.Error:
+        return []
+    killed = []
+    for p in procs:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue  # ended already; reaped below
+            what = " ".join(p.cmdline()) or p.name()
+            p.kill()
+        except psutil.Error:
+            continue
+        killed.append(f"pid {p.pid}: {what[:120]}")
+    psutil.wait_procs(procs, timeout=1.0)  # reap those that are our children
+    return killed
+
+
+def _descendants() -> frozenset[int]:
+    import psutil
+
+    try:
+        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return frozenset()
+
+
 def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     set_parent_death_signal(parent_pid)
+    set_child_subreaper()
     files = paths(spec.run_dir, rank)
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
@@ -197,6 +239,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             exc = e
         publish_progress()
         outcome = _final_outcome(ctx, exc)
+        outcome.left_running = kill_descendants()
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
@@ -243,7 +286,9 @@ def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
                 break
             _, seq, test_name = message
             progress.restart_counts()
+            before = _descendants()
             outcome = init if init is not None else cls._pool_run_test(test_name, rank)
+            outcome.left_running = kill_descendants(keep=before)
             publish_progress()
             outcome.output_tail = tail(files["log"])
             conn.send(("done", seq, outcome))

@@ -74,6 +74,8 @@ def resolve_class(spec: rank_mod.RankSpec) -> type:
 def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     """Run the fork server until the test process closes the pipe or dies."""
     rank_mod.set_parent_death_signal(parent_pid)
+    # The descendants of a rank that died (a segfault) come to us: killed.
+    rank_mod.set_child_subreaper()
     # Preload what every rank needs, so that no rank pays for it. Imports
     # only: no tensor work happens here (see the fork trap).
     import numpy.random  # noqa: F401 (set_rng_seed seeds it in every rank)
@@ -100,6 +102,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
+            _kill_orphans(children)
         _reap(children, outbox)
         if read_fd not in ready:
             continue
@@ -135,6 +138,21 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os._exit(0)
+
+
+def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
+    """Kill our children that are not ranks: the descendants of a rank that
+    ended without killing them (it crashed), handed to us as subreaper."""
+    import psutil
+
+    try:
+        procs = psutil.Process().children()
+    except psutil.Error:
+        return
+    for p in procs:
+        if p.pid not in children:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def _reap(children: dict[int, tuple[int, int]], outbox: Connection) -> None:
