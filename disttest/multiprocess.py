@@ -25,6 +25,7 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
+from disttest._runner import janitor
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
@@ -101,6 +102,7 @@ class MultiProcessTestCase(RankDispatch):
         self.pid_to_pipe: dict[int, Any] = {}
         self.rank = self.MAIN_PROCESS_RANK
         self.run_dir = tempfile.mkdtemp(prefix="disttest-run-")
+        self._janitor = janitor.register(self._cleanup_now)
         self.addCleanup(self._cleanup_run)
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         open(self.file_name, "w").close()
@@ -110,6 +112,14 @@ class MultiProcessTestCase(RankDispatch):
             self._launcher.close()
             self._launcher = None
         self.processes = []
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        janitor.unregister(self._janitor)
+
+    def _cleanup_now(self) -> None:
+        """The test process is being interrupted (Ctrl-C, SIGTERM): its
+        cleanups may never run (see :mod:`disttest._runner.janitor`)."""
+        if self._launcher is not None:
+            self._launcher.kill_now()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _current_test_name(self) -> str:

@@ -14,6 +14,7 @@ import functools
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,8 @@ import torch.distributed as dist
 
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
-from disttest._runner import settings
+from disttest._runner import janitor, settings
+from disttest._runner import rank as rank_mod
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.outcome import Outcome
@@ -158,7 +160,19 @@ class MultiThreadedTestCase(RankDispatch):
         self.threads: list[Any] = []
         before = set(threading.enumerate())
         self.addCleanup(lambda: check_left_running(before, self._current_test_name))
+        # Processes the test starts are the test process's children: those
+        # still running at its end are killed (also if it is interrupted).
+        children = rank_mod._descendants()
+        token = janitor.register(lambda: rank_mod.kill_descendants(keep=children))
+        self.addCleanup(self._kill_left_processes, children, token)
         self.addCleanup(self._cleanup_threads)
+
+    def _kill_left_processes(self, before: frozenset[int], token: int) -> None:
+        janitor.unregister(token)
+        killed = rank_mod.kill_descendants(keep=before)
+        if killed:
+            warnings.warn(f"{self._current_test_name!r} (disttest): the test left processes running; "
+                          f"disttest killed them: {'; '.join(killed)}", stacklevel=2)
 
     def _cleanup_threads(self) -> None:
         if self._run_state is not None:

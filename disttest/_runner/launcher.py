@@ -218,6 +218,12 @@ class ProcessLauncher:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
 
+    def kill_now(self) -> None:
+        """SIGKILL every rank's process tree at once, without waiting or
+        reading anything (the test process is being interrupted)."""
+        for r in list(self.pids):
+            self.kill(r, signal.SIGKILL)
+
     def stop(self) -> None:
         live = [r for r in self.pids if r not in self.poll()]
         for r in live:

@@ -131,7 +131,7 @@ def _user_stack(stacks: str) -> str:
     busy = [b for b in blocks if any(_THREADING not in f for f in b[1:])]
     if not busy and any(b[0].startswith(("Thread ", "Current thread ")) for b in blocks):
         return NO_USER_FRAME
-    out = []
+    out: list[str] = []
     for b in blocks:
         is_thread = b[0].startswith(("Thread ", "Current thread "))
         if is_thread and busy and b not in busy:

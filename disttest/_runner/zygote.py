@@ -134,6 +134,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             children[pid] = (run_id, r)
             pids[r] = pid
         outbox.send(("started", run_id, pids))
+    # Every descendant: the ranks and what they started (a child in its own
+    # session is still a rank's child, or ours once its rank has died).
+    rank_mod.kill_descendants()
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
