@@ -25,9 +25,8 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
-from disttest._runner import janitor
+from disttest._runner import janitor, settings
 from disttest._runner import rank as rank_mod
-from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
