@@ -8,6 +8,8 @@ import the process class by name and pytest does not collect them.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -148,6 +150,46 @@ class Behaviours:
         if self.rank == 1:
             self.fail("rank 1 fails after printing")
 
+    # -- hostile tests (issue 12); process runners only where a thread would
+    # take the test process with it --
+
+    def test_segfault_in_rank_1(self):
+        self.init()
+        if self.rank == 1:
+            import ctypes
+
+            ctypes.string_at(0)  # the crash site
+        dist.barrier()
+
+    def test_kill_the_fork_server(self):
+        if self.rank == 1:
+            os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
+
+    def test_leave_a_process_running(self):
+        self.init()
+        if self.rank == 1:
+            subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
+
+    def test_leave_a_process_running_and_fail(self):
+        self.init()
+        if self.rank == 1:
+            subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
+            raise ValueError("fails after starting a process")
+
+
+#: A sleep no other test starts: found by its command line.
+LEFT_SLEEP = "297.125"
+
+
+def sleeps_left() -> list[int]:
+    """Processes running ``sleep LEFT_SLEEP``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["cmdline"] == ["sleep", LEFT_SLEEP] and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p.pid)
+    return found
+
 
 class HostileAssertion(AssertionError):
     """An assertion whose text cannot be made."""
@@ -189,3 +231,4 @@ class PoolRunner(Behaviours, disttest.MultiProcContinousTest):
 
 
 RUNNERS = (ProcessRunner, ThreadRunner, PoolRunner)
+PROCESS_RUNNERS = (ProcessRunner, PoolRunner)

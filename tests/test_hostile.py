@@ -37,9 +37,9 @@ class InterruptTest(unittest.TestCase):
         env = dict(os.environ, TMPDIR=tmp, DISTTEST_PIDS_DIR=pids_dir, PYTHONPATH=TESTS)
         if pytest:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   f"interrupt_cases.py::{cls}::test_wait"]
+                   f"hostile_cases.py::{cls}::test_wait"]
         else:
-            cmd = [sys.executable, "-m", "unittest", f"interrupt_cases.{cls}.test_wait"]
+            cmd = [sys.executable, "-m", "unittest", f"hostile_cases.{cls}.test_wait"]
         with open(os.path.join(root, "out"), "w+") as out:
             proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
@@ -89,6 +89,101 @@ class InterruptTest(unittest.TestCase):
 
     def test_sigterm_under_pytest(self):
         self.interrupt("PoolWaits", signal.SIGTERM, pytest=True)
+
+
+def run(cls: type[unittest.TestCase], name: str) -> unittest.TestResult:
+    result = unittest.TestResult()
+    cls(name).run(result)
+    return result
+
+
+class HostileTest(unittest.TestCase):
+    def test_starting_the_ranks_twice_is_an_error_naming_both_calls(self):
+        import hostile_cases as cases
+        from runner_cases import live_ranks
+
+        for cls, call in ((cases.ProcessSpawnsTwice, "_spawn_processes()"),
+                          (cases.ThreadSpawnsTwice, "_spawn_threads()")):
+            with self.subTest(cls=cls.__name__):
+                result = run(cls, "test_pass")
+                self.assertEqual(len(result.errors), 1, result.failures)
+                text = result.errors[0][1]
+                self.assertIn(f"RuntimeError: {call} was called a second time for 'test_pass' (disttest)", text)
+                self.assertRegex(text, r'started by the first call \(File ".*hostile_cases.py", line \d+, in setUp\)')
+                self.assertEqual(live_ranks(), [])  # the first set was stopped, not left running
+
+    def test_a_tiny_timeout_is_a_plain_timeout(self):
+        # A stack asked of a rank that has not yet made its stack file.
+        from unittest import mock
+
+        from disttest._runner import launcher as launcher_mod
+        from disttest._runner import rank as rank_mod
+
+        run_dir = tempfile.mkdtemp(prefix="disttest-hostile-")
+        self.addCleanup(shutil.rmtree, run_dir, True)
+        spec = rank_mod.RankSpec(module="m", qualname="C", module_file=None, test_name="t", world_size=1,
+                                 run_dir=run_dir, file_name=os.path.join(run_dir, "rendezvous"))
+        launcher = launcher_mod.ForkLauncher(spec)
+        sleeper = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(sleeper.wait)
+        self.addCleanup(sleeper.kill)
+        launcher.pids[0] = sleeper.pid
+        with mock.patch.object(launcher_mod, "STACK_WAIT", 0.1):
+            self.assertEqual(launcher.dump_stacks([0]), {0: launcher_mod.NO_STACK})
+
+    def test_a_tiny_timeout_end_to_end(self):
+        import hostile_cases as cases
+
+        result = run(cases.TinyTimeout, "test_sleep")
+        self.assertEqual(len(result.errors), 1)
+        text = result.errors[0][1]
+        self.assertIn("did not finish 'test_sleep' within 1e-09s", text)
+        self.assertNotIn("FileNotFoundError", text)
+
+    def test_threaded_tests_restore_the_excepthooks(self):
+        import threading
+
+        import hostile_cases as cases
+
+        hooks = (sys.excepthook, threading.excepthook)
+        for _ in range(3):
+            result = run(cases.ThreadCases, "test_pass")
+            self.assertTrue(result.wasSuccessful(), result.errors)
+        self.assertEqual((sys.excepthook, threading.excepthook), hooks)
+
+    def test_many_threaded_tests_keep_working(self):
+        import hostile_cases as cases
+
+        hook = sys.excepthook
+        suite = unittest.TestSuite(cases.ThreadCases("test_pass") for _ in range(300))
+        result = unittest.TestResult()
+        suite.run(result)
+        self.assertEqual((result.testsRun, result.errors, result.failures), (300, [], []))
+        self.assertIs(sys.excepthook, hook)  # not 600 wrappers deep
+
+    def test_a_non_daemon_thread_left_running_is_an_error_naming_it(self):
+        import threading
+
+        import hostile_cases as cases
+
+        try:
+            result = run(cases.ThreadCases, "test_leaves_a_thread")
+            self.assertEqual(len(result.errors), 1, result.failures)
+            self.assertIn("'test_leaves_a_thread' (disttest): the test left a thread running after its ranks "
+                          "ended: 'left behind'", result.errors[0][1])
+            left = [t for t in threading.enumerate() if t.name == "left behind"]
+            self.assertEqual(len(left), 1)
+            self.assertTrue(left[0].daemon)  # it no longer holds the process at exit
+        finally:
+            for stop in cases.LEFT:
+                stop.set()
+
+    def test_a_process_with_a_left_thread_exits(self):
+        code = ("import unittest, hostile_cases as c; r = unittest.TestResult(); "
+                "c.ThreadCases('test_leaves_a_thread').run(r); print(len(r.errors))")
+        out = subprocess.run([sys.executable, "-c", code], cwd=TESTS, capture_output=True, text=True,
+                             timeout=60, env=dict(os.environ, PYTHONPATH=TESTS))
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, "1"), out.stderr)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def _user_stack(stacks: str) -> str:
             continue
         elif _OWN in line and line.endswith(_ENTRIES):
             past = True
-        elif _OWN not in line and '"<string>"' not in line:
+        elif _OWN not in line and '"<string>"' not in line and _UNITTEST not in line:
             if not blocks:
                 blocks.append([""])
             blocks[-1].append(line)
@@ -143,6 +143,8 @@ def _user_stack(stacks: str) -> str:
 
 
 _THREADING = os.sep + "threading.py"
+#: unittest's own frames (a pool rank runs each test through ``case.run``).
+_UNITTEST = os.path.dirname(unittest.__file__) + os.sep
 
 
 def _fill(detail: str, who: str) -> str:

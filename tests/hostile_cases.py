@@ -1,6 +1,6 @@
-"""Test classes that a subprocess runs to be interrupted (tests/test_hostile.py).
+"""Test classes for tests/test_hostile.py.
 
-Each rank writes its pid (and that of a child it started) into the folder
+The ``*Waits`` classes run in a subprocess that is interrupted: each rank writes its pid (and that of a child it started) into the folder
 ``DISTTEST_PIDS_DIR`` names, then waits in a collective until the test
 process is interrupted. At module level (not a test_*.py file) so that the
 fork server can import the classes by name and pytest does not collect them.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 
 import torch
@@ -68,3 +69,62 @@ class PoolWaits(Waits, disttest.MultiProcContinousTest):
     @classmethod
     def backend_str(cls) -> str:
         return "gloo"
+
+
+class ProcessSpawnsTwice(disttest.MultiProcessTestCase):
+    """A base class's setUp and a subclass's both start the ranks."""
+
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+        self._spawn_processes()
+
+    def test_pass(self):
+        pass
+
+
+class ThreadSpawnsTwice(disttest.MultiThreadedTestCase):
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+        self._spawn_threads()
+
+    def test_pass(self):
+        pass
+
+
+class ThreadCases(disttest.MultiThreadedTestCase):
+    world_size = 2
+    timeout = 10
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_pass(self):
+        dist.all_reduce(torch.ones(1))
+
+    def test_leaves_a_thread(self):
+        if self.rank == 0:
+            stop = threading.Event()
+            LEFT.append(stop)
+            threading.Thread(target=stop.wait, name="left behind", daemon=False).start()
+
+
+LEFT: list[threading.Event] = []  # to end the thread that test_leaves_a_thread leaves
+
+
+class TinyTimeout(disttest.MultiProcessTestCase):
+    world_size = 2
+    timeout = 1e-9
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def test_sleep(self):
+        time.sleep(1)
