@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.disttest-installed
 
-.PHONY: install test examples lint backend-suite clean
+.PHONY: install test examples lint backend-suite stress clean
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ examples: $(STAMP)
 # gloo, world sizes 2 and 3. Too slow for every CI run; a subset is in tests/.
 backend-suite: $(STAMP)
 	for n in 2 3; do BACKEND=gloo WORLD_SIZE=$$n $(PY) benchmarks/distributed_suite.py disttest || exit 1; done
+
+# The runner tests 5 rounds in a row while busy processes load every core
+# (timing-dependent behaviour shows here first). About 10 minutes.
+stress: $(STAMP)
+	$(PY) tests/stress.py --rounds 5
 
 lint: $(STAMP)
 	$(PY) -m ruff check disttest tests examples benchmarks && $(PY) -m mypy disttest

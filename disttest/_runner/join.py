@@ -91,8 +91,10 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
     stacks = launcher.dump_stacks(live)
     launcher.stop()
     for r in live:
-        reported = launcher.outcome(r)  # it reported meanwhile (it was lingering)
-        if reported is not None:
+        # It had passed (it was lingering after reporting): it keeps its report.
+        # Any other report made while being stopped is a consequence of the stop.
+        reported = launcher.outcome(r)
+        if reported is not None and reported.kind in (Kind.PASSED, Kind.SKIPPED):
             outcomes[r] = reported
             continue
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
