@@ -177,6 +177,20 @@ class Behaviours:
             subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
             raise ValueError("fails after starting a process")
 
+    def test_crash_after_starting_a_process(self):
+        self.init()
+        if self.rank == 1:
+            import ctypes
+
+            subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
+            ctypes.string_at(0)
+        dist.barrier()
+
+    def test_kill_own_process_group(self):
+        if self.rank == 1:
+            os.killpg(0, signal.SIGKILL)  # the rank's group, not the test process's
+        time.sleep(5)
+
 
 #: A sleep no other test starts: found by its command line.
 LEFT_SLEEP = "297.125"

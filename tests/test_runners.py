@@ -202,7 +202,8 @@ class BehaviourTest(unittest.TestCase):
 
     def test_processes_a_rank_leaves_running_are_killed_and_named(self):
         for sub, result, _ in self.each("test_leave_a_process_running_and_fail"):
-            with sub:
+            with sub, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the thread runner's (tested below)
                 text = self.only(result.errors)
                 self.assertIn("rank 1/2: ValueError: fails after starting a process", text)
                 if sub.runner is not cases.ThreadRunner:  # a thread's are the test process's
@@ -217,6 +218,25 @@ class BehaviourTest(unittest.TestCase):
                 self.assertEqual(cases.sleeps_left(), [])
                 self.assertTrue(any(f"sleep {cases.LEFT_SLEEP}" in str(w.message) for w in seen),
                                 [str(w.message) for w in seen])
+
+    def test_processes_of_a_crashed_rank_are_killed(self):
+        for method in ("zygote", "fork"):
+            with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):
+                for sub, result, _ in self.each("test_crash_after_starting_a_process", cases.PROCESS_RUNNERS):
+                    with sub, self.subTest(start_method=method):
+                        self.assertIn("rank 1/2 was killed by SIGSEGV", self.only(result.errors))
+                        deadline = time.monotonic() + 3  # the fork server kills them on its next wake
+                        while cases.sleeps_left() and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        self.assertEqual(cases.sleeps_left(), [])
+
+    def test_a_rank_that_kills_its_process_group_kills_only_itself(self):
+        for method in ("zygote", "fork"):
+            with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):
+                for sub, result, elapsed in self.each("test_kill_own_process_group", cases.PROCESS_RUNNERS):
+                    with sub, self.subTest(start_method=method):
+                        self.assertIn("rank 1/2 was killed by SIGKILL", self.only(result.errors))
+                        self.assertLess(elapsed, 5)
 
     def test_a_failing_rank_s_output_is_in_its_report(self):
         for sub, result, _ in self.each("test_output_of_a_failing_rank"):

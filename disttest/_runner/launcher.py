@@ -38,6 +38,7 @@ __all__ = ["ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnL
 
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
+PR_GET_CHILD_SUBREAPER = 37
 OUTPUT_CHARS = 4000  # of a rank's output kept for the report
 NO_STACK = "(no stack: the rank did not answer SIGUSR1 in time)"
 
@@ -237,8 +238,36 @@ class ProcessLauncher:
 
     def close(self) -> None:
         self.stop()
+        self._kill_adopted()
         self.pump_output(final=True)
         self.board.close()
+
+    def _adopt_orphans(self) -> None:
+        """For ranks that are children of the test process (fork, spawn):
+        until :meth:`close`, the test process adopts what a rank leaves
+        when it dies without killing it (a crash), to kill it then."""
+        self._before: set[int] | None = {p.pid for p in psutil.Process().children()}
+        self._was_subreaper = _subreaper()
+        rank_mod.set_child_subreaper()
+
+    def _kill_adopted(self) -> None:
+        before = getattr(self, "_before", None)
+        if before is None:
+            return
+        self._before = None
+        keep = before | set(self.pids.values()) | _helpers()
+        try:
+            procs = [p for p in psutil.Process().children() if p.pid not in keep]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(procs, timeout=1.0)
+        if not self._was_subreaper and sys.platform.startswith("linux"):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(rank_mod.PR_SET_CHILD_SUBREAPER, 0)
 
     def _log(self, rank: int) -> str:
         return rank_mod.paths(self.spec.run_dir, rank)["log"]
@@ -285,6 +314,29 @@ def keep_files(test: str, logs: dict[int, str]) -> str:
     return folder
 
 
+def _subreaper() -> bool:
+    """Whether this process is a child subreaper already (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return True  # nothing to undo
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
+    return bool(flag.value)
+
+
+def _helpers() -> set[int]:
+    """Children of the test process that outlive tests by design: fork
+    servers, multiprocessing's resource tracker."""
+    from multiprocessing import resource_tracker
+
+    from disttest._runner import zygote
+
+    pids = {c.proc.pid for c in zygote._clients.values()}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return pids | ({tracker} if tracker else set())
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -297,6 +349,7 @@ class ForkLauncher(ProcessLauncher):
 
     def start(self, cls: type) -> None:
         parent = os.getpid()
+        self._adopt_orphans()
         for rank in range(self.world_size):
             pid = os.fork()
             if pid == 0:
@@ -328,6 +381,7 @@ class SpawnLauncher(ProcessLauncher):
     def start(self, cls: type) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._procs: dict[int, Any] = {}
+        self._adopt_orphans()
         for rank in range(self.world_size):
             p = ctx.Process(target=_spawn_entry, args=(self.spec, rank, os.getpid()),
                             name=f"process {rank}", daemon=True)

@@ -10,6 +10,7 @@ a file of the test's run directory before it exits.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -71,6 +72,14 @@ class _Context:
     rank: int
     spec: RankSpec
     test_outcome: Outcome | None = None
+    pid: int = field(default_factory=os.getpid)
+
+
+def _leave_if_forked(ctx: _Context) -> None:
+    """A process the test forked (``os.fork()`` in the body) that went on
+    through the test: it leaves quietly; only the rank reports."""
+    if os.getpid() != ctx.pid:
+        os._exit(0)
 
 
 _context: list[_Context] = []  # the one context of this rank process
@@ -147,6 +156,10 @@ def _descendants() -> frozenset[int]:
 def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     set_parent_death_signal(parent_pid)
     set_child_subreaper()
+    # A process group of its own: a test's os.killpg(0, ...) (or a terminal's
+    # Ctrl-C) reaches this rank and its children, not the test process.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     files = paths(spec.run_dir, rank)
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
@@ -237,6 +250,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             cls._run(rank, spec.test_name, spec.file_name, None, **spec.run_kwargs)
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
+        _leave_if_forked(ctx)
         publish_progress()
         outcome = _final_outcome(ctx, exc)
         outcome.left_running = kill_descendants()
@@ -288,12 +302,14 @@ def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
             progress.restart_counts()
             before = _descendants()
             outcome = init if init is not None else cls._pool_run_test(test_name, rank)
+            _leave_if_forked(_context[0])
             outcome.left_running = kill_descendants(keep=before)
             publish_progress()
             outcome.output_tail = tail(files["log"])
             conn.send(("done", seq, outcome))
         if init is None:
             cls._pool_shutdown()
+        kill_descendants()
         code = 0
     finally:
         _exit(code)
