@@ -75,6 +75,9 @@ class InterruptTest(unittest.TestCase):
     def test_sigterm_process_runner(self):
         self.interrupt("ProcessWaits", signal.SIGTERM)
 
+    def test_sighup_process_runner(self):
+        self.interrupt("ProcessWaits", signal.SIGHUP)
+
     def test_sigint_pool(self):
         self.interrupt("PoolWaits", signal.SIGINT)
 

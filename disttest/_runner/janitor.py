@@ -7,10 +7,11 @@ and SIGTERM's default action ends the process at once. Every run directory
 ranks at once and removes it; they all run
 
 - at interpreter exit (after Ctrl-C: unittest and pytest both exit normally);
-- on SIGTERM, after which the process ends by SIGTERM as it would have
-  (the handler is installed only over SIGTERM's default action, from the
-  main thread, and only acts in the process that installed it: a rank forked
-  from the test process dies of SIGTERM as before).
+- on SIGTERM and SIGHUP (a closed terminal), after which the process ends
+  by that signal as it would have (the handler is installed only over the
+  signal's default action, from the main thread, and only acts in the
+  process that installed it: a rank forked from the test process dies of
+  the signal as before).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __unittest = True
 
 __all__ = ["register", "run_all", "unregister"]
 
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _cleanups: dict[int, Callable[[], object]] = {}
 _ids = itertools.count(1)
 _owner: list[int] = []  # the pid whose registrations these are
@@ -69,12 +71,13 @@ def _install_sigterm() -> None:
     if _installed or threading.current_thread() is not threading.main_thread():
         return
     _installed.append(True)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_signal)
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _owner == [os.getpid()]:
         run_all()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
