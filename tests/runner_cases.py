@@ -189,7 +189,7 @@ class Behaviours:
     def test_kill_own_process_group(self):
         if self.rank == 1:
             os.killpg(0, signal.SIGKILL)  # the rank's group, not the test process's
-        time.sleep(5)
+        stuck_in_a_helper()  # until stopped: the test fails fast
 
 
 #: A sleep no other test starts: found by its command line.

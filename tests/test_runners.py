@@ -236,7 +236,7 @@ class BehaviourTest(unittest.TestCase):
                 for sub, result, elapsed in self.each("test_kill_own_process_group", cases.PROCESS_RUNNERS):
                     with sub, self.subTest(start_method=method):
                         self.assertIn("rank 1/2 was killed by SIGKILL", self.only(result.errors))
-                        self.assertLess(elapsed, 5)
+                        self.assertLess(elapsed, 20, "not failing fast")  # rank 0 waits 60 s
 
     def test_a_failing_rank_s_output_is_in_its_report(self):
         for sub, result, _ in self.each("test_output_of_a_failing_rank"):
