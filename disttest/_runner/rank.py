@@ -124,6 +124,9 @@ def set_child_subreaper() -> None:
 def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
     """Kill every running descendant process of this one (but ``keep``);
     return each as "pid N: command line" (a test leaves no process behind)."""
+    kids = _direct_children()
+    if kids is not None and not kids - keep:
+        return []  # the usual case, in a fraction of psutil's time
     import psutil
 
     try:
@@ -144,7 +147,21 @@ def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
     return killed
 
 
+def _direct_children() -> set[int] | None:
+    """This process's children, from /proc (fast); None where unknown."""
+    try:
+        pids: set[int] = set()
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        return pids
+    except (OSError, ValueError):
+        return None
+
+
 def _descendants() -> frozenset[int]:
+    if _direct_children() == set():
+        return frozenset()
     import psutil
 
     try:

@@ -146,6 +146,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
 def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
     """Kill our children that are not ranks: the descendants of a rank that
     ended without killing them (it crashed), handed to us as subreaper."""
+    kids = rank_mod._direct_children()
+    if kids is not None and kids <= children.keys():
+        return  # only ranks (the usual case, in a fraction of psutil's time)
     import psutil
 
     try:
