@@ -238,7 +238,8 @@ class MultiProcessTestCase(RankDispatch):
         if outcome.kind is not Kind.PASSED:
             raise SystemExit(self.TEST_ERROR_EXIT_CODE)
         if self.destroy_pg_upon_exit and dist.is_initialized():
-            dist.destroy_process_group()
+            if not rank_mod.after_release(dist.destroy_process_group):
+                dist.destroy_process_group()
 
 
 class DistributedTestBase(MultiProcessTestCase):

@@ -41,6 +41,10 @@ def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
     return outcome
 
 
+def _passed(outcome: Outcome | None) -> bool:
+    return outcome is not None and outcome.kind in (Kind.PASSED, Kind.SKIPPED)
+
+
 def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     # "{who}" and "{waits}" are filled in by the report, so that ranks waiting in the same
     # collective for the same peer are reported together.
@@ -131,7 +135,12 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, live, outcomes, {}, {})
             break
-        found = launcher.desync(live, finished)
+        # A rank that reported a pass but has not yet exited (it lingers) has
+        # finished too: a peer waiting in a collective it never entered is a
+        # desync now, not once the rank's exit has broken the collective.
+        reported = [r for r in live if _passed(launcher.outcome(r))]
+        waiting = [r for r in live if r not in reported]
+        found = launcher.desync(waiting, [*finished, *reported]) if waiting else []
         if found:
             kinds = {f[1].rank: Kind.DESYNC for f in found}
             _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found})

@@ -73,6 +73,22 @@ class _Context:
     spec: RankSpec
     test_outcome: Outcome | None = None
     pid: int = field(default_factory=os.getpid)
+    #: Run after the rank has lingered (see :func:`after_release`).
+    after_release: list[Any] = field(default_factory=list)
+
+
+def after_release(fn: Any) -> bool:
+    """In a rank process: call ``fn`` once the rank has reported and been
+    released (or has lingered), not now; False outside a rank (call it
+    yourself). For a passing rank's ``destroy_process_group``: destroying
+    the group closes its connections, so a peer still waiting in a
+    collective this rank never entered would fail at once ("connection
+    closed by peer") instead of being seen waiting (a desync)."""
+    ctx = current()
+    if ctx is None or ctx.pid != os.getpid():
+        return False
+    ctx.after_release.append(fn)
+    return True
 
 
 def _leave_if_forked(ctx: _Context) -> None:
@@ -275,6 +291,9 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
         signal.sigtimedwait({RELEASE_SIGNAL}, LINGER)
+        for fn in ctx.after_release:
+            with contextlib.suppress(Exception):
+                fn()
     finally:
         _exit(code)
 
