@@ -169,12 +169,12 @@ class Behaviours:
     def test_leave_a_process_running(self):
         self.init()
         if self.rank == 1:
-            subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
+            started(subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True))
 
     def test_leave_a_process_running_and_fail(self):
         self.init()
         if self.rank == 1:
-            subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
+            started(subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True))
             raise ValueError("fails after starting a process")
 
     def test_crash_after_starting_a_process(self):
@@ -194,6 +194,18 @@ class Behaviours:
 
 #: A sleep no other test starts: found by its command line.
 LEFT_SLEEP = "297.125"
+
+
+def started(proc: subprocess.Popen) -> None:
+    """Wait until ``proc`` runs its command (its report names it by it)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(proc.pid).cmdline() == ["sleep", LEFT_SLEEP]:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.01)
 
 
 def sleeps_left() -> list[int]:
