@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -53,6 +54,11 @@ def main() -> int:
                 for line in lines:
                     if line.startswith(("FAILED", "ERROR", "SUBFAILED")):
                         print("  " + line, flush=True)
+                # Kept on purpose: what failed under load is the point of the run.
+                fd, path = tempfile.mkstemp(prefix=f"disttest-stress-round{n}-", suffix=".log")
+                with os.fdopen(fd, "w") as f:
+                    f.write(out.stdout + out.stderr)
+                print(f"  the whole output of round {n} is kept in {path}", flush=True)
     finally:
         for p in busy:
             p.kill()

@@ -39,7 +39,13 @@ TEST_ERROR_EXIT_CODE = 10
 #: collective it already joined), turning their own report into "connection
 #: closed by peer"; and a peer left waiting in a collective this rank never
 #: joins gets the time to show where it waits (desync).
+#: A rank that passed stays longer: that costs nothing when every rank
+#: reports (the parent releases them at once), and gives a loaded machine the
+#: time to show a peer waiting in a collective the rank never entered, also
+#: one issued from C++ (published by the flight recorder's watcher). A failing
+#: rank does not: the parent sees a failure when the rank has exited.
 LINGER = 0.3
+LINGER_AFTER_PASS = 2.0
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = 64  # flight-recorder entries kept per rank
 _context_publish: list[Any] = []
@@ -290,7 +296,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
-        signal.sigtimedwait({RELEASE_SIGNAL}, LINGER)
+        signal.sigtimedwait({RELEASE_SIGNAL}, LINGER_AFTER_PASS if code == 0 else LINGER)
         for fn in ctx.after_release:
             with contextlib.suppress(Exception):
                 fn()
