@@ -25,7 +25,7 @@ backend-suite: $(STAMP)
 	for n in 2 3; do BACKEND=gloo WORLD_SIZE=$$n $(PY) benchmarks/distributed_suite.py disttest || exit 1; done
 
 # The runner tests 5 rounds in a row while busy processes load every core
-# (timing-dependent behaviour shows here first). About 10 minutes.
+# (timing-dependent behaviour shows here first). About 13 minutes on 2 cores.
 stress: $(STAMP)
 	$(PY) tests/stress.py --rounds 5
 
