@@ -19,8 +19,8 @@ import time
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 #: The runner tests: every runner's behaviours (hostile ones included), the
-#: pool, threads and the fault battery (about 1.5 minutes a round on a quiet
-#: 2-core machine, 2.5 to 3 loaded).
+#: pool, threads and the fault battery (about 2 minutes a round on a 2-core
+#: machine, under 3 with two busy processes).
 DEFAULT = ["test_runners.py", "test_continuous.py", "test_multithread.py", "test_faults.py"]
 
 
