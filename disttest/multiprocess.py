@@ -26,8 +26,8 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
+from disttest._runner import janitor, settings
 from disttest._runner import rank as rank_mod
-from disttest._runner import settings
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
@@ -104,6 +104,7 @@ class MultiProcessTestCase(RankDispatch):
         self.pid_to_pipe: dict[int, Any] = {}
         self.rank = self.MAIN_PROCESS_RANK
         self.run_dir = tempfile.mkdtemp(prefix="disttest-run-")
+        self._janitor = janitor.register(self._cleanup_now)
         self.addCleanup(self._cleanup_run)
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         open(self.file_name, "w").close()
@@ -113,6 +114,14 @@ class MultiProcessTestCase(RankDispatch):
             self._launcher.close()
             self._launcher = None
         self.processes = []
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        janitor.unregister(self._janitor)
+
+    def _cleanup_now(self) -> None:
+        """The test process is being interrupted (Ctrl-C, SIGTERM): its
+        cleanups may never run (see :mod:`disttest._runner.janitor`)."""
+        if self._launcher is not None:
+            self._launcher.kill_now()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _current_test_name(self) -> str:
@@ -128,11 +137,13 @@ class MultiProcessTestCase(RankDispatch):
         """
         self._precheck()
         method, _ = settings.start_method(type(self), start_method)
+        self._refuse_second_start("_spawn_processes()", self._launcher is not None)
         self._start_processes(method)
 
     def _start_processes(self, proc: Any = None) -> None:
         """Hook: start the ranks with ``proc`` (a start method name; an
         upstream ``Process`` class means "spawn")."""
+        self._refuse_second_start("_start_processes()", self._launcher is not None)
         method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
         cls = type(self)
         module = sys.modules.get(cls.__module__)
@@ -225,7 +236,8 @@ class MultiProcessTestCase(RankDispatch):
         if outcome.kind is not Kind.PASSED:
             raise SystemExit(self.TEST_ERROR_EXIT_CODE)
         if self.destroy_pg_upon_exit and dist.is_initialized():
-            dist.destroy_process_group()
+            if not rank_mod.after_release(dist.destroy_process_group):
+                dist.destroy_process_group()
 
 
 class DistributedTestBase(MultiProcessTestCase):

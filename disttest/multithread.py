@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import threading
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +24,8 @@ import torch.distributed as dist
 
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
-from disttest._runner import settings
+from disttest._runner import janitor, settings
+from disttest._runner import rank as rank_mod
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.outcome import Outcome, in_phase
@@ -33,6 +38,12 @@ __unittest = True
 
 __all__ = ["MultiThreadedTestCase", "spawn_threads_and_init_comms"]
 
+LEFT_RUNNING = (
+    "{test!r} (disttest): the test left {what} running after its ranks ended: {names}; "
+    "disttest made {them} daemon so that the process can exit. Join every thread a test starts "
+    "(or make it a daemon)"
+)
+LEFT_RUNNING_WAIT = 0.2  # seconds a thread the test started gets to end with it
 UNSTOPPABLE = (
     "\n\nNB: the threads of {who} could not be stopped (blocked outside Python); "
     "they are daemon threads and end with the process (disttest)"
@@ -44,6 +55,9 @@ class _ThreadRun:
 
     def __init__(self, world_size: int, body: Callable[[int], None], test: str,
                  test_cls: type | None = None) -> None:
+        # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
+        # restored after each test, or 10,000 tests nest 20,000 hooks.
+        self.hooks = (sys.excepthook, threading.excepthook)
         self.world = install_threaded_pg()
         self.injection = Injection.for_test(test_cls, test, self.world) if test_cls else None
         self.autograd = torch.autograd.set_multithreading_enabled(False)
@@ -67,6 +81,7 @@ class _ThreadRun:
             self.autograd.__exit__(None, None, None)
             uninstall_threaded_pg()
             self.world = None  # type: ignore[assignment]
+            sys.excepthook, threading.excepthook = self.hooks
 
     def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False) -> None:
         if self.injection is not None:
@@ -78,6 +93,29 @@ class _ThreadRun:
             if self.launcher.unstoppable:
                 e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
             raise
+
+
+def check_left_running(before: set[threading.Thread], test: str) -> None:
+    """Raise if the test started a non-daemon thread that is still running
+    (after a short wait); it is made daemon first, so that it does not hold
+    the process at exit (NB: CPython's private shutdown bookkeeping, 3.11-3.13)."""
+    new = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
+    deadline = time.monotonic() + LEFT_RUNNING_WAIT
+    for t in new:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in new if t.is_alive()]
+    for t in left:
+        t._daemonic = True  # type: ignore[attr-defined]
+        lock = getattr(t, "_tstate_lock", None)
+        locks = getattr(threading, "_shutdown_locks", None)
+        if lock is not None and locks is not None:
+            with threading._shutdown_locks_lock:  # type: ignore[attr-defined]
+                locks.discard(lock)
+    if left:
+        names = ", ".join(repr(t.name) for t in left)
+        one = len(left) == 1
+        raise RuntimeError(LEFT_RUNNING.format(test=test, what="a thread" if one else "threads",
+                                               names=names, them="it a" if one else "them"))
 
 
 class MultiThreadedTestCase(RankDispatch):
@@ -121,7 +159,21 @@ class MultiThreadedTestCase(RankDispatch):
         super().setUp()
         self.rank = self.MAIN_THREAD_RANK
         self.threads: list[Any] = []
+        before = set(threading.enumerate())
+        self.addCleanup(lambda: check_left_running(before, self._current_test_name))
+        # Processes the test starts are the test process's children: those
+        # still running at its end are killed (also if it is interrupted).
+        children = rank_mod._descendants()
+        token = janitor.register(lambda: rank_mod.kill_descendants(keep=children))
+        self.addCleanup(self._kill_left_processes, children, token)
         self.addCleanup(self._cleanup_threads)
+
+    def _kill_left_processes(self, before: frozenset[int], token: int) -> None:
+        janitor.unregister(token)
+        killed = rank_mod.kill_descendants(keep=before)
+        if killed:
+            warnings.warn(f"{self._current_test_name!r} (disttest): the test left processes running; "
+                          f"disttest killed them: {'; '.join(killed)}", stacklevel=2)
 
     def _cleanup_threads(self) -> None:
         if self._run_state is not None:
@@ -132,6 +184,7 @@ class MultiThreadedTestCase(RankDispatch):
     def _spawn_threads(self) -> None:
         """Start the rank threads for the current test (call in ``setUp``)."""
         self._precheck()
+        self._refuse_second_start("_spawn_threads()", self._run_state is not None)
         world_size = self._effective_world_size()
         test_name = self._current_test_name
         cls = type(self)
@@ -229,11 +282,15 @@ def spawn_threads_and_init_comms(
 
         self = args[0] if takes_self and args else None
         test = self.id().split(".")[-1] if self is not None and hasattr(self, "id") else func.__name__
+        before = set(threading.enumerate())
         run = _ThreadRun(size, body, test)
         seconds = limit if limit is not None else get_timeout(test)
         outcomes = run.join(seconds)
         # Upstream's own tests assert RuntimeError around it: any failing rank
         # is a RankFailure (AssertionError and RuntimeError).
-        run.raise_for(outcomes, seconds, always_failure=True)
+        try:
+            run.raise_for(outcomes, seconds, always_failure=True)
+        finally:
+            check_left_running(before, test)
 
     return wrapper

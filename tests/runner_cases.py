@@ -8,6 +8,8 @@ import the process class by name and pytest does not collect them.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -148,6 +150,72 @@ class Behaviours:
         if self.rank == 1:
             self.fail("rank 1 fails after printing")
 
+    # -- hostile tests (issue 12); process runners only where a thread would
+    # take the test process with it --
+
+    def test_segfault_in_rank_1(self):
+        self.init()
+        if self.rank == 1:
+            import ctypes
+
+            ctypes.string_at(0)  # the crash site
+        dist.barrier()
+
+    def test_kill_the_fork_server(self):
+        if self.rank == 1:
+            os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
+
+    def test_leave_a_process_running(self):
+        self.init()
+        if self.rank == 1:
+            started(subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True))
+
+    def test_leave_a_process_running_and_fail(self):
+        self.init()
+        if self.rank == 1:
+            started(subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True))
+            raise ValueError("fails after starting a process")
+
+    def test_crash_after_starting_a_process(self):
+        self.init()
+        if self.rank == 1:
+            import ctypes
+
+            subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True)
+            ctypes.string_at(0)
+        dist.barrier()
+
+    def test_kill_own_process_group(self):
+        if self.rank == 1:
+            os.killpg(0, signal.SIGKILL)  # the rank's group, not the test process's
+        stuck_in_a_helper()  # until stopped: the test fails fast
+
+
+#: A sleep no other test starts: found by its command line.
+LEFT_SLEEP = "297.125"
+
+
+def started(proc: subprocess.Popen) -> None:
+    """Wait until ``proc`` runs its command (its report names it by it)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(proc.pid).cmdline() == ["sleep", LEFT_SLEEP]:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.01)
+
+
+def sleeps_left() -> list[int]:
+    """Processes running ``sleep LEFT_SLEEP``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["cmdline"] == ["sleep", LEFT_SLEEP] and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p.pid)
+    return found
+
 
 class HostileAssertion(AssertionError):
     """An assertion whose text cannot be made."""
@@ -189,3 +257,4 @@ class PoolRunner(Behaviours, disttest.MultiProcContinousTest):
 
 
 RUNNERS = (ProcessRunner, ThreadRunner, PoolRunner)
+PROCESS_RUNNERS = (ProcessRunner, PoolRunner)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import time
 import unittest
+import warnings
 from unittest import mock
 
 import runner_cases as cases
 
 import disttest
 from disttest import RankError, RankFailure
+from disttest.multiprocess import START_METHOD_ENV
 
 
 def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, float]:
@@ -44,13 +47,13 @@ class BehaviourTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(cases.live_ranks(), [], "a rank outlived its test")
 
-    def each(self, name):
-        """Run the body ``name`` under each runner; yield (runner, result,
-        seconds), each inside a subTest."""
+    def each(self, name, runners=cases.RUNNERS):
+        """Run the body ``name`` under each of ``runners``; yield (runner,
+        result, seconds), each inside a subTest."""
         # NB: the subTest must be entered by the caller's loop body, not held
         # open across a yield: a suspended generator inside subTest would be
         # closed later by the garbage collector, after the test has ended.
-        for runner in cases.RUNNERS:
+        for runner in runners:
             result, elapsed = run(runner, name)
             yield _Sub(self, runner), result, elapsed
 
@@ -168,6 +171,72 @@ class BehaviourTest(unittest.TestCase):
                 self.assertIn("rank 1/2: HostileAssertion: <str() failed: RuntimeError: __str__ is broken>", text)
                 self.assertIn('raise HostileAssertion("unprintable")', text)  # the user's line
                 self.assertLess(elapsed, 10)
+
+    def test_a_segfault_shows_the_crash_site_first(self):
+        for method in ("zygote", "fork"):
+            with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):
+                for sub, result, elapsed in self.each("test_segfault_in_rank_1", cases.PROCESS_RUNNERS):
+                    with sub, self.subTest(start_method=method):
+                        text = self.only(result.errors)
+                        self.assertIn("rank 1/2 was killed by SIGSEGV", text)
+                        site = text.split("where it crashed:\n")[1]
+                        lines = site.splitlines()
+                        self.assertEqual(lines[0], "Fatal Python error: Segmentation fault")
+                        self.assertTrue(lines[1].startswith("Current thread "), site)
+                        self.assertIn("in string_at", lines[2])
+                        self.assertRegex(lines[3], r'runner_cases.py", line \d+ in test_segfault_in_rank_1')
+                        self.assertNotIn("Extension modules", text)
+                        self.assertNotIn("unittest", site)  # not the runner's frames (fork)
+                        self.assertNotIn("run_rank_process", site)
+                        self.assertLess(elapsed, 10)
+
+    def test_a_rank_that_kills_the_fork_server(self):
+        with mock.patch.dict(os.environ, {START_METHOD_ENV: "zygote"}):
+            for sub, result, _ in self.each("test_kill_the_fork_server", cases.PROCESS_RUNNERS):
+                with sub:
+                    text = self.only(result.errors)
+                    self.assertIn("died with the fork server, which was killed by SIGKILL", text)
+                    self.assertNotIn("code None", text)
+                    after, _ = run(sub.runner, "test_pass")  # with a fresh fork server
+                    self.assertTrue(after.wasSuccessful(), after.errors + after.failures)
+
+    def test_processes_a_rank_leaves_running_are_killed_and_named(self):
+        for sub, result, _ in self.each("test_leave_a_process_running_and_fail"):
+            with sub, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the thread runner's (tested below)
+                text = self.only(result.errors)
+                self.assertIn("rank 1/2: ValueError: fails after starting a process", text)
+                if sub.runner is not cases.ThreadRunner:  # a thread's are the test process's
+                    self.assertRegex(text, r"rank 1/2 left processes running when its test ended; "
+                                           rf"disttest killed them: pid \d+: sleep {cases.LEFT_SLEEP}")
+                self.assertEqual(cases.sleeps_left(), [])
+        for runner in cases.RUNNERS:
+            with self.subTest(runner=runner.__name__, passing=True), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                result, _ = run(runner, "test_leave_a_process_running")
+                self.assertTrue(result.wasSuccessful(), result.errors)
+                self.assertEqual(cases.sleeps_left(), [])
+                self.assertTrue(any(f"sleep {cases.LEFT_SLEEP}" in str(w.message) for w in seen),
+                                [str(w.message) for w in seen])
+
+    def test_processes_of_a_crashed_rank_are_killed(self):
+        for method in ("zygote", "fork"):
+            with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):
+                for sub, result, _ in self.each("test_crash_after_starting_a_process", cases.PROCESS_RUNNERS):
+                    with sub, self.subTest(start_method=method):
+                        self.assertIn("rank 1/2 was killed by SIGSEGV", self.only(result.errors))
+                        deadline = time.monotonic() + 3  # the fork server kills them on its next wake
+                        while cases.sleeps_left() and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        self.assertEqual(cases.sleeps_left(), [])
+
+    def test_a_rank_that_kills_its_process_group_kills_only_itself(self):
+        for method in ("zygote", "fork"):
+            with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):
+                for sub, result, elapsed in self.each("test_kill_own_process_group", cases.PROCESS_RUNNERS):
+                    with sub, self.subTest(start_method=method):
+                        self.assertIn("rank 1/2 was killed by SIGKILL", self.only(result.errors))
+                        self.assertLess(elapsed, 20, "not failing fast")  # rank 0 waits 60 s
 
     def test_a_failing_rank_s_output_is_in_its_report(self):
         for sub, result, _ in self.each("test_output_of_a_failing_rank"):

@@ -9,6 +9,7 @@ the ranks; in a rank it runs the body. Upstream's hook names are kept
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,13 @@ from disttest.skips import precheck_skip
 
 __unittest = True
 
-__all__ = ["RankDispatch"]
+__all__ = ["SPAWNED_TWICE", "RankDispatch"]
+
+SPAWNED_TWICE = (
+    "{call} was called a second time for {test!r} (disttest): its ranks are already running, "
+    "started by the first call{first}. Call it once per test (a base class's setUp and a "
+    "subclass's setUp that both call it would start two sets of ranks on one rendezvous)"
+)
 
 
 class RankDispatch(TestCase):
@@ -62,6 +69,16 @@ class RankDispatch(TestCase):
         if skip is not None:
             raise skip
 
+    def _refuse_second_start(self, call: str, started: bool) -> None:
+        """Raise if this test's ranks were ``started`` already; else note
+        where they are being started from, for the message of a second call."""
+        if started:
+            test = self.id().split(".")[-1]
+            raise RuntimeError(SPAWNED_TWICE.format(call=call, test=test,
+                                                    first=getattr(self, "_started_at", "")))
+        if not getattr(self, "_started_at", ""):
+            self._started_at = _caller()
+
     def _effective_world_size(self) -> int:
         """The ranks to start (the run settings' world size), pinned so that
         ``self.world_size`` reads it too."""
@@ -73,3 +90,13 @@ class RankDispatch(TestCase):
         limit = settings.test_timeout(self, self.id())
         assert limit is not None  # a test id always gives one
         return limit
+
+
+def _caller() -> str:
+    """' (File "x.py", line N, in setUp)': the innermost frame outside disttest."""
+    frame = sys._getframe(1)
+    while frame is not None and "__unittest" in frame.f_globals:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return ""
+    return f' (File "{frame.f_code.co_filename}", line {frame.f_lineno}, in {frame.f_code.co_name})'

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
@@ -31,7 +32,14 @@ CONSEQUENCE = "rank {rank}/{world} failed in {what} after rank {peer}/{world} ha
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
     reported = launcher.outcome(rank)
-    return ended(rank, reported, status, launcher.output(rank) if reported is None else "")
+    if reported is None:
+        site, tail = split_fatal_dump(launcher.output(rank))
+        return Outcome(rank, Kind.CRASHED, exit=status, stacks=site, output_tail=tail)
+    return ended(rank, reported, status)
+
+
+def _passed(outcome: Outcome | None) -> bool:
+    return outcome is not None and outcome.kind in (Kind.PASSED, Kind.SKIPPED)
 
 
 def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
@@ -79,16 +87,17 @@ def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed_before:
 
 
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
-          kind_of: dict[int, Kind], details: dict[int, str],
-          reported: dict[int, Outcome] | None = None) -> None:
-    """Stop the live ranks; a rank that had reported (and lingered) keeps
-    its own outcome, the others are what ``kind_of`` says (else STOPPED)."""
-    reported = reported or {}
-    stacks = launcher.dump_stacks([r for r in live if r not in reported])
+          kind_of: dict[int, Kind], details: dict[int, str]) -> None:
+    """Stop the live ranks; a rank that had reported a pass (and lingered)
+    keeps it, the others are what ``kind_of`` says (else STOPPED)."""
+    stacks = launcher.dump_stacks([r for r in live if not _passed(launcher.outcome(r))])
     launcher.stop()
     for r in live:
-        if r in reported and r not in kind_of:
-            outcomes[r] = reported[r]
+        # It had passed (it was lingering after reporting): it keeps its report.
+        # Any other report made while being stopped is a consequence of the stop.
+        reported = launcher.outcome(r)
+        if reported is not None and reported.kind in (Kind.PASSED, Kind.SKIPPED):
+            outcomes[r] = reported
             continue
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
                               detail=details.get(r, ""), output_tail=launcher.output(r))
@@ -124,16 +133,15 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, live, outcomes, {}, {})
             break
-        # A rank that reported and lingers has finished too: a peer waiting in
-        # a collective it never entered is a desync now, before its exit
-        # breaks that collective.
-        lingering = {r: o for r, o in launcher.reported().items() if r in live}
-        gone = finished + [r for r, o in lingering.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
-        found = launcher.desync([r for r in live if r not in lingering], gone)
+        # A rank that reported a pass but has not yet exited (it lingers) has
+        # finished too: a peer waiting in a collective it never entered is a
+        # desync now, not once the rank's exit has broken the collective.
+        reported = [r for r in live if _passed(launcher.outcome(r))]
+        waiting = [r for r in live if r not in reported]
+        found = launcher.desync(waiting, [*finished, *reported]) if waiting else []
         if found:
             kinds = {f[1].rank: Kind.DESYNC for f in found}
-            _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found},
-                  lingering)
+            _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found})
             break
         if grace_end is None and time.monotonic() > deadline:
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})

@@ -28,6 +28,7 @@ import psutil
 
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings
+from disttest._runner.crashsite import FATAL
 from disttest._runner.outcome import ExitStatus, Outcome
 from disttest._runner.progress import InFlight, ProgressBoard, find_desync
 
@@ -37,6 +38,9 @@ __all__ = ["ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnL
 
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
+PR_GET_CHILD_SUBREAPER = 37
+OUTPUT_CHARS = 4000  # of a rank's output kept for the report
+NO_STACK = "(no stack: the rank did not answer SIGUSR1 in time)"
 
 
 class Launcher(Protocol):
@@ -79,10 +83,6 @@ class Launcher(Protocol):
         """In stream mode, pass on what the ranks printed since the last call."""
         ...
 
-    def reported(self) -> dict[int, Outcome]:
-        """Ranks that reported their outcome but have not ended yet (they
-        linger until released), with what they reported."""
-        ...
 
     def keep_logs(self, test: str) -> str:
         """Copy every rank's whole output into a new folder; return its path."""
@@ -132,7 +132,6 @@ class ProcessLauncher:
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
         self._released: set[int] = set()
-        self._reports: dict[int, Outcome] = {}  # outcomes read before the rank ended
         self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
         self._partial: dict[int, str] = {}  # a line not yet ended
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
@@ -163,13 +162,6 @@ class ProcessLauncher:
                     os.kill(self.pids[r], rank_mod.RELEASE_SIGNAL)
                 self._released.add(r)
 
-    def reported(self) -> dict[int, Outcome]:
-        for r in self.pids:
-            if r not in self._reports and r not in self._exits:
-                outcome = self.outcome(r)
-                if outcome is not None:
-                    self._reports[r] = outcome
-        return {r: o for r, o in self._reports.items() if r not in self._exits}
 
     def outcome(self, rank: int) -> Outcome | None:
         path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]
@@ -180,7 +172,9 @@ class ProcessLauncher:
             return None
 
     def output(self, rank: int) -> str:
-        return rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"])
+        # More when it ends in faulthandler's dump (crashsite), which can be long.
+        text = rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"], 8 * OUTPUT_CHARS)
+        return text if FATAL in text else text[-OUTPUT_CHARS:]
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:
@@ -205,10 +199,13 @@ class ProcessLauncher:
                 last[r] = size
         stacks = {}
         for r in ranks:
-            with open(files[r], "rb") as f:
-                f.seek(sizes[r])
-                text = f.read().decode(errors="replace")
-            stacks[r] = text or "(no stack: the rank did not answer SIGUSR1 in time)"
+            try:
+                with open(files[r], "rb") as f:
+                    f.seek(sizes[r])
+                    text = f.read().decode(errors="replace")
+            except OSError:  # the rank had not yet made its file (a tiny timeout)
+                text = ""
+            stacks[r] = text or NO_STACK
         return stacks
 
     def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
@@ -224,6 +221,12 @@ class ProcessLauncher:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
 
+    def kill_now(self) -> None:
+        """SIGKILL every rank's process tree at once, without waiting or
+        reading anything (the test process is being interrupted)."""
+        for r in list(self.pids):
+            self.kill(r, signal.SIGKILL)
+
     def stop(self) -> None:
         live = [r for r in self.pids if r not in self.poll()]
         for r in live:
@@ -237,8 +240,36 @@ class ProcessLauncher:
 
     def close(self) -> None:
         self.stop()
+        self._kill_adopted()
         self.pump_output(final=True)
         self.board.close()
+
+    def _adopt_orphans(self) -> None:
+        """For ranks that are children of the test process (fork, spawn):
+        until :meth:`close`, the test process adopts what a rank leaves
+        when it dies without killing it (a crash), to kill it then."""
+        self._before: set[int] | None = {p.pid for p in psutil.Process().children()}
+        self._was_subreaper = _subreaper()
+        rank_mod.set_child_subreaper()
+
+    def _kill_adopted(self) -> None:
+        before = getattr(self, "_before", None)
+        if before is None:
+            return
+        self._before = None
+        keep = before | set(self.pids.values()) | _helpers()
+        try:
+            procs = [p for p in psutil.Process().children() if p.pid not in keep]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(procs, timeout=1.0)
+        if not self._was_subreaper and sys.platform.startswith("linux"):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(rank_mod.PR_SET_CHILD_SUBREAPER, 0)
 
     def _log(self, rank: int) -> str:
         return rank_mod.paths(self.spec.run_dir, rank)["log"]
@@ -285,6 +316,29 @@ def keep_files(test: str, logs: dict[int, str]) -> str:
     return folder
 
 
+def _subreaper() -> bool:
+    """Whether this process is a child subreaper already (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return True  # nothing to undo
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
+    return bool(flag.value)
+
+
+def _helpers() -> set[int]:
+    """Children of the test process that outlive tests by design: fork
+    servers, multiprocessing's resource tracker."""
+    from multiprocessing import resource_tracker
+
+    from disttest._runner import zygote
+
+    pids = {c.proc.pid for c in zygote._clients.values()}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return pids | ({tracker} if tracker else set())
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -297,6 +351,7 @@ class ForkLauncher(ProcessLauncher):
 
     def start(self, cls: type) -> None:
         parent = os.getpid()
+        self._adopt_orphans()
         for rank in range(self.world_size):
             pid = os.fork()
             if pid == 0:
@@ -328,6 +383,7 @@ class SpawnLauncher(ProcessLauncher):
     def start(self, cls: type) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._procs: dict[int, Any] = {}
+        self._adopt_orphans()
         for rank in range(self.world_size):
             p = ctx.Process(target=_spawn_entry, args=(self.spec, rank, os.getpid()),
                             name=f"process {rank}", daemon=True)

@@ -48,8 +48,12 @@ class ExitStatus:
 
     code: int | None = None
     signal: int | None = None
+    #: How the rank was lost when neither is known ("was lost: the fork server ...").
+    note: str = ""
 
     def describe(self) -> str:
+        if self.note:
+            return self.note
         if self.signal is not None:
             try:
                 name = signal.Signals(self.signal).name
@@ -97,6 +101,9 @@ class Outcome:
     #: What disttest injected into this rank in the test ("rank 1 killed at
     #: all_reduce #3"; see disttest.faults), set by the parent's judge.
     faults_fired: list[str] = field(default_factory=list)
+    #: Processes the rank started that were still running when its test
+    #: ended, killed by disttest ("pid 123: sleep 300").
+    left_running: list[str] = field(default_factory=list)
 
     @property
     def skip_reason(self) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from disttest._runner import janitor
 from disttest._runner import rank as rank_mod
 from disttest._runner.channel import Endpoint
 from disttest._runner.launcher import ProcessLauncher
@@ -51,6 +52,7 @@ class Pool:
         self.world_size = world_size
         self.start_timeout = start_timeout
         self.run_dir = tempfile.mkdtemp(prefix="disttest-pool-")
+        self._janitor = janitor.register(self._close_now)
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         self.broken = False
         self._seq = 0
@@ -189,6 +191,14 @@ class Pool:
         for conn in self.conns.values():
             conn.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        janitor.unregister(self._janitor)
+
+    def _close_now(self) -> None:
+        """The test process is being interrupted: kill, remove, wait for nothing."""
+        launcher = getattr(self, "launcher", None)
+        if launcher is not None:
+            launcher.kill_now()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def _ready(conns: list[Connection], timeout: float) -> list[Connection]:
@@ -238,8 +248,6 @@ class TestRun:
     def wait(self, seconds: float) -> None:
         self.pool.pump(seconds)
 
-    def reported(self) -> dict[int, Outcome]:
-        return {}  # an answer ends a rank's part at once (poll)
 
     def pump_output(self, final: bool = False) -> None:
         # Lines still unended belong to the pool's next test: never final here.

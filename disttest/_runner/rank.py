@@ -10,6 +10,7 @@ a file of the test's run directory before it exits.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -27,6 +28,7 @@ __unittest = True
 __all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_process"]
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 STACK_SIGNAL = signal.SIGUSR1
 #: The parent's word that every rank has reported: a lingering rank leaves.
 RELEASE_SIGNAL = signal.SIGUSR2
@@ -37,7 +39,13 @@ TEST_ERROR_EXIT_CODE = 10
 #: collective it already joined), turning their own report into "connection
 #: closed by peer"; and a peer left waiting in a collective this rank never
 #: joins gets the time to show where it waits (desync).
-LINGER = 1.0
+#: A rank that passed stays longer: that costs nothing when every rank
+#: reports (the parent releases them at once), and gives a loaded machine the
+#: time to show a peer waiting in a collective the rank never entered, also
+#: one issued from C++ (published by the flight recorder's watcher). A failing
+#: rank does not: the parent sees a failure when the rank has exited.
+LINGER = 0.3
+LINGER_AFTER_PASS = 2.0
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = 64  # flight-recorder entries kept per rank
 _context_publish: list[Any] = []
@@ -70,6 +78,30 @@ class _Context:
     rank: int
     spec: RankSpec
     test_outcome: Outcome | None = None
+    pid: int = field(default_factory=os.getpid)
+    #: Run after the rank has lingered (see :func:`after_release`).
+    after_release: list[Any] = field(default_factory=list)
+
+
+def after_release(fn: Any) -> bool:
+    """In a rank process: call ``fn`` once the rank has reported and been
+    released (or has lingered), not now; False outside a rank (call it
+    yourself). For a passing rank's ``destroy_process_group``: destroying
+    the group closes its connections, so a peer still waiting in a
+    collective this rank never entered would fail at once ("connection
+    closed by peer") instead of being seen waiting (a desync)."""
+    ctx = current()
+    if ctx is None or ctx.pid != os.getpid():
+        return False
+    ctx.after_release.append(fn)
+    return True
+
+
+def _leave_if_forked(ctx: _Context) -> None:
+    """A process the test forked (``os.fork()`` in the body) that went on
+    through the test: it leaves quietly; only the rank reports."""
+    if os.getpid() != ctx.pid:
+        os._exit(0)
 
 
 _context: list[_Context] = []  # the one context of this rank process
@@ -103,8 +135,70 @@ def set_parent_death_signal(parent_pid: int) -> None:
         os._exit(1)
 
 
+def set_child_subreaper() -> None:
+    """Become the parent of every orphaned descendant (Linux): a process the
+    test started in a new session, or whose parent has exited, stays
+    reachable, so that :func:`kill_descendants` finds it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
+    """Kill every running descendant process of this one (but ``keep``);
+    return each as "pid N: command line" (a test leaves no process behind)."""
+    kids = _direct_children()
+    if kids is not None and not kids - keep:
+        return []  # the usual case, in a fraction of psutil's time
+    import psutil
+
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
+    except psutil.Error:
+        return []
+    killed = []
+    for p in procs:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue  # ended already; reaped below
+            what = " ".join(p.cmdline()) or p.name()
+            p.kill()
+        except psutil.Error:
+            continue
+        killed.append(f"pid {p.pid}: {what[:120]}")
+    psutil.wait_procs(procs, timeout=1.0)  # reap those that are our children
+    return killed
+
+
+def _direct_children() -> set[int] | None:
+    """This process's children, from /proc (fast); None where unknown."""
+    try:
+        pids: set[int] = set()
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        return pids
+    except (OSError, ValueError):
+        return None
+
+
+def _descendants() -> frozenset[int]:
+    if _direct_children() == set():
+        return frozenset()
+    import psutil
+
+    try:
+        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return frozenset()
+
+
 def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     set_parent_death_signal(parent_pid)
+    set_child_subreaper()
+    # A process group of its own: a test's os.killpg(0, ...) (or a terminal's
+    # Ctrl-C) reaches this rank and its children, not the test process.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     files = paths(spec.run_dir, rank)
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
@@ -195,12 +289,17 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             cls._run(rank, spec.test_name, spec.file_name, None, **spec.run_kwargs)
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
+        _leave_if_forked(ctx)
         publish_progress()
         outcome = _final_outcome(ctx, exc)
+        outcome.left_running = kill_descendants()
         outcome.output_tail = tail(files["log"])
         write_outcome(files["outcome"], outcome)
         code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
-        signal.sigtimedwait({RELEASE_SIGNAL}, LINGER)
+        signal.sigtimedwait({RELEASE_SIGNAL}, LINGER_AFTER_PASS if code == 0 else LINGER)
+        for fn in ctx.after_release:
+            with contextlib.suppress(Exception):
+                fn()
     finally:
         _exit(code)
 
@@ -243,12 +342,16 @@ def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
                 break
             _, seq, test_name = message
             progress.restart_counts()
+            before = _descendants()
             outcome = init if init is not None else cls._pool_run_test(test_name, rank)
+            _leave_if_forked(_context[0])
+            outcome.left_running = kill_descendants(keep=before)
             publish_progress()
             outcome.output_tail = tail(files["log"])
             conn.send(("done", seq, outcome))
         if init is None:
             cls._pool_shutdown()
+        kill_descendants()
         code = 0
     finally:
         _exit(code)

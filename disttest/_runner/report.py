@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import unittest
+import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -43,6 +44,8 @@ NO_RANKS_STARTED = (
     "in setUp, or the test passes without running"
 )
 TAIL_CHARS = 2000
+NO_USER_FRAME = "(no frame of the test: the rank was in disttest's own code)"
+LEFT_RUNNING = "{who} left processes running when its test ended; disttest killed them: {procs}"
 LOGS_KEPT = "the whole output of every rank is kept in {folder} (disttest, DISTTEST_KEEP_LOGS)"
 
 
@@ -111,20 +114,39 @@ _ENTRIES = (" in run_rank_process", " in _serve_pool", " in _main")
 
 
 def _user_stack(stacks: str) -> str:
-    """A stack dump without disttest's own frames, cut at the rank's entry."""
-    out = []
+    """A stack dump without disttest's own frames, cut at the rank's entry;
+    threads left with no frame of their own (disttest's watcher) are dropped."""
+    blocks: list[list[str]] = []  # a header (or ""), then its kept frames
     past = False  # below a rank entry: the launcher's frames, not the rank's
     for line in stacks.rstrip().splitlines():
         if not line.lstrip().startswith("File "):  # a thread's header, a blank line
             past = False
-            out.append(line)
+            blocks.append([line])
         elif past:
             continue
         elif _OWN in line and line.endswith(_ENTRIES):
             past = True
-        elif _OWN not in line and '"<string>"' not in line:
-            out.append(line)
-    return "\n".join(out)
+        elif _OWN not in line and '"<string>"' not in line and _UNITTEST not in line:
+            if not blocks:
+                blocks.append([""])
+            blocks[-1].append(line)
+    busy = [b for b in blocks if any(_THREADING not in f for f in b[1:])]
+    if not busy and any(b[0].startswith(("Thread ", "Current thread ")) for b in blocks):
+        return NO_USER_FRAME
+    out: list[str] = []
+    for b in blocks:
+        is_thread = b[0].startswith(("Thread ", "Current thread "))
+        if is_thread and busy and b not in busy:
+            continue
+        out.extend(line for line in b if line)
+        if is_thread and len(b) > 1:
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+_THREADING = os.sep + "threading.py"
+#: unittest's own frames (a pool rank runs each test through ``case.run``).
+_UNITTEST = os.path.dirname(unittest.__file__) + os.sep
 
 
 def _fill(detail: str, who: str) -> str:
@@ -158,10 +180,17 @@ def _body(o: Outcome) -> str:
     if o.traceback:
         parts.append(o.traceback.rstrip())
     if o.stacks:
-        parts.append("its stack:\n" + _user_stack(o.stacks))
+        where = "where it crashed" if o.kind is Kind.CRASHED else "its stack"
+        parts.append(f"{where}:\n" + _user_stack(o.stacks))
     if o.output_tail.strip() and o.kind.is_cause:
         parts.append("its output ends:\n" + o.output_tail[-TAIL_CHARS:].rstrip())
     return "\n".join(parts)
+
+
+def left_running_lines(outcomes: Sequence[Outcome], world_size: int) -> list[str]:
+    """One line per rank that left processes running (killed by disttest)."""
+    return [LEFT_RUNNING.format(who=RANK.format(rank=o.rank, world=world_size), procs="; ".join(o.left_running))
+            for o in outcomes if getattr(o, "left_running", None)]
 
 
 def format_report(test: str, world_size: int, timeout: float | None,
@@ -191,6 +220,7 @@ def format_report(test: str, world_size: int, timeout: float | None,
     from disttest._faults_judge import injected_lines
 
     lines += injected_lines(outcomes)
+    lines += left_running_lines(outcomes, world_size)
     for group in ordered:
         lines.append("")
         lines.append(_line(group[0], _who([o.rank for o in group], world_size), test, timeout))
@@ -217,6 +247,9 @@ def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | Non
     if verdict.status is Status.SKIPPED:
         raise unittest.SkipTest(verdict.reason)
     if verdict.status is Status.PASSED:
+        left = left_running_lines(verdict.outcomes, world_size)
+        if left:
+            warnings.warn(f"{test!r} (disttest): " + "; ".join(left), stacklevel=3)
         return
     failed = verdict.status is Status.FAILED
     cls: type[RankReport] = RankFailure if failed else RankError

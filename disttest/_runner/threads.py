@@ -153,8 +153,6 @@ class ThreadLauncher:
     def output(self, rank: int) -> str:
         return "".join(self._kept.get(rank, ()))[-KEPT:]
 
-    def reported(self) -> dict[int, Outcome]:
-        return {}  # a rank thread ends as it reports
 
     def pump_output(self, final: bool = False) -> None:
         pass  # rank threads write to the test process's own streams

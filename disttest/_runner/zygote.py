@@ -40,6 +40,7 @@ __unittest = True
 __all__ = ["ZygoteLauncher", "ZygoteUnavailable", "main", "resolve_class"]
 
 START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
+SERVER_DIED = ("died with the fork server, which {how} (the next test starts a fresh one)")
 
 
 class ZygoteUnavailable(RuntimeError):
@@ -73,6 +74,8 @@ def resolve_class(spec: rank_mod.RankSpec) -> type:
 def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     """Run the fork server until the test process closes the pipe or dies."""
     rank_mod.set_parent_death_signal(parent_pid)
+    # The descendants of a rank that died (a segfault) come to us: killed.
+    rank_mod.set_child_subreaper()
     # Preload what every rank needs, so that no rank pays for it. Imports
     # only: no tensor work happens here (see the fork trap).
     import numpy.random  # noqa: F401 (set_rng_seed seeds it in every rank)
@@ -99,6 +102,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
+            _kill_orphans(children)
         _reap(children, outbox)
         if read_fd not in ready:
             continue
@@ -133,10 +137,31 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             children[pid] = (run_id, r)
             pids[r] = pid
         outbox.send(("started", run_id, pids))
+    # Every descendant: the ranks and what they started (a child in its own
+    # session is still a rank's child, or ours once its rank has died).
+    rank_mod.kill_descendants()
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os._exit(0)
+
+
+def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
+    """Kill our children that are not ranks: the descendants of a rank that
+    ended without killing them (it crashed), handed to us as subreaper."""
+    kids = rank_mod._direct_children()
+    if kids is not None and kids <= children.keys():
+        return  # only ranks (the usual case, in a fraction of psutil's time)
+    import psutil
+
+    try:
+        procs = psutil.Process().children()
+    except psutil.Error:
+        return
+    for p in procs:
+        if p.pid not in children:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def _reap(children: dict[int, tuple[int, int]], outbox: Connection) -> None:
@@ -183,6 +208,13 @@ class _Client:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def died_of(self) -> str:
+        """How the server ended: "was killed by SIGKILL", "exited with code 1"."""
+        code = self.proc.poll()
+        if code is None:
+            return "stopped answering"
+        return ExitStatus.from_exitcode(code).describe()
+
     def pump(self, timeout: float = 0.0) -> None:
         """Deliver every message that has arrived."""
         while self.inbox.poll(timeout):
@@ -203,6 +235,8 @@ class _Client:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            self.inbox.close()
 
 
 _clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its parent's
@@ -211,6 +245,8 @@ _clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its par
 def _client() -> _Client:
     client = _clients.get(os.getpid())
     if client is None or not client.alive():
+        if client is not None:  # it died (a rank may have killed it): drop its pipes
+            client.close()
         client = _clients[os.getpid()] = _Client()
     return client
 
@@ -234,9 +270,17 @@ class ZygoteLauncher(ProcessLauncher):
         client.outbox.send(("start", self._run_id, self.spec))
         deadline = time.monotonic() + START_TIMEOUT
         while not self.pids and self._error is None:
-            if time.monotonic() > deadline or not client.alive():
-                raise ZygoteUnavailable("the fork server did not answer")
             client.pump(0.05)
+            if not self.pids and not client.alive():
+                # It died after forking some ranks, maybe killed by one (they die
+                # with it): the test's ranks are lost; running it again another
+                # way could repeat what killed the server.
+                lost = ExitStatus(note=SERVER_DIED.format(how=client.died_of()))
+                self._exits.update(dict.fromkeys(range(self.world_size), lost))
+                client.runs.pop(self._run_id, None)
+                return
+            if time.monotonic() > deadline:
+                raise ZygoteUnavailable("the fork server did not answer")
         if self._error is not None:
             client.runs.pop(self._run_id, None)
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
@@ -257,8 +301,9 @@ class ZygoteLauncher(ProcessLauncher):
     def _reap(self) -> None:
         self._client.pump()
         if not self._client.alive():
+            lost = ExitStatus(note=SERVER_DIED.format(how=self._client.died_of()))
             for r in self.pids:
-                self._exits.setdefault(r, ExitStatus(code=None))
+                self._exits.setdefault(r, lost)
 
     def close(self) -> None:
         super().close()

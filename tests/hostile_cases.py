@@ -1,0 +1,130 @@
+"""Test classes for tests/test_hostile.py.
+
+The ``*Waits`` classes run in a subprocess that is interrupted: each rank writes its pid (and that of a child it started) into the folder
+``DISTTEST_PIDS_DIR`` names, then waits in a collective until the test
+process is interrupted. At module level (not a test_*.py file) so that the
+fork server can import the classes by name and pytest does not collect them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import disttest
+
+
+def note_pids(rank: int) -> None:
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    folder = os.environ["DISTTEST_PIDS_DIR"]
+    with open(os.path.join(folder, f"rank{rank}.{os.getpid()}.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.replace(f.name, f.name[:-4])
+
+
+class Waits:
+    rank: int
+    timeout = 60
+
+    def init(self) -> None:
+        pass
+
+    def test_wait(self):
+        self.init()
+        note_pids(self.rank)
+        if self.rank == 1:
+            while True:
+                time.sleep(0.01)
+        dist.all_reduce(torch.ones(1))
+
+
+class ProcessWaits(Waits, disttest.MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def init(self) -> None:
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+
+
+class ThreadWaits(Waits, disttest.MultiThreadedTestCase):
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+
+class PoolWaits(Waits, disttest.MultiProcContinousTest):
+    world_size = 2
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return "gloo"
+
+
+class ProcessSpawnsTwice(disttest.MultiProcessTestCase):
+    """A base class's setUp and a subclass's both start the ranks."""
+
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+        self._spawn_processes()
+
+    def test_pass(self):
+        pass
+
+
+class ThreadSpawnsTwice(disttest.MultiThreadedTestCase):
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+        self._spawn_threads()
+
+    def test_pass(self):
+        pass
+
+
+class ThreadCases(disttest.MultiThreadedTestCase):
+    world_size = 2
+    timeout = 10
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_pass(self):
+        dist.all_reduce(torch.ones(1))
+
+    def test_leaves_a_thread(self):
+        if self.rank == 0:
+            stop = threading.Event()
+            LEFT.append(stop)
+            threading.Thread(target=stop.wait, name="left behind", daemon=False).start()
+
+
+LEFT: list[threading.Event] = []  # to end the thread that test_leaves_a_thread leaves
+
+
+class TinyTimeout(disttest.MultiProcessTestCase):
+    world_size = 2
+    timeout = 1e-9
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def test_sleep(self):
+        time.sleep(1)

@@ -1,0 +1,193 @@
+"""Hostile tests and users (issue 12): interrupted test processes, ranks that
+start processes, kill the fork server, crash, start their ranks twice."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import psutil
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class InterruptTest(unittest.TestCase):
+    """Ctrl-C or SIGTERM of the test process while its ranks wait: it exits
+    at once, and leaves no file in TMPDIR and no process behind."""
+
+    def interrupt(self, cls: str, sig: int, pytest: bool = False) -> None:
+        root = tempfile.mkdtemp(prefix="disttest-hostile-")
+        self.addCleanup(shutil.rmtree, root, True)
+        tmp, pids_dir = os.path.join(root, "tmp"), os.path.join(root, "pids")
+        os.mkdir(tmp)
+        os.mkdir(pids_dir)
+        env = dict(os.environ, TMPDIR=tmp, DISTTEST_PIDS_DIR=pids_dir, PYTHONPATH=TESTS)
+        if pytest:
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                   f"hostile_cases.py::{cls}::test_wait"]
+        else:
+            cmd = [sys.executable, "-m", "unittest", f"hostile_cases.{cls}.test_wait"]
+        with open(os.path.join(root, "out"), "w+") as out:
+            proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 60
+                while len(os.listdir(pids_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertIsNone(proc.poll(), "the test process ended before being interrupted")
+                self.assertEqual(len(os.listdir(pids_dir)), 2, "the ranks did not start")
+                time.sleep(0.2)  # the ranks wait in the all_reduce
+                proc.send_signal(sig)
+                start = time.monotonic()
+                proc.wait(timeout=20)
+                elapsed = time.monotonic() - start
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            out.seek(0)
+            output = out.read()
+        self.assertLess(elapsed, 10, output)
+        pids = [int(p) for name in os.listdir(pids_dir)
+                for p in open(os.path.join(pids_dir, name)).read().split()]
+        deadline = time.monotonic() + 5
+        while any(_running(p) for p in pids if p != proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual([p for p in pids if p != proc.pid and _running(p)], [], output)
+        left = [os.path.join(d, f) for d, dirs, files in os.walk(tmp) for f in dirs + files]
+        self.assertEqual(left, [], output)
+
+    def test_sigint_process_runner(self):
+        self.interrupt("ProcessWaits", signal.SIGINT)
+
+    def test_sigterm_process_runner(self):
+        self.interrupt("ProcessWaits", signal.SIGTERM)
+
+    def test_sighup_process_runner(self):
+        self.interrupt("ProcessWaits", signal.SIGHUP)
+
+    def test_sigint_pool(self):
+        self.interrupt("PoolWaits", signal.SIGINT)
+
+    def test_sigterm_pool(self):
+        self.interrupt("PoolWaits", signal.SIGTERM)
+
+    def test_sigterm_threads(self):
+        self.interrupt("ThreadWaits", signal.SIGTERM)
+
+    def test_sigint_under_pytest(self):
+        self.interrupt("ProcessWaits", signal.SIGINT, pytest=True)
+
+    def test_sigterm_under_pytest(self):
+        self.interrupt("PoolWaits", signal.SIGTERM, pytest=True)
+
+
+def run(cls: type[unittest.TestCase], name: str) -> unittest.TestResult:
+    result = unittest.TestResult()
+    cls(name).run(result)
+    return result
+
+
+class HostileTest(unittest.TestCase):
+    def test_starting_the_ranks_twice_is_an_error_naming_both_calls(self):
+        import hostile_cases as cases
+        from runner_cases import live_ranks
+
+        for cls, call in ((cases.ProcessSpawnsTwice, "_spawn_processes()"),
+                          (cases.ThreadSpawnsTwice, "_spawn_threads()")):
+            with self.subTest(cls=cls.__name__):
+                result = run(cls, "test_pass")
+                self.assertEqual(len(result.errors), 1, result.failures)
+                text = result.errors[0][1]
+                self.assertIn(f"RuntimeError: {call} was called a second time for 'test_pass' (disttest)", text)
+                self.assertRegex(text, r'started by the first call \(File ".*hostile_cases.py", line \d+, in setUp\)')
+                self.assertEqual(live_ranks(), [])  # the first set was stopped, not left running
+
+    def test_a_tiny_timeout_is_a_plain_timeout(self):
+        # A stack asked of a rank that has not yet made its stack file.
+        from unittest import mock
+
+        from disttest._runner import launcher as launcher_mod
+        from disttest._runner import rank as rank_mod
+
+        run_dir = tempfile.mkdtemp(prefix="disttest-hostile-")
+        self.addCleanup(shutil.rmtree, run_dir, True)
+        spec = rank_mod.RankSpec(module="m", qualname="C", module_file=None, test_name="t", world_size=1,
+                                 run_dir=run_dir, file_name=os.path.join(run_dir, "rendezvous"))
+        launcher = launcher_mod.ForkLauncher(spec)
+        sleeper = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(sleeper.wait)
+        self.addCleanup(sleeper.kill)
+        launcher.pids[0] = sleeper.pid
+        with mock.patch.object(launcher_mod, "STACK_WAIT", 0.1):
+            self.assertEqual(launcher.dump_stacks([0]), {0: launcher_mod.NO_STACK})
+
+    def test_a_tiny_timeout_end_to_end(self):
+        import hostile_cases as cases
+
+        result = run(cases.TinyTimeout, "test_sleep")
+        self.assertEqual(len(result.errors), 1)
+        text = result.errors[0][1]
+        self.assertIn("did not finish 'test_sleep' within 1e-09s", text)
+        self.assertNotIn("FileNotFoundError", text)
+
+    def test_threaded_tests_restore_the_excepthooks(self):
+        import threading
+
+        import hostile_cases as cases
+
+        hooks = (sys.excepthook, threading.excepthook)
+        for _ in range(3):
+            result = run(cases.ThreadCases, "test_pass")
+            self.assertTrue(result.wasSuccessful(), result.errors)
+        self.assertEqual((sys.excepthook, threading.excepthook), hooks)
+
+    def test_many_threaded_tests_keep_working(self):
+        import hostile_cases as cases
+
+        hook = sys.excepthook
+        suite = unittest.TestSuite(cases.ThreadCases("test_pass") for _ in range(300))
+        result = unittest.TestResult()
+        suite.run(result)
+        self.assertEqual((result.testsRun, result.errors, result.failures), (300, [], []))
+        self.assertIs(sys.excepthook, hook)  # not 600 wrappers deep
+
+    def test_a_non_daemon_thread_left_running_is_an_error_naming_it(self):
+        import threading
+
+        import hostile_cases as cases
+
+        try:
+            result = run(cases.ThreadCases, "test_leaves_a_thread")
+            self.assertEqual(len(result.errors), 1, result.failures)
+            self.assertIn("'test_leaves_a_thread' (disttest): the test left a thread running after its ranks "
+                          "ended: 'left behind'", result.errors[0][1])
+            left = [t for t in threading.enumerate() if t.name == "left behind"]
+            self.assertEqual(len(left), 1)
+            self.assertTrue(left[0].daemon)  # it no longer holds the process at exit
+        finally:
+            for stop in cases.LEFT:
+                stop.set()
+
+    def test_a_process_with_a_left_thread_exits(self):
+        code = ("import unittest, hostile_cases as c; r = unittest.TestResult(); "
+                "c.ThreadCases('test_leaves_a_thread').run(r); print(len(r.errors))")
+        out = subprocess.run([sys.executable, "-c", code], cwd=TESTS, capture_output=True, text=True,
+                             timeout=60, env=dict(os.environ, PYTHONPATH=TESTS))
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, "1"), out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
