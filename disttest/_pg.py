@@ -61,14 +61,14 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
         self._future = future
         self.op = op
         self.source: int | None = None
-        self.timeout = timeout
+        self._limit = timeout  # NB: not "timeout": torch 2.14's Work has a read-only one
         self._group = group
         self._on_timeout = on_timeout
         self._done = threading.Event()
         future.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: Any = None) -> bool:
-        limit = seconds(timeout) or self.timeout
+        limit = seconds(timeout) or self._limit
         if limit is not None and not self._done.wait(limit):
             why = self._on_timeout() if self._on_timeout is not None else "it never completed"
             raise CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
