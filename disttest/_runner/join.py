@@ -34,7 +34,7 @@ def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
     reported = launcher.outcome(rank)
     if reported is None:
         site, tail = split_fatal_dump(launcher.output(rank))
-        return Outcome(rank, Kind.CRASHED, exit=status, stacks=site, output_tail=tail)
+        return ended(rank, None, status, tail, site)
     return ended(rank, reported, status)
 
 

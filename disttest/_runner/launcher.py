@@ -15,6 +15,7 @@ is made:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -132,6 +133,7 @@ class ProcessLauncher:
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
         self._released: set[int] = set()
+        self._read: dict[int, Outcome] = {}  # outcomes read from the ranks' files
         self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
         self._partial: dict[int, str] = {}  # a line not yet ended
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
@@ -164,12 +166,17 @@ class ProcessLauncher:
 
 
     def outcome(self, rank: int) -> Outcome | None:
-        path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]
-        try:
-            with open(path, "rb") as f:
-                return pickle.load(f)
-        except FileNotFoundError:
-            return None
+        # Read once: the join loop asks every poll while a rank lingers, and
+        # the file is written once, atomically (a copy: callers may change it).
+        read = self._read.get(rank)
+        if read is None:
+            path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]
+            try:
+                with open(path, "rb") as f:
+                    read = self._read[rank] = pickle.load(f)
+            except FileNotFoundError:
+                return None
+        return dataclasses.replace(read)
 
     def output(self, rank: int) -> str:
         # More when it ends in faulthandler's dump (crashsite), which can be long.

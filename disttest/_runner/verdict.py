@@ -47,12 +47,14 @@ class Verdict:
         return [o.rank for o in self.outcomes if o.kind.is_cause]
 
 
-def ended(rank: int, reported: Outcome | None, status: ExitStatus, output: str = "") -> Outcome:
+def ended(rank: int, reported: Outcome | None, status: ExitStatus, output: str = "",
+          site: str = "") -> Outcome:
     """The outcome of a rank that ended with ``status``, having reported
-    ``reported`` (None: nothing). A signal after a report is a crash (the
-    report may be a pass, but the rank did not leave cleanly)."""
+    ``reported`` (None: nothing; ``site`` is then where it crashed, if
+    known). A signal after a report is a crash (the report may be a pass,
+    but the rank did not leave cleanly)."""
     if reported is None:
-        return Outcome(rank, Kind.CRASHED, exit=status, output_tail=output)
+        return Outcome(rank, Kind.CRASHED, exit=status, stacks=site, output_tail=output)
     if status.signal is not None and reported.kind is not Kind.CRASHED:
         return dataclasses.replace(reported, exit=status, kind=Kind.CRASHED,
                                    detail=f"after reporting {reported.kind.value}")
