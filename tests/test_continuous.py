@@ -9,15 +9,12 @@ import sys
 import tempfile
 import time
 import unittest
-from multiprocessing import Pipe
 from unittest import mock
 
 import pool_cases as cases
 from runner_cases import live_ranks
 
 import disttest
-from disttest._runner.outcome import Kind, Outcome
-from disttest._runner.pool import Pool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -111,18 +108,6 @@ class PoolTest(unittest.TestCase):
     def test_both_spellings(self):
         self.assertIs(disttest.MultiProcContinuousTest, disttest.MultiProcContinousTest)
         self.assertEqual(disttest.MultiProcContinousTest.world_size, 2)
-
-    def test_answers_to_an_older_dispatch_are_dropped(self):
-        pool = Pool.__new__(Pool)
-        parent, child = Pipe()
-        pool.conns = {0: parent}
-        pool._answers = {5: {}}
-        child.send(("done", 4, Outcome(0, Kind.FAILED, "AssertionError", "stale")))
-        child.send(("done", 5, Outcome(0, Kind.PASSED)))
-        for _ in range(2):
-            pool.pump(1)
-        self.assertEqual(pool.answers(5)[0].kind, Kind.PASSED)
-        self.assertEqual(pool.answers(4), {})
 
 
 class PoolHygieneTest(unittest.TestCase):

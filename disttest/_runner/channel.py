@@ -1,12 +1,14 @@
-"""The rank channel's endpoint: where rank processes connect to the parent.
+"""The rank channel: one connection per rank process, one decoder in the parent.
 
-A Unix stream socket whose address does not depend on TMPDIR: on Linux an
+Ranks connect to the parent's :class:`Endpoint`, a Unix stream socket whose address does not depend on TMPDIR: on Linux an
 abstract socket (a name, no file, no length limit from the temp directory's
 path; gone when closed), elsewhere a socket file in a short private
 directory under ``/tmp``. Each connection is a
 ``multiprocessing.connection.Connection`` (length-prefixed pickles). The
 parent checks a per-run token in the first message, so a stray local
-connection cannot pose as a rank.
+connection cannot pose as a rank. :class:`Channel` is the parent's side of
+one run (a test, or a pool): it accepts the ranks, decodes every message
+they send (:mod:`.messages`) and keeps what they said.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import shutil
 import socket
 import sys
 import tempfile
-from multiprocessing.connection import Connection
+from collections.abc import Iterable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from disttest._runner.messages import Done, Hello, Ready, Run, deliver
 
 __unittest = True
 
-__all__ = ["Endpoint", "connect"]
+__all__ = ["Channel", "Endpoint", "connect"]
 
 
 class Endpoint:
@@ -75,3 +81,106 @@ def connect(address: str) -> Connection:
         sock.close()
         raise
     return Connection(sock.detach())
+
+
+class Channel:
+    """The parent's side of the channels of one run's ``world_size`` ranks.
+
+    ``ready[rank]``: the rank has started (None, or the outcome of a failed
+    or skipped group); ``answers[rank]``: its outcome of the current test
+    (``seq``; answers to an older test are dropped). With ``first_test``
+    (a fresh-process run: a pool of one test), each rank is sent that test
+    as soon as it is ready.
+    """
+
+    def __init__(self, world_size: int, first_test: str | None = None) -> None:
+        self.world_size = world_size
+        self.endpoint: Endpoint | None = Endpoint(world_size)
+        self.address = self.endpoint.address
+        self.token = self.endpoint.token
+        self.conns: dict[int, Connection] = {}
+        self.ready: dict[int, Any] = {}
+        self.answers: dict[int, Any] = {}
+        self.seq = 1 if first_test is not None else 0
+        self._first_test = first_test
+        self._pending: list[Connection] = []
+
+    def waitables(self) -> list[Any]:
+        live = [c for c in self.conns.values() if not c.closed]
+        return [*([self.endpoint] if self.endpoint is not None else []), *self._pending, *live]
+
+    def pump(self, timeout: float, also: Iterable[Any] = ()) -> None:
+        """Take every message that has arrived, waiting up to ``timeout`` for
+        the first one (or for one of ``also`` to be ready)."""
+        waitables = self.waitables()
+        ready = wait([*waitables, *also], timeout=timeout) if waitables or also else ()
+        while ready:
+            for obj in ready:
+                if isinstance(obj, Endpoint):
+                    conn = obj.accept() if obj is self.endpoint else None  # closed meanwhile
+                    if conn is not None:
+                        self._pending.append(conn)
+                elif isinstance(obj, Connection) and obj in waitables:
+                    self._receive(obj)
+            waitables = self.waitables()
+            ready = wait(waitables, timeout=0) if waitables else ()
+
+    def _receive(self, conn: Connection) -> None:
+        try:
+            message = conn.recv()
+        except Exception:  # noqa: BLE001 (EOF: a rank that exited, seen by the launcher; or garbage)
+            self._drop(conn)
+            return
+        if conn in self._pending and not isinstance(message, Hello):
+            self._drop(conn)  # not one of our ranks
+        elif not deliver(message, self, conn):
+            pass  # a message this side does not take: dropped
+
+    def _drop(self, conn: Connection) -> None:
+        if conn in self._pending:
+            self._pending.remove(conn)
+        conn.close()
+
+    def on_hello(self, message: Hello, conn: Connection) -> None:
+        if (conn not in self._pending or message.token != self.token
+                or message.rank not in range(self.world_size) or message.rank in self.conns):
+            self._drop(conn)
+            return
+        self._pending.remove(conn)
+        self.conns[message.rank] = conn
+        if len(self.conns) == self.world_size and self.endpoint is not None:
+            self.endpoint.close()  # every rank is here: nobody else may connect
+            self.endpoint = None
+
+    def on_ready(self, message: Ready, conn: Connection) -> None:
+        if self.conns.get(message.rank) is conn:
+            self.ready[message.rank] = message.failure
+            if self._first_test is not None:
+                self.send(message.rank, Run(self.seq, self._first_test))
+
+    def on_done(self, message: Done, conn: Connection) -> None:
+        rank = getattr(message.outcome, "rank", None)
+        if message.seq == self.seq and rank is not None and self.conns.get(rank) is conn:
+            self.answers[rank] = message.outcome
+
+    def dispatch(self, test: str) -> int:
+        """Send ``test`` to every rank as the next test; return its number."""
+        self.seq += 1
+        self.answers = {}
+        for rank in self.conns:
+            self.send(rank, Run(self.seq, test))
+        return self.seq
+
+    def send(self, rank: int, message: object) -> None:
+        conn = self.conns.get(rank)
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(OSError):
+                conn.send(message)
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
+        for conn in [*self._pending, *self.conns.values()]:
+            conn.close()
+        self._pending = []

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
@@ -29,7 +28,9 @@ import psutil
 
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings
+from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
+from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Outcome
 from disttest._runner.progress import InFlight, ProgressBoard, find_desync
 
@@ -123,17 +124,18 @@ class RankProcess:
 
 
 class ProcessLauncher:
-    """Shared by the process launchers: outcome files, stack dumps through
-    faulthandler on SIGUSR1 (works while a rank is blocked in C++), the
-    progress board, and stopping whole process trees."""
+    """Shared by the process launchers: the ranks' channel (their outcomes),
+    stack dumps through faulthandler on SIGUSR1 (works while a rank is
+    blocked in C++), the progress board, and stopping whole process trees."""
 
     def __init__(self, spec: rank_mod.RankSpec) -> None:
-        self.spec = spec
+        single = spec.entry == "test"
+        self.channel = Channel(spec.world_size, first_test=spec.test_name if single else None)
+        self.spec = dataclasses.replace(spec, address=self.channel.address, token=self.channel.token)
         self.world_size = spec.world_size
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
-        self._released: set[int] = set()
-        self._read: dict[int, Outcome] = {}  # outcomes read from the ranks' files
+        self._released: set[int] | None = set() if single else None
         self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
         self._partial: dict[int, str] = {}  # a line not yet ended
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
@@ -148,35 +150,28 @@ class ProcessLauncher:
 
     # -- Launcher --
     def poll(self) -> dict[int, ExitStatus]:
+        self.channel.pump(0)
         if len(self._exits) < len(self.pids):
             self._reap()
-            self._release_when_all_reported()
+            self._release_when_all_answered()
         return self._exits
 
-    def _release_when_all_reported(self) -> None:
-        # A rank that reported lingers (rank.LINGER) so that its peers can
-        # finish talking to it; once every live rank has reported, none needs
-        # it any more.
+    def _release_when_all_answered(self) -> None:
+        # A fresh-process rank that answered stays a moment (rank.LINGER) so
+        # that its peers can finish talking to it; once every live rank has
+        # answered, none needs it any more.
+        if self._released is None:
+            return  # a pool's workers stay for the next test
         live = [r for r in self.pids if r not in self._exits and r not in self._released]
-        if live and all(os.path.exists(rank_mod.paths(self.spec.run_dir, r)["outcome"]) for r in live):
+        if live and all(r in self.channel.answers for r in live):
             for r in live:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pids[r], rank_mod.RELEASE_SIGNAL)
+                self.channel.send(r, Leave())
                 self._released.add(r)
 
-
     def outcome(self, rank: int) -> Outcome | None:
-        # Read once: the join loop asks every poll while a rank lingers, and
-        # the file is written once, atomically (a copy: callers may change it).
-        read = self._read.get(rank)
-        if read is None:
-            path = rank_mod.paths(self.spec.run_dir, rank)["outcome"]
-            try:
-                with open(path, "rb") as f:
-                    read = self._read[rank] = pickle.load(f)
-            except FileNotFoundError:
-                return None
-        return dataclasses.replace(read)
+        # A copy: callers may change it.
+        answer = self.channel.answers.get(rank)
+        return None if answer is None else dataclasses.replace(answer)
 
     def output(self, rank: int) -> str:
         # More when it ends in faulthandler's dump (crashsite), which can be long.
@@ -243,12 +238,14 @@ class ProcessLauncher:
             time.sleep(0.01)
 
     def wait(self, seconds: float) -> None:
-        time.sleep(seconds)
+        # Wakes at once when a rank says something.
+        self.channel.pump(seconds)
 
     def close(self) -> None:
         self.stop()
         self._kill_adopted()
         self.pump_output(final=True)
+        self.channel.close()
         self.board.close()
 
     def _adopt_orphans(self) -> None:

@@ -1,10 +1,9 @@
 """A pool of rank processes kept for a whole test class.
 
-The workers are started by the ordinary process launchers, connect back to
-the parent over the rank channel (:mod:`.channel`: an abstract Unix socket,
-whatever TMPDIR's length), make the class's
-process group, then run the tests the parent sends (see
-``rank._serve_pool``). Each test is joined by the one join loop through a
+The workers are started by the ordinary process launchers and run the one
+rank loop (:mod:`.rank`) as pool workers: they make the class's process
+group, then run the tests the parent sends over the launcher's channel
+(:mod:`.channel`). Each test is joined by the one join loop through a
 :class:`TestRun`, the per-test view of the pool that the
 :class:`~.launcher.Launcher` protocol asks for: a rank has "ended" the test
 when it answered (or died). Answers carry the dispatch number, so no result
@@ -14,19 +13,17 @@ rank is broken: the caller closes it and builds a fresh one.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from disttest._runner import janitor
 from disttest._runner import rank as rank_mod
-from disttest._runner.channel import Endpoint
 from disttest._runner.launcher import ProcessLauncher
+from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
 
@@ -55,121 +52,54 @@ class Pool:
         self._janitor = janitor.register(self._close_now)
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         self.broken = False
-        self._seq = 0
-        self.conns: dict[int, Connection] = {}
-        self._answers: dict[int, dict[int, Outcome]] = {}
         self.init_outcomes: dict[int, Outcome] = {}
-        self.endpoint = Endpoint(world_size)
         try:
             spec = rank_mod.RankSpec(
                 world_size=world_size, run_dir=self.run_dir, file_name=self.file_name,
-                entry="pool", address=self.endpoint.address, token=self.endpoint.token,
-                test_name="", **spec_fields,
+                entry="pool", test_name="", **spec_fields,
             )
             self.launcher = launcher_cls(spec)
+            self.channel = self.launcher.channel
             self.launcher.start(cls)
             self._connect()
         except BaseException:
             self.close()
             raise
-        finally:
-            self.endpoint.close()
 
     def _connect(self) -> None:
+        """Wait until every worker is ready (has made its group, or failed
+        to); raise :class:`PoolUnavailable` when one dies or time runs out."""
         deadline = time.monotonic() + self.start_timeout
-        pending: list[Connection] = []
-        while len(self.conns) < self.world_size:
-            dead = self.launcher.poll()
-            if dead:
-                raise PoolUnavailable(
-                    "; ".join(f"rank {r}/{self.world_size} {s.describe()} while starting" for r, s in dead.items())
-                    + _tail(self.launcher, dead))
-            if time.monotonic() > deadline:
-                raise PoolUnavailable(f"the pool's ranks did not start within {self.start_timeout}s")
-            wait([self.endpoint.fileno(), *pending], timeout=0.05)
-            conn = self.endpoint.accept()
-            if conn is not None:
-                pending.append(conn)
-            for conn in _ready(pending, 0) if pending else []:
-                pending.remove(conn)
-                try:
-                    kind, rank, token = conn.recv()
-                except (EOFError, OSError, ValueError, TypeError):
-                    conn.close()
-                    continue
-                if kind != "hello" or token != self.endpoint.token or rank not in range(self.world_size):
-                    conn.close()  # not one of our ranks
-                    continue
-                self.conns[rank] = conn
-        waiting = set(self.conns)
-        while waiting:
-            if any(o.kind.is_cause for o in self.init_outcomes.values()):
+        ready = self.channel.ready
+        while len(ready) < self.world_size:
+            if any(o is not None and o.kind.is_cause for o in ready.values()):
                 # A peer could not make the group: the others wait in its
                 # rendezvous for nothing.
                 deadline = min(deadline, time.monotonic() + INIT_GRACE)
-            if time.monotonic() > deadline:
-                if self.init_outcomes:
-                    stacks = self.launcher.dump_stacks(sorted(waiting))
-                    for r in waiting:
-                        self.init_outcomes[r] = Outcome(
-                            r, Kind.STOPPED, stacks=stacks.get(r, ""),
-                            detail=f"rank {r}/{self.world_size} was stopped while making the group")
-                    self.launcher.stop()
-                    return
-                raise PoolUnavailable(f"the pool's ranks did not make their group within {self.start_timeout}s")
             dead = self.launcher.poll()
             if dead:
-                raise PoolUnavailable(
-                    "; ".join(f"rank {r}/{self.world_size} {s.describe()} while making its group"
-                              for r, s in dead.items()) + _tail(self.launcher, dead))
-            for conn in _ready([self.conns[r] for r in waiting], 0.05):
-                try:
-                    _, rank, init = conn.recv()
-                except (EOFError, OSError):
-                    self._lost(next(r for r in waiting if self.conns[r] is conn))
-                waiting.discard(rank)
-                if init is not None:
-                    self.init_outcomes[rank] = init
-
-    def _lost(self, rank: int) -> None:
-        """Rank ``rank`` closed its channel while making its group: raise
-        with how it ended (it is reaped within a moment)."""
-        deadline = time.monotonic() + EXIT_WAIT
-        while rank not in self.launcher.poll() and time.monotonic() < deadline:
-            self.launcher.wait(0.01)
-        status = self.launcher.poll().get(rank)
-        how = status.describe() if status is not None else "closed its channel"
-        raise PoolUnavailable(f"rank {rank}/{self.world_size} {how} while making its group"
-                              + (_tail(self.launcher, {rank: status}) if status is not None else ""))
+                raise PoolUnavailable("; ".join(
+                    f"rank {r}/{self.world_size} {s.describe()} "
+                    + ("while making its group" if r in self.channel.conns else "while starting")
+                    for r, s in dead.items()) + _tail(self.launcher, dead))
+            if time.monotonic() > deadline:
+                if not any(o is not None for o in ready.values()):
+                    what = "make their group" if len(self.channel.conns) == self.world_size else "start"
+                    raise PoolUnavailable(f"the pool's ranks did not {what} within {self.start_timeout}s")
+                waiting = [r for r in range(self.world_size) if r not in ready]
+                stacks = self.launcher.dump_stacks(waiting)
+                for r in waiting:
+                    self.init_outcomes[r] = Outcome(
+                        r, Kind.STOPPED, stacks=stacks.get(r, ""),
+                        detail=f"rank {r}/{self.world_size} was stopped while making the group")
+                self.launcher.stop()
+                break
+            self.launcher.wait(0.05)
+        self.init_outcomes.update({r: o for r, o in ready.items() if o is not None})
 
     def dispatch(self, test_name: str) -> TestRun:
         """Send ``test_name`` to every worker; return the test's view."""
-        self._seq += 1
-        self._answers = {self._seq: {}}
-        for conn in self.conns.values():
-            try:
-                conn.send(("run", self._seq, test_name))
-            except OSError:
-                pass  # the worker is gone: the join loop sees its exit
-        return TestRun(self, self._seq)
-
-    def pump(self, timeout: float) -> None:
-        """Take every answer that has arrived, waiting up to ``timeout``."""
-        live = [c for c in self.conns.values() if not c.closed]
-        if not live:
-            time.sleep(timeout)
-            return
-        for conn in _ready(live, timeout):
-            try:
-                _, seq, outcome = conn.recv()
-            except (EOFError, OSError):
-                conn.close()
-                continue
-            if seq in self._answers:  # answers to older dispatches are dropped
-                self._answers[seq][outcome.rank] = outcome
-
-    def answers(self, seq: int) -> dict[int, Outcome]:
-        return self._answers.get(seq, {})
+        return TestRun(self, self.channel.dispatch(test_name))
 
     def note(self, outcomes: Sequence[Outcome]) -> None:
         """After a test: a pool that lost or had to stop a rank is broken."""
@@ -179,17 +109,14 @@ class Pool:
     def close(self) -> None:
         """Ask the workers to leave; stop those that do not; remove the run
         directory. Bounded."""
-        for conn in self.conns.values():
-            with contextlib.suppress(OSError):
-                conn.send(("exit",))
         launcher = getattr(self, "launcher", None)
         if launcher is not None:
+            for rank in range(self.world_size):
+                launcher.channel.send(rank, Leave())
             deadline = time.monotonic() + (0 if self.broken else EXIT_WAIT)
             while len(launcher.poll()) < len(launcher.pids) and time.monotonic() < deadline:
                 launcher.wait(0.01)
             launcher.close()
-        for conn in self.conns.values():
-            conn.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         janitor.unregister(self._janitor)
 
@@ -199,10 +126,6 @@ class Pool:
         if launcher is not None:
             launcher.kill_now()
         shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-def _ready(conns: list[Connection], timeout: float) -> list[Connection]:
-    return [c for c in wait(conns, timeout=timeout) if isinstance(c, Connection)]
 
 
 def _tail(launcher: ProcessLauncher, dead: dict[int, ExitStatus]) -> str:
@@ -222,14 +145,14 @@ class TestRun:
         self.world_size = pool.world_size
 
     def poll(self) -> dict[int, ExitStatus]:
-        self.pool.pump(0)
         ended = dict(self.pool.launcher.poll())
-        for rank in self.pool.answers(self.seq):
-            ended.setdefault(rank, ExitStatus(code=0))
+        if self.pool.channel.seq == self.seq:
+            for rank in self.pool.channel.answers:
+                ended.setdefault(rank, ExitStatus(code=0))
         return ended
 
     def outcome(self, rank: int) -> Outcome | None:
-        return self.pool.answers(self.seq).get(rank)
+        return self.pool.launcher.outcome(rank) if self.pool.channel.seq == self.seq else None
 
     def output(self, rank: int) -> str:
         return self.pool.launcher.output(rank)
@@ -246,7 +169,7 @@ class TestRun:
         self.pool.launcher.stop()
 
     def wait(self, seconds: float) -> None:
-        self.pool.pump(seconds)
+        self.pool.launcher.wait(seconds)
 
 
     def pump_output(self, final: bool = False) -> None:

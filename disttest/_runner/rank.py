@@ -1,26 +1,33 @@
-"""The code that runs inside a rank process.
+"""The code that runs inside a rank process: the one rank loop.
 
 Self-contained: it depends on the standard library, torch and the data
-modules of the core (:mod:`.outcome`, :mod:`.progress`), not on the runners.
-A rank prepares itself right after fork (parent-death signal, environment,
-output to a file, one OpenMP thread, stack dumps on SIGUSR1, collective
-tracking), runs the test class's ``_run`` and leaves its :class:`Outcome` in
-a file of the test's run directory before it exits.
+modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.messages`,
+:mod:`.channel`'s ``connect``), not on the runners. A rank prepares itself
+right after fork (parent-death signal, environment, output to a file, one
+OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the
+parent, and then runs the loop every rank process runs: be ready (a pool
+worker makes the class's group first), then for each ``Run`` message run the
+test through unittest's machinery and answer ``Done`` with its outcome,
+until told to ``Leave``. A fresh-process rank is a pool of one test: its
+``_run`` hook (upstream's) runs the test, and after answering it stays until
+the parent says every rank has answered, or a moment (see :data:`LINGER`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from disttest._runner import progress
+from disttest._runner.channel import connect
+from disttest._runner.messages import Done, Hello, Ready, Run
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 
 __unittest = True
@@ -30,11 +37,9 @@ __all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_proc
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 STACK_SIGNAL = signal.SIGUSR1
-#: The parent's word that every rank has reported: a lingering rank leaves.
-RELEASE_SIGNAL = signal.SIGUSR2
 TEST_ERROR_EXIT_CODE = 10
-#: Seconds at most a rank stays after reporting, unless the parent releases it
-#: sooner (every rank has reported). Its exit would close its sockets under
+#: Seconds at most a fresh-process rank stays after answering, unless the
+#: parent says ``Leave`` sooner (every rank has answered). Its exit would close its sockets under
 #: peers still completing communication with it (a gloo handshake, a
 #: collective it already joined), turning their own report into "connection
 #: closed by peer"; and a peer left waiting in a collective this rank never
@@ -67,7 +72,7 @@ class RankSpec:
     cwd: str = "."
     sys_path: list[str] = field(default_factory=list)
     run_kwargs: dict[str, Any] = field(default_factory=dict)
-    #: "test": run one test and exit; "pool": serve tests over ``address``.
+    #: "test": run one test and exit; "pool": serve the class's tests.
     entry: str = "test"
     address: str = ""
     token: str = ""
@@ -79,7 +84,7 @@ class _Context:
     spec: RankSpec
     test_outcome: Outcome | None = None
     pid: int = field(default_factory=os.getpid)
-    #: Run after the rank has lingered (see :func:`after_release`).
+    #: Run after the parent has released the rank (see :func:`after_release`).
     after_release: list[Any] = field(default_factory=list)
 
 
@@ -108,10 +113,10 @@ _context: list[_Context] = []  # the one context of this rank process
 
 
 def paths(run_dir: str, rank: int) -> dict[str, str]:
-    """The files of ``rank`` in a run directory."""
+    """The files of ``rank`` in a run directory: its output, its stack dumps,
+    and the run's progress board."""
     base = os.path.join(run_dir, f"rank{rank}")
-    return {"outcome": base + ".outcome", "log": base + ".log", "stacks": base + ".stacks",
-            "progress": os.path.join(run_dir, "progress")}
+    return {"log": base + ".log", "stacks": base + ".stacks", "progress": os.path.join(run_dir, "progress")}
 
 
 def current() -> _Context | None:
@@ -203,8 +208,6 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-    # Held pending until _linger waits for it (threads made later inherit the mask).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {RELEASE_SIGNAL})
     os.chdir(spec.cwd)
     os.environ.clear()
     os.environ.update(spec.environ)
@@ -267,41 +270,112 @@ def _final_outcome(ctx: _Context, exc: BaseException | None) -> Outcome:
     return test
 
 
-def write_outcome(path: str, outcome: Outcome) -> None:
-    """Write atomically: the parent never reads half an outcome."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(outcome, f)
-    os.replace(tmp, path)
+class _OneTest:
+    """A fresh-process rank's part: nothing to make first; the test runs
+    through the class's ``_run`` hook (upstream suites override it)."""
+
+    single = True
+
+    def __init__(self, cls: Any, ctx: _Context) -> None:
+        self.cls = cls
+        self.ctx = ctx
+
+    def init(self) -> Outcome | None:
+        return None
+
+    def run(self, test: str) -> Outcome:
+        spec = self.ctx.spec
+        exc: BaseException | None = None
+        try:
+            self.cls._run(self.ctx.rank, test, spec.file_name, None, **spec.run_kwargs)
+        except BaseException as e:  # noqa: BLE001 (everything is reported)
+            exc = e
+        return _final_outcome(self.ctx, exc)
+
+    def shutdown(self) -> None:
+        for fn in self.ctx.after_release:
+            with contextlib.suppress(Exception):
+                fn()
+
+
+class _PoolWorker:
+    """A pool worker's part: make the class's process group, run each test
+    through unittest's own machinery, destroy the group at the end."""
+
+    single = False
+
+    def __init__(self, cls: Any, ctx: _Context) -> None:
+        self.cls = cls
+        self.ctx = ctx
+        self.failure: Outcome | None = None
+
+    def init(self) -> Outcome | None:
+        spec = self.ctx.spec
+        try:
+            self.cls._pool_init(self.ctx.rank, spec.world_size, spec.file_name)
+        except BaseException as e:  # noqa: BLE001 (reported for every test)
+            self.failure = outcome_from_exception(self.ctx.rank, e)
+            self.failure.detail = "raised while making the class's process group"
+        return self.failure
+
+    def run(self, test: str) -> Outcome:
+        if self.failure is not None:
+            return dataclasses.replace(self.failure)
+        return self.cls._pool_run_test(test, self.ctx.rank)
+
+    def shutdown(self) -> None:
+        if self.failure is None:
+            self.cls._pool_shutdown()
 
 
 def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
-    """The body of a rank process (forked or spawned); never returns."""
-    if spec.entry == "pool":
-        _serve_pool(cls, spec, rank, parent_pid)
+    """The body of every rank process (forked or spawned; fresh or pooled):
+    the one rank loop. Never returns."""
     code = TEST_ERROR_EXIT_CODE
     try:
         files = _prepare(spec, rank, parent_pid)
         ctx = _Context(rank, spec)
         _context[:] = [ctx]
-        exc: BaseException | None = None
-        try:
-            cls._run(rank, spec.test_name, spec.file_name, None, **spec.run_kwargs)
-        except BaseException as e:  # noqa: BLE001 (everything is reported)
-            exc = e
-        _leave_if_forked(ctx)
-        publish_progress()
-        outcome = _final_outcome(ctx, exc)
-        outcome.left_running = kill_descendants()
-        outcome.output_tail = tail(files["log"])
-        write_outcome(files["outcome"], outcome)
-        code = 0 if outcome.kind in (Kind.PASSED, Kind.SKIPPED) else TEST_ERROR_EXIT_CODE
-        signal.sigtimedwait({RELEASE_SIGNAL}, LINGER_AFTER_PASS if code == 0 else LINGER)
-        for fn in ctx.after_release:
-            with contextlib.suppress(Exception):
-                fn()
+        conn = connect(spec.address)
+        conn.send(Hello(rank, spec.token))
+        part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)
+        conn.send(Ready(rank, part.init()))
+        code = 0
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break  # the parent has gone
+            if not isinstance(message, Run):
+                break  # Leave
+            outcome = _run_one(part, ctx, files, message.test)
+            conn.send(Done(message.seq, outcome))
+            if part.single:
+                passed = outcome.kind in (Kind.PASSED, Kind.SKIPPED)
+                code = 0 if passed else TEST_ERROR_EXIT_CODE
+                # Stay until every rank has answered (the parent says Leave),
+                # at most a moment: see LINGER.
+                with contextlib.suppress(OSError):
+                    conn.poll(LINGER_AFTER_PASS if passed else LINGER)
+                break
+        part.shutdown()
+        kill_descendants()
     finally:
         _exit(code)
+
+
+def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str], test: str) -> Outcome:
+    """Run one test in this rank; its outcome with what it left behind,
+    the flight recorder's final counts published, and its output's end."""
+    progress.restart_counts()
+    before = _descendants()
+    ctx.test_outcome = None
+    outcome = part.run(test)
+    _leave_if_forked(ctx)
+    outcome.left_running = kill_descendants(keep=before)
+    publish_progress()
+    outcome.output_tail = tail(files["log"])
+    return outcome
 
 
 def _exit(code: int) -> None:
@@ -312,46 +386,3 @@ def _exit(code: int) -> None:
         sys.stderr.flush()
     finally:
         os._exit(code)
-
-
-def _serve_pool(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> None:
-    """A pool worker: make the class's process group, then run each test the
-    parent sends, answering with its outcome, until told to exit or the
-    parent goes away. Never returns."""
-    from disttest._runner.channel import connect
-
-    code = 1
-    try:
-        files = _prepare(spec, rank, parent_pid)
-        conn = connect(spec.address)
-        conn.send(("hello", rank, spec.token))
-        _context[:] = [_Context(rank, spec)]
-        init: Outcome | None = None
-        try:
-            cls._pool_init(rank, spec.world_size, spec.file_name)
-        except BaseException as e:  # noqa: BLE001 (reported for every test)
-            init = outcome_from_exception(rank, e)
-            init.detail = "raised while making the class's process group"
-        conn.send(("ready", rank, init))
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break
-            if message[0] == "exit":
-                break
-            _, seq, test_name = message
-            progress.restart_counts()
-            before = _descendants()
-            outcome = init if init is not None else cls._pool_run_test(test_name, rank)
-            _leave_if_forked(_context[0])
-            outcome.left_running = kill_descendants(keep=before)
-            publish_progress()
-            outcome.output_tail = tail(files["log"])
-            conn.send(("done", seq, outcome))
-        if init is None:
-            cls._pool_shutdown()
-        kill_descendants()
-        code = 0
-    finally:
-        _exit(code)

@@ -110,7 +110,7 @@ _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: disttest's rank entry points: frames below them are the launcher's past
 #: (a forked rank's stack goes on into its parent's frames at the fork).
-_ENTRIES = (" in run_rank_process", " in _serve_pool", " in _main")
+_ENTRIES = (" in run_rank_process", " in _main")
 
 
 def _user_stack(stacks: str) -> str:

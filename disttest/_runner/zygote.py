@@ -7,10 +7,9 @@ OpenMP. It reaps its children and reports each exit to the test process.
 It dies with the test process (parent-death signal), and its ranks die with
 it, so no rank outlives a killed test run.
 
-Protocol over two pipes (``multiprocessing.connection`` framing):
-``("start", run_id, spec)`` -> ``("started", run_id, {rank: pid})`` or
-``("error", run_id, text)``; then ``("exit", run_id, rank, wait_status)`` per
-rank.
+It speaks the typed messages of :mod:`.messages` over two pipes: ``Start``
+-> ``Started`` (or ``StartFailed``), then ``Exited`` per rank. The ranks it
+forks talk to the test process over their own channel, as every rank does.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from typing import Any
 from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
+from disttest._runner.messages import Exited, ServerReady, Start, Started, StartFailed, deliver
 from disttest._runner.outcome import ExitStatus
 
 __unittest = True
@@ -96,7 +96,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, tuple[int, int]] = {}  # pid -> (run_id, rank)
-    outbox.send(("ready", os.getpid()))
+    outbox.send(ServerReady(os.getpid()))
     while True:
         ready, _, _ = select.select([inbox.fileno(), wake_r], [], [], 0.5)
         if wake_r in ready:
@@ -110,9 +110,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             message = inbox.recv()
         except (EOFError, OSError):
             break
-        if message[0] != "start":
+        if not isinstance(message, Start):
             continue
-        _, run_id, spec = message
+        run_id, spec = message.run, message.spec
         try:
             sys.path[:] = spec.sys_path
             cls = resolve_class(spec)
@@ -122,7 +122,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             for name in getattr(cls, "rank_preload", ()):
                 importlib.import_module(name)
         except BaseException:  # noqa: BLE001 (reported to the test process)
-            outbox.send(("error", run_id, traceback.format_exc()))
+            outbox.send(StartFailed(run_id, traceback.format_exc()))
             continue
         pids = {}
         for r in range(spec.world_size):
@@ -136,7 +136,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
                 rank_mod.run_rank_process(cls, spec, r, parent_pid=os.getppid())
             children[pid] = (run_id, r)
             pids[r] = pid
-        outbox.send(("started", run_id, pids))
+        outbox.send(Started(run_id, pids))
     # Every descendant: the ranks and what they started (a child in its own
     # session is still a rank's child, or ours once its rank has died).
     rank_mod.kill_descendants()
@@ -174,7 +174,7 @@ def _reap(children: dict[int, tuple[int, int]], outbox: Connection) -> None:
             return
         if pid in children:
             run_id, r = children.pop(pid)
-            outbox.send(("exit", run_id, r, status))
+            outbox.send(Exited(run_id, r, status))
 
 
 # --- client side ----------------------------------------------------------------
@@ -223,9 +223,9 @@ class _Client:
                 message = self.inbox.recv()
             except (EOFError, OSError):
                 return
-            launcher = self.runs.get(message[1])
+            launcher = self.runs.get(getattr(message, "run", None))  # type: ignore[arg-type]
             if launcher is not None:
-                launcher._deliver(message)
+                deliver(message, launcher)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -267,7 +267,7 @@ class ZygoteLauncher(ProcessLauncher):
         self._run_id = next(client.ids)
         self._error: str | None = None
         client.runs[self._run_id] = self
-        client.outbox.send(("start", self._run_id, self.spec))
+        client.outbox.send(Start(self._run_id, self.spec))
         deadline = time.monotonic() + START_TIMEOUT
         while not self.pids and self._error is None:
             client.pump(0.05)
@@ -285,18 +285,19 @@ class ZygoteLauncher(ProcessLauncher):
             client.runs.pop(self._run_id, None)
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
 
-    def _deliver(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "started":
-            self.pids.update(message[2])
-        elif kind == "error":
-            self._error = message[2]
-        elif kind == "exit":
-            self._exits[message[2]] = ExitStatus.from_wait_status(message[3])
+    def on_started(self, message: Started) -> None:
+        self.pids.update(message.pids)
+
+    def on_startfailed(self, message: StartFailed) -> None:
+        self._error = message.text
+
+    def on_exited(self, message: Exited) -> None:
+        self._exits[message.rank] = ExitStatus.from_wait_status(message.wait_status)
 
     def wait(self, seconds: float) -> None:
-        # Exit reports arrive on the pipe: wake as soon as one does.
-        self._client.pump(seconds)
+        # Wake as soon as a rank says something or the server reports an exit.
+        self.channel.pump(seconds, also=[self._client.inbox])
+        self._client.pump()
 
     def _reap(self) -> None:
         self._client.pump()

@@ -1,0 +1,113 @@
+"""The messages of the rank channel and of the fork server, and their one decoder.
+
+Every process of a run talks to the test process in these typed messages,
+over ``multiprocessing.connection`` framing (length-prefixed pickles): a rank
+over its channel (:mod:`.channel`), the fork server over its pipes
+(:mod:`.zygote`). A receiver hands each message to :func:`deliver`, which
+calls the handler's ``on_<message name>`` method (as pytest-xdist's
+controller dispatches each worker event to one handler). Standard library
+only: ranks and the fork server import it.
+
+A rank's conversation (a fresh-process test is a pool of one test)::
+
+    rank -> parent   Hello(rank, token)          first, on connecting
+    rank -> parent   Ready(rank, failure)        the class's group is made (pool) or not needed
+    parent -> rank   Run(seq, test)              run a test
+    rank -> parent   Done(seq, outcome)          its outcome (phase, traceback, output tail...)
+    parent -> rank   Leave()                     every rank has reported (or the pool closes)
+
+The fork server's::
+
+    server -> parent ServerReady(pid)
+    parent -> server Start(run, spec)            fork the ranks of run ``run``
+    server -> parent Started(run, pids) | StartFailed(run, text)
+    server -> parent Exited(run, rank, wait_status)   per rank, when reaped
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__unittest = True
+
+__all__ = [
+    "Done", "Exited", "Hello", "Leave", "Ready", "Run", "ServerReady", "Start", "StartFailed",
+    "Started", "deliver",
+]
+
+
+@dataclass(frozen=True)
+class Hello:
+    rank: int
+    token: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    rank: int
+    #: The outcome of making the class's group when that failed or skipped, else None.
+    failure: Any = None
+
+
+@dataclass(frozen=True)
+class Run:
+    seq: int
+    test: str
+
+
+@dataclass(frozen=True)
+class Done:
+    seq: int
+    outcome: Any
+
+
+@dataclass(frozen=True)
+class Leave:
+    pass
+
+
+@dataclass(frozen=True)
+class ServerReady:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Start:
+    run: int
+    spec: Any
+
+
+@dataclass(frozen=True)
+class Started:
+    run: int
+    pids: dict[int, int]
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    run: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    run: int
+    rank: int
+    wait_status: int
+
+
+_HANDLERS: dict[type, str] = {cls: f"on_{cls.__name__.lower()}" for cls in
+             (Hello, Ready, Run, Done, Leave, ServerReady, Start, Started, StartFailed, Exited)}
+
+
+def deliver(message: object, handler: object, *args: Any) -> bool:
+    """Call ``handler.on_<name>(message, *args)`` for a known message that
+    the handler handles; False for anything else (a stray or foreign
+    message is dropped, never trusted)."""
+    name = _HANDLERS.get(type(message))
+    method = getattr(handler, name, None) if name else None
+    if method is None:
+        return False
+    method(message, *args)
+    return True

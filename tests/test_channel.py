@@ -1,0 +1,137 @@
+"""The rank channel: the parent's one decoder of what ranks say."""
+
+from __future__ import annotations
+
+import unittest
+
+from disttest._runner.channel import Channel, connect
+from disttest._runner.messages import Done, Hello, Leave, Ready, Run, Start, deliver
+from disttest._runner.outcome import Kind, Outcome
+
+
+def pump_until(channel: Channel, done, rounds: int = 100) -> None:
+    for _ in range(rounds):
+        if done():
+            return
+        channel.pump(0.05)
+    raise AssertionError("the channel never got there")
+
+
+class ChannelTest(unittest.TestCase):
+    def setUp(self):
+        self.channel = Channel(2)
+        self.addCleanup(self.channel.close)
+
+    def rank(self, rank: int, token: str | None = None):
+        conn = connect(self.channel.address)
+        self.addCleanup(conn.close)
+        conn.send(Hello(rank, self.channel.token if token is None else token))
+        return conn
+
+    def test_ranks_are_taken_in_and_ready(self):
+        a, b = self.rank(0), self.rank(1)
+        a.send(Ready(0))
+        b.send(Ready(1, Outcome(1, Kind.SKIPPED, message="no gloo")))
+        pump_until(self.channel, lambda: len(self.channel.ready) == 2)
+        self.assertIsNone(self.channel.ready[0])
+        self.assertEqual(self.channel.ready[1].skip_reason, "no gloo")
+        # Everyone is here: the endpoint is closed, nobody else can connect.
+        self.assertIsNone(self.channel.endpoint)
+        with self.assertRaises(OSError):
+            connect(self.channel.address)
+
+    def test_a_wrong_token_or_rank_is_not_a_rank(self):
+        stranger = self.rank(0, token="guess")
+        out_of_range = self.rank(7)
+        pump_until(self.channel, lambda: stranger.poll(0) and out_of_range.poll(0))
+        for conn in (stranger, out_of_range):
+            with self.assertRaises(EOFError):
+                conn.recv()  # closed by the parent
+        self.assertEqual(self.channel.conns, {})
+
+    def test_a_first_message_that_is_not_hello_is_dropped(self):
+        conn = connect(self.channel.address)
+        self.addCleanup(conn.close)
+        conn.send(Ready(0))
+        pump_until(self.channel, lambda: conn.poll(0))
+        with self.assertRaises(EOFError):
+            conn.recv()
+        self.assertEqual(self.channel.ready, {})
+
+    def test_a_second_hello_for_a_rank_is_dropped(self):
+        first = self.rank(0)
+        pump_until(self.channel, lambda: 0 in self.channel.conns)
+        second = self.rank(0)
+        pump_until(self.channel, lambda: second.poll(0))
+        with self.assertRaises(EOFError):
+            second.recv()
+        self.assertEqual(self.channel.conns[0].fileno() >= 0, True)
+        first.send(Ready(0))
+        pump_until(self.channel, lambda: 0 in self.channel.ready)
+
+    def test_answers_to_an_older_test_are_dropped(self):
+        a = self.rank(0)
+        a.send(Ready(0))
+        pump_until(self.channel, lambda: 0 in self.channel.ready)
+        old = self.channel.dispatch("test_a")
+        self.assertEqual(a.recv(), Run(old, "test_a"))
+        new = self.channel.dispatch("test_b")
+        self.assertEqual(a.recv(), Run(new, "test_b"))
+        a.send(Done(old, Outcome(0, Kind.FAILED, "AssertionError", "stale")))
+        a.send(Done(new, Outcome(0, Kind.PASSED)))
+        pump_until(self.channel, lambda: 0 in self.channel.answers)
+        self.assertEqual(self.channel.answers[0].kind, Kind.PASSED)
+
+    def test_a_rank_cannot_answer_for_another(self):
+        a = self.rank(0)
+        self.rank(1)
+        a.send(Ready(0))
+        pump_until(self.channel, lambda: 0 in self.channel.ready and 1 in self.channel.conns)
+        seq = self.channel.dispatch("t")
+        a.send(Done(seq, Outcome(1, Kind.PASSED)))  # rank 0 posing as rank 1
+        a.send(Done(seq, Outcome(0, Kind.PASSED)))
+        pump_until(self.channel, lambda: 0 in self.channel.answers)
+        self.assertNotIn(1, self.channel.answers)
+
+    def test_a_fresh_process_run_sends_its_test_once_ready(self):
+        channel = Channel(1, first_test="test_x")
+        self.addCleanup(channel.close)
+        conn = connect(channel.address)
+        self.addCleanup(conn.close)
+        conn.send(Hello(0, channel.token))
+        conn.send(Ready(0))
+        pump_until(channel, lambda: 0 in channel.ready)
+        self.assertTrue(conn.poll(5))
+        self.assertEqual(conn.recv(), Run(1, "test_x"))
+
+    def test_garbage_closes_that_connection_only(self):
+        a = self.rank(0)
+        pump_until(self.channel, lambda: 0 in self.channel.conns)
+        a.send_bytes(b"not a pickle")
+        self.channel.pump(0.5)
+        self.assertTrue(self.channel.conns[0].closed)
+        self.channel.pump(0)  # a closed connection is no longer waited on
+
+
+class DeliverTest(unittest.TestCase):
+    def test_calls_the_handler_of_the_message_type(self):
+        seen = []
+
+        class Handler:
+            def on_leave(self, message, extra):
+                seen.append((message, extra))
+
+        self.assertTrue(deliver(Leave(), Handler(), "x"))
+        self.assertEqual(seen, [(Leave(), "x")])
+
+    def test_unknown_or_unhandled_messages_are_dropped(self):
+        class Handler:
+            pass
+
+        self.assertFalse(deliver(Start(1, None), Handler()))
+        self.assertFalse(deliver(("done", 1, None), Handler()))
+        self.assertFalse(deliver("run", Handler()))
+
+
+if __name__ == "__main__":
+    unittest.main()
