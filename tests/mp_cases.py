@@ -194,3 +194,21 @@ class DynamoMulti(disttest.DynamoDistributedMultiProcTestCase):
             out = step(torch.ones(3))
             self.assertEqual(out, torch.full((3,), 2.0 * self.world_size + 1))
             self.assertEqual(self.world_size, 2)
+
+
+class Pinned(Base):
+    """``pin_ranks``: each rank process on one CPU, round-robin."""
+
+    pin_ranks = "on"
+
+    def test_on_one_cpu(self):
+        cpus = sorted(int(c) for c in os.environ["CASE_CPUS"].split(","))
+        assert os.sched_getaffinity(0) == {cpus[self.rank % len(cpus)]}, os.sched_getaffinity(0)
+
+    def test_on_every_cpu(self):
+        cpus = {int(c) for c in os.environ["CASE_CPUS"].split(",")}
+        assert os.sched_getaffinity(0) == cpus, os.sched_getaffinity(0)
+
+
+class Unpinned(Pinned):
+    pin_ranks = "off"

@@ -242,3 +242,17 @@ if __name__ == "__main__":
         rank, world, rdvz = None, None, None
     result = Launched.run_rank(rank, world, rdvz)
     sys.exit(0 if result.wasSuccessful() else 1)
+
+
+class Pinned(disttest.MultiProcContinousTest):
+    """``pin_ranks`` in a pool: each worker on one CPU, round-robin."""
+
+    pin_ranks = "on"
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return "gloo"
+
+    def test_on_one_cpu(self):
+        cpus = sorted(int(c) for c in os.environ["CASE_CPUS"].split(","))
+        assert os.sched_getaffinity(0) == {cpus[self.rank % len(cpus)]}, os.sched_getaffinity(0)

@@ -76,6 +76,8 @@ class RankSpec:
     entry: str = "test"
     address: str = ""
     token: str = ""
+    #: The CPU of each rank (``settings.rank_cpus``), or None: not pinned.
+    cpus: list[int] | None = None
 
 
 @dataclass
@@ -151,6 +153,8 @@ def set_child_subreaper() -> None:
 def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
     """Kill every running descendant process of this one (but ``keep``);
     return each as "pid N: command line" (a test leaves no process behind)."""
+    if _childless():
+        return []
     kids = _direct_children()
     if kids is not None and not kids - keep:
         return []  # the usual case, in a fraction of psutil's time
@@ -186,8 +190,22 @@ def _direct_children() -> set[int] | None:
         return None
 
 
+def _childless() -> bool:
+    """Whether this process has no child at all, running or ended (one
+    system call; /proc lists children per thread, and torch has many)."""
+    if not hasattr(os, "waitid"):
+        return False
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _descendants() -> frozenset[int]:
-    if _direct_children() == set():
+    if _childless() or _direct_children() == set():
         return frozenset()
     import psutil
 
@@ -208,6 +226,9 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    if spec.cpus is not None:
+        with contextlib.suppress(OSError, AttributeError):  # the CPU went offline; no affinity here
+            os.sched_setaffinity(0, {spec.cpus[rank]})
     os.chdir(spec.cwd)
     os.environ.clear()
     os.environ.update(spec.environ)
