@@ -236,7 +236,8 @@ class MultiProcessTestCase(RankDispatch):
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
         outcome: Outcome = outcome_from_exception(self.rank, exc)
-        rank_mod.publish_progress()  # while the group exists: peers judge by it
+        # While the group exists: peers judge by it.
+        rank_mod.publish_progress(passed=outcome.kind is Kind.PASSED)
         rank_mod.record_test_outcome(outcome)
         if outcome.kind is not Kind.PASSED:
             raise SystemExit(self.TEST_ERROR_EXIT_CODE)

@@ -563,18 +563,21 @@ def watch_flight_recorder() -> Callable[[], None]:
     """In a rank process: a daemon thread publishes what c10d's flight
     recorder knows (collectives issued from C++ too) into this process's
     record, every :data:`WATCH_INTERVAL` while a group exists. Returns
-    ``publish``, to call with ``done=True`` when the rank's test ends."""
+    ``publish``, to call with ``done=True`` when the rank's test ends (and
+    ``look=False`` when it passed: peers are judged by their own record and
+    by when this rank ended, never by a finished rank's recorder counts, so
+    a passing rank skips the recorder's dump)."""
     from disttest import _compat
 
     last: list[Any] = [None]
 
-    def publish(done: bool = False) -> None:
+    def publish(done: bool = False, look: bool = True) -> None:
         tracker = _process_tracker[0] if _process_tracker else None
         if done and tracker is not None:
             tracker.done()
         import torch.distributed as dist
 
-        if tracker is None or not dist.is_initialized():
+        if tracker is None or not look or not dist.is_initialized():
             return
         status = _compat.flight_status()
         # While a collective is pending, every look is published: its time

@@ -257,12 +257,13 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     return files
 
 
-def publish_progress() -> None:
-    """Publish the flight recorder's counts now (a rank's test has ended:
-    its peers' desync judgement needs its final counts)."""
+def publish_progress(passed: bool = False) -> None:
+    """Publish that this rank's test has ended (its peers' desync judgement
+    needs when), and, unless it ``passed``, what the flight recorder says it
+    was in (the judgement of its own error needs that)."""
     for publish in _context_publish:
         try:
-            publish(done=True)
+            publish(done=True, look=not passed)
         except Exception:  # noqa: BLE001,S110 (bookkeeping never breaks a rank)
             pass
 
@@ -394,7 +395,7 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     outcome = part.run(test)
     _leave_if_forked(ctx)
     outcome.left_running = kill_descendants(keep=before)
-    publish_progress()
+    publish_progress(passed=outcome.kind in (Kind.PASSED, Kind.SKIPPED))
     outcome.output_tail = tail(files["log"])
     return outcome
 
