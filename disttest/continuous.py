@@ -268,8 +268,7 @@ class MultiProcContinousTest(TestCase):
         """Run one test in this rank through unittest's own machinery (setUp,
         the test, subTests, tearDown, cleanups, expectedFailure); the outcome
         names the phase that failed."""
-        case = cls(test_name)
-        set_rng_seed(case.seed)
+        case = cls(test_name)  # seeded in _callSetUp
         result = PhaseResult(rank)
         case.run(result)
         return result.outcome()
