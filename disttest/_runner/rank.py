@@ -39,13 +39,13 @@ PR_SET_CHILD_SUBREAPER = 36
 STACK_SIGNAL = signal.SIGUSR1
 TEST_ERROR_EXIT_CODE = 10
 #: Seconds at most a fresh-process rank stays after answering, unless the
-#: parent says ``Leave`` sooner (every rank has answered). Its exit would close its sockets under
-#: peers still completing communication with it (a gloo handshake, a
-#: collective it already joined), turning their own report into "connection
-#: closed by peer"; and a peer left waiting in a collective this rank never
-#: joins gets the time to show where it waits (desync).
+#: parent says ``Leave`` sooner (every rank has answered). Its exit would
+#: close its sockets under peers still completing communication with it (a
+#: gloo handshake, a collective it already joined), turning their own report
+#: into "connection closed by peer"; and a peer left waiting in a collective
+#: this rank never joins gets the time to show where it waits (desync).
 #: A rank that passed stays longer: that costs nothing when every rank
-#: reports (the parent releases them at once), and gives a loaded machine the
+#: answers (the parent releases them at once), and gives a loaded machine the
 #: time to show a peer waiting in a collective the rank never entered, also
 #: one issued from C++ (published by the flight recorder's watcher). A failing
 #: rank does not: the parent sees a failure when the rank has exited.
@@ -362,7 +362,9 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         conn.send(Hello(rank, spec.token))
         part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)
         conn.send(Ready(rank, part.init()))
-        code = 0
+        # A pool worker told to leave has done its part; a fresh-process
+        # rank only once it has answered.
+        code = TEST_ERROR_EXIT_CODE if part.single else 0
         while True:
             try:
                 message = conn.recv()
