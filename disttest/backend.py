@@ -36,6 +36,8 @@ from disttest.tempdirs import FILE_SCHEMA, cleanup_temp_dir, initialize_temp_dir
 
 __unittest = True
 
+# disttest re-exports every name listed here (see disttest/__init__.py);
+# backend_from_env and world_size_from_env are imported from here by name.
 __all__ = [
     "CUDA_PROFILING_SUPPORTED_BACKENDS",
     "CUSTOMIZED_TIMEOUT",
@@ -44,7 +46,6 @@ __all__ = [
     "PROFILING_SUPPORTED_BACKENDS",
     "SEND_RECV_PROFILING_SUPPORTED_BACKENDS",
     "TestDistBackend",
-    "backend_from_env",
     "ddp_find_unused_params_enabled_str",
     "ddp_outputs_not_used_in_loss_str",
     "ddp_prev_reduction_unfinished_str",
@@ -56,7 +57,6 @@ __all__ = [
     "require_backend_is_available",
     "require_exact_world_size",
     "require_world_size",
-    "world_size_from_env",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -32,20 +32,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from disttest import _compat
+from disttest import _compat, dtensor_models
 from disttest.config import ConfigError
 from disttest.continuous import MultiProcContinousTest
 from disttest.devices import ACCELERATOR_DIST_BACKENDS, accelerator_count, accelerator_type
-from disttest.dtensor_models import (
-    Attention,
-    FeedForward,
-    MLPModule,
-    MLPStacked,
-    ModelArgs,
-    RMSNormPython,
-    Transformer,
-    TransformerBlock,
-)
+from disttest.dtensor_models import *  # noqa: F403  (dtensor_models.__all__)
 from disttest.helpers import run_subtests
 from disttest.multiprocess import MultiProcessTestCase
 from disttest.multithread import MultiThreadedTestCase
@@ -64,16 +55,8 @@ __all__ = [
     "DTensorOpTestBase",
     "DTensorTestBase",
     "DTensorTestMixin",
-    "Attention",
-    "FeedForward",
     "LocalDTensorOpTestBase",
     "LocalDTensorTestBase",
-    "MLPModule",
-    "MLPStacked",
-    "ModelArgs",
-    "RMSNormPython",
-    "Transformer",
-    "TransformerBlock",
     "create_local_tensor_test_class",
     "map_local_for_rank",
     "map_local_tensor_for_rank",
@@ -81,6 +64,7 @@ __all__ = [
     "skip_unless_torch_gpu",
     "with_comms",
 ]
+__all__ += dtensor_models.__all__  # upstream's models, importable from here
 
 T = TypeVar("T")
 

@@ -35,21 +35,17 @@ from disttest.devices import (
 
 __unittest = True
 
+# disttest re-exports every name listed here (see disttest/__init__.py); the
+# runner's helpers (precheck_skip, backend_skip_reason, NCCL_NO_GPU,
+# NCCL_NOT_BUILT) are imported from this module by name.
 __all__ = [
-    "ACCELERATOR_DIST_BACKENDS",
-    "HAS_ACCELERATOR",
     "TEST_SKIPS",
     "DistSkip",
     "DistTestCases",
     "TestSkip",
-    "NCCL_NO_GPU",
-    "NCCL_NOT_BUILT",
-    "at_least_x_gpu",
-    "backend_skip_reason",
     "get_required_world_size",
     "import_transformers_or_skip",
     "nccl_skip_if_lt_x_gpu",
-    "precheck_skip",
     "require_n_gpus_for_nccl_backend",
     "requires_accelerator_dist_backend",
     "requires_gloo",
