@@ -163,17 +163,22 @@ def _backend_needs_devices(backend: str) -> bool:
     return any(name in backend for name in ACCELERATOR_DIST_BACKENDS)
 
 
-class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
+class _DTensorProcesses(MultiProcessTestCase):
+    """Fresh rank processes for DTensor code, FSDP2 included (``fully_shard``
+    shards into DTensors): the base of DTensorTestBase and FSDPTest."""
+
+    #: Imported by the fork server before it forks the ranks: DTensor's
+    #: ``distribute_tensor`` imports dynamo on first use (about 1 s per rank).
+    rank_preload: tuple[str, ...] = ("torch._dynamo",)
+
+
+class DTensorTestBase(DTensorTestMixin, _DTensorProcesses):
     """DTensor tests in ``world_size`` (default ``NUM_DEVICES``) fresh rank
     processes per test; ``@with_comms`` makes the group in every rank.
 
     A test that needs more accelerators than the host has is skipped in the
     parent, before any rank starts.
     """
-
-    #: Imported by the fork server before it forks the ranks: DTensor's
-    #: ``distribute_tensor`` imports dynamo on first use (about 1 s per rank).
-    rank_preload: tuple[str, ...] = ("torch._dynamo",)
 
     @property
     def world_size(self) -> int:
@@ -277,13 +282,12 @@ class DTensorOpTestBase(MultiThreadedTestCase):
     """DTensor tests in ``world_size`` threads over the threaded group; the
     group exists for the whole test (``@with_comms`` changes nothing here)."""
 
+    #: The threads share this host's device type (``DEVICE_TYPE``).
+    device_type: str = DEVICE_TYPE
+
     @property
     def world_size(self) -> int:
         return NUM_DEVICES
-
-    @property
-    def device_type(self) -> str:
-        return DEVICE_TYPE
 
     def build_device_mesh(self) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
