@@ -21,12 +21,13 @@ import tempfile
 import unittest
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._typing import F
 from disttest.barrier import Barrier
 from disttest.config import ConfigError, parse_world_size
 from disttest.multiprocess import MultiProcessTestCase
@@ -58,8 +59,6 @@ __all__ = [
     "require_exact_world_size",
     "require_world_size",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: Seconds a test's process group waits, unless CUSTOM_PG_TIMEOUT says otherwise.
 default_pg_timeout = 60

@@ -23,9 +23,10 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from disttest._ops import COLLECTIVES, P2P_OPS
+from disttest._typing import F as _F
 from disttest.config import ConfigError, as_number
 
 __unittest = True
@@ -57,7 +58,6 @@ ANY = "any"
 #: Ops that receive no values: nothing there to corrupt.
 NO_VALUES = ("barrier", "monitored_barrier", "send", "isend")
 _ATTR = "__disttest_faults__"
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class InjectedFault(RuntimeError):

@@ -19,12 +19,13 @@ import os
 import sys
 import unittest
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._typing import F
 from disttest.config import ConfigError, parse_world_size
 from disttest.devices import (
     ACCELERATOR_DIST_BACKENDS,
@@ -66,8 +67,6 @@ __all__ = [
     "skip_if_small_worldsize",
     "skip_if_win32",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class TestSkip(NamedTuple):
