@@ -5,33 +5,15 @@ that upstream spells with a leading underscore (``_lock``, ``_FC2``...) are
 kept as aliases of their public spelling so ported imports resolve.
 """
 
+# ruff: noqa: F405  (__all__ names arrive by the star imports and __getattr__)
 from __future__ import annotations
 
 from typing import Any
 
+from disttest import backend, skips
 from disttest._runner.report import RankError, RankFailure, RankReport
-from disttest.backend import (
-    CUDA_PROFILING_SUPPORTED_BACKENDS,
-    CUSTOM_PG_TIMEOUT,
-    CUSTOMIZED_TIMEOUT,
-    DEFAULT_TIMEOUT,
-    PROFILING_SUPPORTED_BACKENDS,
-    SEND_RECV_PROFILING_SUPPORTED_BACKENDS,
-    TestDistBackend,
-    _create_autograd_profiler,
-    _create_torch_profiler,
-    ddp_find_unused_params_enabled_str,
-    ddp_outputs_not_used_in_loss_str,
-    ddp_prev_reduction_unfinished_str,
-    ddp_recommend_find_unused_params_str,
-    ddp_suggest_debug_mode_str,
-    default_pg_timeout,
-    get_profiler_nccl_meta,
-    get_profiling_event,
-    require_backend_is_available,
-    require_exact_world_size,
-    require_world_size,
-)
+from disttest.backend import *  # noqa: F403  (backend.__all__)
+from disttest.backend import _create_autograd_profiler, _create_torch_profiler
 from disttest.barrier import Barrier, BarrierTimeout, lock
 from disttest.case import TestCase, assert_equal, set_rng_seed
 from disttest.config import DEFAULT_WORLD_SIZE, TIMEOUT_OVERRIDE, ConfigError, get_timeout
@@ -87,34 +69,7 @@ from disttest.models import (
 from disttest.modes import MODE_ENV, MODES, run_in
 from disttest.multiprocess import DistributedTestBase, MultiProcessTestCase
 from disttest.multithread import MultiThreadedTestCase, spawn_threads_and_init_comms
-from disttest.skips import (
-    TEST_SKIPS,
-    DistSkip,
-    DistTestCases,
-    TestSkip,
-    get_required_world_size,
-    import_transformers_or_skip,
-    nccl_skip_if_lt_x_gpu,
-    require_n_gpus_for_nccl_backend,
-    requires_accelerator_dist_backend,
-    requires_gloo,
-    requires_mpi,
-    requires_nccl,
-    requires_nccl_version,
-    requires_torch_feature,
-    requires_ucc,
-    requires_world_size,
-    skip_but_pass_in_sandcastle,
-    skip_but_pass_in_sandcastle_if,
-    skip_for_exit_code,
-    skip_if_lt_x_gpu,
-    skip_if_no_gpu,
-    skip_if_odd_worldsize,
-    skip_if_rocm,
-    skip_if_rocm_multiprocess,
-    skip_if_small_worldsize,
-    skip_if_win32,
-)
+from disttest.skips import *  # noqa: F403  (skips.__all__)
 from disttest.stores import create_tcp_store, find_free_port, retry_on_connect_failures
 from disttest.tempdirs import cleanup_temp_dir, initialize_temp_directories, rank_temp_file
 from disttest.tensors import build_multidim_tensor, build_tensor, simple_sparse_reduce_tests
@@ -135,7 +90,11 @@ _build_tensor = build_tensor
 _lock = lock
 _rank_temp_file = rank_temp_file
 
+# The names of backend.py and skips.py are listed once, in their own __all__,
+# and added below (the form type checkers read, as in asyncio/__init__.py).
 __all__ = [
+    "at_least_x_gpu",
+    "HAS_ACCELERATOR",
     "ACCELERATOR_DIST_BACKENDS",
     "AlreadyInitialized",
     "BN_NET",
@@ -144,9 +103,6 @@ __all__ = [
     "BarrierTimeout",
     "BatchNormNet",
     "COLLECTIVES_OBJECT_TEST_LIST",
-    "CUDA_PROFILING_SUPPORTED_BACKENDS",
-    "CUSTOMIZED_TIMEOUT",
-    "CUSTOM_PG_TIMEOUT",
     "CollectiveAborted",
     "CollectiveMismatch",
     "CollectiveTimeout",
@@ -154,11 +110,8 @@ __all__ = [
     "ControlFlowToyModel",
     "DDPUnevenTestInput",
     "DDP_NET",
-    "DEFAULT_TIMEOUT",
     "DEFAULT_WORLD_SIZE",
     "DictOutputModule",
-    "DistSkip",
-    "DistTestCases",
     "DistributedTestBase",
     "DynamoDistributedMultiProcTestCase",
     "DynamoDistributedSingleProcTestCase",
@@ -169,7 +122,6 @@ __all__ = [
     "FaultyRpcAgentTestFixture",
     "FaultyRpcTestCase",
     "Foo",
-    "HAS_ACCELERATOR",
     "INIT_METHOD_TEMPLATE",
     "InjectedFault",
     "LargeNet",
@@ -183,26 +135,21 @@ __all__ = [
     "Net",
     "NetWithBuffers",
     "ONLY_SBN_NET",
-    "PROFILING_SUPPORTED_BACKENDS",
     "ProcessLocalGroup",
     "RankError",
     "RankFailure",
     "RankReport",
     "RpcAgentTestFixture",
     "RpcTestCase",
-    "SEND_RECV_PROFILING_SUPPORTED_BACKENDS",
     "SaveForwardInputsModel",
     "SaveForwardInputsModule",
-    "TEST_SKIPS",
     "TIMEOUT_DEFAULT",
     "TIMEOUT_OVERRIDE",
     "Task",
     "TensorPipeRpcAgentTestFixture",
     "TestCase",
-    "TestDistBackend",
     "TestNamedTupleInput_0",
     "TestNamedTupleInput_1",
-    "TestSkip",
     "ThreadedWorld",
     "TwoLinLayerNet",
     "UnusedParamTwoLinLayerNet",
@@ -218,7 +165,6 @@ __all__ = [
     "_rank_temp_file",
     "_uninstall_threaded_pg",
     "assert_equal",
-    "at_least_x_gpu",
     "build_multidim_tensor",
     "build_tensor",
     "captured_output",
@@ -227,60 +173,27 @@ __all__ = [
     "create_device",
     "create_mock_pg",
     "create_tcp_store",
-    "ddp_find_unused_params_enabled_str",
-    "ddp_outputs_not_used_in_loss_str",
-    "ddp_prev_reduction_unfinished_str",
-    "ddp_recommend_find_unused_params_str",
-    "ddp_suggest_debug_mode_str",
-    "default_pg_timeout",
     "dist_init",
     "dynamo_dist_per_rank_init",
     "find_free_port",
     "get_function_event",
     "get_num_owners_and_forks",
-    "get_profiler_nccl_meta",
-    "get_profiling_event",
-    "get_required_world_size",
     "get_timeout",
     "has_efa",
-    "import_transformers_or_skip",
     "init_multigpu_helper",
     "initialize_pg",
     "initialize_temp_directories",
     "inject_fault",
     "lock",
     "mock_init_dist",
-    "nccl_skip_if_lt_x_gpu",
     "noop",
     "rank_temp_file",
     "register_fake_backend",
-    "require_backend_is_available",
-    "require_exact_world_size",
-    "require_n_gpus_for_nccl_backend",
-    "require_world_size",
-    "requires_accelerator_dist_backend",
-    "requires_gloo",
-    "requires_mpi",
-    "requires_nccl",
-    "requires_nccl_version",
-    "requires_torch_feature",
-    "requires_ucc",
-    "requires_world_size",
     "retry_on_connect_failures",
     "run_in",
     "run_subtests",
     "set_rng_seed",
     "simple_sparse_reduce_tests",
-    "skip_but_pass_in_sandcastle",
-    "skip_but_pass_in_sandcastle_if",
-    "skip_for_exit_code",
-    "skip_if_lt_x_gpu",
-    "skip_if_no_gpu",
-    "skip_if_odd_worldsize",
-    "skip_if_rocm",
-    "skip_if_rocm_multiprocess",
-    "skip_if_small_worldsize",
-    "skip_if_win32",
     "spawn_threads_and_init_comms",
     "tp_transports",
     "verify_ddp_error_logged",
@@ -293,6 +206,9 @@ __all__ = [
     "with_nccl_blocking_wait",
     "worker_name",
 ]
+__all__ += backend.__all__
+__all__ += skips.__all__
+__all__.sort()
 
 # Read on access, not at import: a bad DISTTEST_TIMEOUT fails the first test
 # that needs it, the shared models are built only when asked for, and

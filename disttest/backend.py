@@ -21,12 +21,13 @@ import tempfile
 import unittest
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._typing import F
 from disttest.barrier import Barrier
 from disttest.config import ConfigError, parse_world_size
 from disttest.multiprocess import MultiProcessTestCase
@@ -36,6 +37,8 @@ from disttest.tempdirs import FILE_SCHEMA, cleanup_temp_dir, initialize_temp_dir
 
 __unittest = True
 
+# disttest re-exports every name listed here (see disttest/__init__.py);
+# backend_from_env and world_size_from_env are imported from here by name.
 __all__ = [
     "CUDA_PROFILING_SUPPORTED_BACKENDS",
     "CUSTOMIZED_TIMEOUT",
@@ -44,7 +47,6 @@ __all__ = [
     "PROFILING_SUPPORTED_BACKENDS",
     "SEND_RECV_PROFILING_SUPPORTED_BACKENDS",
     "TestDistBackend",
-    "backend_from_env",
     "ddp_find_unused_params_enabled_str",
     "ddp_outputs_not_used_in_loss_str",
     "ddp_prev_reduction_unfinished_str",
@@ -56,10 +58,7 @@ __all__ = [
     "require_backend_is_available",
     "require_exact_world_size",
     "require_world_size",
-    "world_size_from_env",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: Seconds a test's process group waits, unless CUSTOM_PG_TIMEOUT says otherwise.
 default_pg_timeout = 60

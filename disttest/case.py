@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import expecttest
 import numpy as np
@@ -19,6 +19,9 @@ import torch
 
 from disttest.devices import HAS_ACCELERATOR
 from disttest.skips import DistSkip, skip_for_exit_code
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+
 
 __unittest = True
 
@@ -74,6 +77,17 @@ def _coerce(actual: Any, expected: Any, exact_dtype: bool) -> tuple[Any, Any, bo
     if _is_number(actual) and _is_number(expected):
         return actual, expected, False
     return actual, expected, exact_dtype
+
+
+class _EqualOptions(TypedDict, total=False):
+    """The keyword options of :func:`assert_equal`, which
+    :meth:`TestCase.assertEqual` passes on."""
+
+    rtol: float | None
+    atol: float | None
+    equal_nan: bool
+    exact_dtype: bool
+    exact_device: bool
 
 
 def assert_equal(
@@ -198,22 +212,12 @@ class TestCase(expecttest.TestCase):
             raise DistSkip(skip) from None
 
     def assertEqual(
-        self,
-        first: Any,
-        second: Any,
-        msg: str | None = None,
-        *,
-        rtol: float | None = None,
-        atol: float | None = None,
-        equal_nan: bool = True,
-        exact_dtype: bool = True,
-        exact_device: bool = False,
+        self, first: Any, second: Any, msg: str | None = None, **options: Unpack[_EqualOptions]
     ) -> None:
-        """Fail unless ``first`` equals ``second`` (see :func:`assert_equal`)."""
-        assert_equal(
-            first, second, msg, rtol=rtol, atol=atol, equal_nan=equal_nan,
-            exact_dtype=exact_dtype, exact_device=exact_device,
-        )
+        """Fail unless ``first`` equals ``second`` (see :func:`assert_equal`,
+        whose keyword options ``rtol``, ``atol``, ``equal_nan``, ``exact_dtype``
+        and ``exact_device`` it takes)."""
+        assert_equal(first, second, msg, **options)
 
     def assertGreaterAlmostEqual(
         self, first: float, second: float, places: int | None = None,
@@ -238,11 +242,11 @@ class TestCase(expecttest.TestCase):
         raise self.failureException(self._formatMessage(msg, detail))
 
     def assertNotEqual(
-        self, first: Any, second: Any, msg: str | None = None, **kwargs: Any
+        self, first: Any, second: Any, msg: str | None = None, **options: Unpack[_EqualOptions]
     ) -> None:
         """Fail if ``first`` equals ``second`` under :meth:`assertEqual`'s rules."""
         try:
-            self.assertEqual(first, second, **kwargs)
+            self.assertEqual(first, second, **options)
         except AssertionError:
             return
         raise self.failureException(

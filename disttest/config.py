@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 __unittest = True
 
@@ -23,11 +24,14 @@ __all__ = [
     "TIMEOUT_FALLBACK",
     "TIMEOUT_OVERRIDE",
     "ConfigError",
+    "as_number",
     "default_timeout",
     "get_timeout",
     "parse_timeout",
     "parse_world_size",
 ]
+
+N = TypeVar("N")
 
 #: Most tests run with this many ranks (upstream's value on non-ROCm hosts).
 DEFAULT_WORLD_SIZE = 4
@@ -63,21 +67,27 @@ class ConfigError(ValueError):
         )
 
 
+def as_number(kind: Callable[[Any], N], value: object, bad: ConfigError) -> N:
+    """``kind(value)`` (``int``, ``float``), or raise ``bad`` when ``value``
+    is a bool or ``kind`` cannot read it: the number check of every setting."""
+    if isinstance(value, bool):
+        raise bad
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise bad from None
+
+
 def parse_timeout(value: object, where: str) -> float:
     """Return ``value`` as a positive, finite number of seconds.
 
     Integral values come back as ``int`` so that messages read ``30s``.
     Raises :class:`ConfigError` naming ``value`` and ``where`` otherwise.
     """
-    why = "expected a positive number of seconds"
-    if isinstance(value, bool):
-        raise ConfigError("timeout", value, where, why)
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigError("timeout", value, where, why) from None
+    bad = ConfigError("timeout", value, where, "expected a positive number of seconds")
+    seconds = as_number(float, value, bad)
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError("timeout", value, where, why)
+        raise bad
     return int(seconds) if seconds.is_integer() else seconds
 
 

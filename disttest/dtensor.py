@@ -32,20 +32,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from disttest import _compat
+from disttest import _compat, dtensor_models
 from disttest.config import ConfigError
 from disttest.continuous import MultiProcContinousTest
 from disttest.devices import ACCELERATOR_DIST_BACKENDS, accelerator_count, accelerator_type
-from disttest.dtensor_models import (
-    Attention,
-    FeedForward,
-    MLPModule,
-    MLPStacked,
-    ModelArgs,
-    RMSNormPython,
-    Transformer,
-    TransformerBlock,
-)
+from disttest.dtensor_models import *  # noqa: F403  (dtensor_models.__all__)
 from disttest.helpers import run_subtests
 from disttest.multiprocess import MultiProcessTestCase
 from disttest.multithread import MultiThreadedTestCase
@@ -64,16 +55,8 @@ __all__ = [
     "DTensorOpTestBase",
     "DTensorTestBase",
     "DTensorTestMixin",
-    "Attention",
-    "FeedForward",
     "LocalDTensorOpTestBase",
     "LocalDTensorTestBase",
-    "MLPModule",
-    "MLPStacked",
-    "ModelArgs",
-    "RMSNormPython",
-    "Transformer",
-    "TransformerBlock",
     "create_local_tensor_test_class",
     "map_local_for_rank",
     "map_local_tensor_for_rank",
@@ -81,6 +64,7 @@ __all__ = [
     "skip_unless_torch_gpu",
     "with_comms",
 ]
+__all__ += dtensor_models.__all__  # upstream's models, importable from here
 
 T = TypeVar("T")
 
@@ -179,17 +163,22 @@ def _backend_needs_devices(backend: str) -> bool:
     return any(name in backend for name in ACCELERATOR_DIST_BACKENDS)
 
 
-class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
+class _DTensorProcesses(MultiProcessTestCase):
+    """Fresh rank processes for DTensor code, FSDP2 included (``fully_shard``
+    shards into DTensors): the base of DTensorTestBase and FSDPTest."""
+
+    #: Imported by the fork server before it forks the ranks: DTensor's
+    #: ``distribute_tensor`` imports dynamo on first use (about 1 s per rank).
+    rank_preload: tuple[str, ...] = ("torch._dynamo",)
+
+
+class DTensorTestBase(DTensorTestMixin, _DTensorProcesses):
     """DTensor tests in ``world_size`` (default ``NUM_DEVICES``) fresh rank
     processes per test; ``@with_comms`` makes the group in every rank.
 
     A test that needs more accelerators than the host has is skipped in the
     parent, before any rank starts.
     """
-
-    #: Imported by the fork server before it forks the ranks: DTensor's
-    #: ``distribute_tensor`` imports dynamo on first use (about 1 s per rank).
-    rank_preload: tuple[str, ...] = ("torch._dynamo",)
 
     @property
     def world_size(self) -> int:
@@ -293,13 +282,12 @@ class DTensorOpTestBase(MultiThreadedTestCase):
     """DTensor tests in ``world_size`` threads over the threaded group; the
     group exists for the whole test (``@with_comms`` changes nothing here)."""
 
+    #: The threads share this host's device type (``DEVICE_TYPE``).
+    device_type: str = DEVICE_TYPE
+
     @property
     def world_size(self) -> int:
         return NUM_DEVICES
-
-    @property
-    def device_type(self) -> str:
-        return DEVICE_TYPE
 
     def build_device_mesh(self) -> Any:
         from torch.distributed.device_mesh import init_device_mesh

@@ -30,13 +30,14 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from disttest import _compat
 from disttest._pg import FutureWork, _copy, _splits, completed_work
+from disttest._typing import F
 from disttest.config import parse_world_size
 
 __unittest = True
@@ -54,7 +55,6 @@ __all__ = [
     "with_fake_comms",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 BACKEND = "mock_process_group"
 ALREADY_INITIALIZED = (
     "a process group already exists (backend {backend!r}, rank {rank} of {size}); "

@@ -23,10 +23,11 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from disttest._ops import COLLECTIVES, P2P_OPS
-from disttest.config import ConfigError
+from disttest._typing import F as _F
+from disttest.config import ConfigError, as_number
 
 __unittest = True
 
@@ -57,7 +58,6 @@ ANY = "any"
 #: Ops that receive no values: nothing there to corrupt.
 NO_VALUES = ("barrier", "monitored_barrier", "send", "isend")
 _ATTR = "__disttest_faults__"
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class InjectedFault(RuntimeError):
@@ -109,20 +109,15 @@ class Fault:
 
 
 def _ranks(value: object, where: str) -> tuple[int, ...]:
-    why = "expected a rank (an int >= 0) or a list of them"
+    bad = ConfigError("fault rank", value, where, "expected a rank (an int >= 0) or a list of them")
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
-        raise ConfigError("fault rank", value, where, why)
+        raise bad
     ranks = []
     for item in items:
-        if isinstance(item, bool):
-            raise ConfigError("fault rank", value, where, why)
-        try:
-            rank = int(item)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise ConfigError("fault rank", value, where, why) from None
+        rank = as_number(int, item, bad)
         if rank < 0 or (not isinstance(item, str) and rank != item):
-            raise ConfigError("fault rank", value, where, why)
+            raise bad
         ranks.append(rank)
     return tuple(sorted(set(ranks)))
 
@@ -149,15 +144,10 @@ def make_fault(*, rank: object, action: object, at: object = ANY, nth: object = 
         raise ConfigError("fault nth", nth, where, "expected a call number >= 1")
     secs: float | None = None
     if action == "delay":
-        why = "a delay needs seconds=, a positive finite number"
-        if seconds is None or isinstance(seconds, bool):
-            raise ConfigError("fault seconds", seconds, where, why)
-        try:
-            secs = float(seconds)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise ConfigError("fault seconds", seconds, where, why) from None
+        bad = ConfigError("fault seconds", seconds, where, "a delay needs seconds=, a positive finite number")
+        secs = as_number(float, seconds, bad)  # NB: float(None) is a TypeError: no seconds is bad too
         if not math.isfinite(secs) or secs <= 0:
-            raise ConfigError("fault seconds", seconds, where, why)
+            raise bad
     elif seconds is not None:
         raise ConfigError("fault seconds", seconds, where, f"only action 'delay' takes seconds, not {action!r}")
     if action == "corrupt" and at in NO_VALUES:
@@ -255,15 +245,10 @@ def chaos_seed(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def parse_seed(value: object, where: str) -> int:
-    why = "expected a seed, an int >= 0"
-    if isinstance(value, bool):
-        raise ConfigError("chaos seed", value, where, why)
-    try:
-        seed = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        raise ConfigError("chaos seed", value, where, why) from None
+    bad = ConfigError("chaos seed", value, where, "expected a seed, an int >= 0")
+    seed = as_number(int, value, bad)
     if seed < 0:
-        raise ConfigError("chaos seed", value, where, why)
+        raise bad
     return seed
 
 

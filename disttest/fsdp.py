@@ -34,6 +34,7 @@ from disttest import _compat
 from disttest.case import set_rng_seed
 from disttest.continuous import MultiProcContinousTest
 from disttest.devices import accelerator_count
+from disttest.dtensor import _DTensorProcesses
 from disttest.fsdp_models import (
     DEVICE_TYPE,
     MLP,
@@ -47,7 +48,6 @@ from disttest.fsdp_models import (
     get_devtype,
 )
 from disttest.helpers import run_subtests, set_environ
-from disttest.multiprocess import MultiProcessTestCase
 from disttest.multithread import MultiThreadedTestCase
 from disttest.skips import TEST_SKIPS, DistSkip, _gpu_skip
 
@@ -122,17 +122,13 @@ class FSDPTestMixin:
         run_subtests(self, *args, **kwargs)  # type: ignore[arg-type]
 
 
-class FSDPTest(FSDPTestMixin, MultiProcessTestCase):
+class FSDPTest(FSDPTestMixin, _DTensorProcesses):
     """FSDP tests in ``world_size`` fresh rank processes per test.
 
     In each rank the default group (``DISTRIBUTED_BACKEND``, through the
     test's rendezvous file; ``fake`` with ``fake_pg = True``) exists before
     the test body, and the ranks meet at a barrier before and after it.
     """
-
-    #: Imported by the fork server before it forks the ranks: ``fully_shard``
-    #: imports dynamo on first use (about 1 s per rank).
-    rank_preload: tuple[str, ...] = ("torch._dynamo",)
 
     @property
     def world_size(self) -> int:
@@ -227,9 +223,7 @@ class FSDPTestContinuous(FSDPTestMixin, MultiProcContinousTest):
     def backend_str(cls) -> str:
         return DISTRIBUTED_BACKEND
 
-    @classmethod
-    def device_type(cls) -> str:
-        return DEVICE_TYPE
+    # device_type() is inherited: MultiProcContinousTest's returns DEVICE_TYPE too.
 
     @classmethod
     def _init_pg(cls, rank: int, world_size: int, rdvz_file: str | None) -> None:

@@ -11,11 +11,12 @@ import os
 import sys
 import unittest
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._typing import F
 
 __unittest = True
 
@@ -28,8 +29,6 @@ __all__ = [
     "with_dist_debug_levels",
     "with_nccl_blocking_wait",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager

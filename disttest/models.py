@@ -8,7 +8,7 @@ does no tensor work (a process that has run a parallel op must not fork).
 
 from __future__ import annotations
 
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -152,16 +152,11 @@ class Net(nn.Module):
         return F.softmax(self.fc3(x), dim=1)
 
 
-class LargeNet(nn.Module):
-    """1000 -> 2000 -> 500, bias-free: several MB of gradients."""
+class LargeNet(nn.Sequential):
+    """1000 -> 2000 -> 500 (``fc1``, ``fc2``), bias-free: several MB of gradients."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(1000, 2000, bias=False)
-        self.fc2 = nn.Linear(2000, 500, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.fc1(x))
+        super().__init__(OrderedDict(fc1=nn.Linear(1000, 2000, bias=False), fc2=nn.Linear(2000, 500, bias=False)))
 
 
 class Task(nn.Module):

@@ -41,25 +41,30 @@ def _forced() -> str | None:
     return raw
 
 
+def _per_test(body: type, base: type, spawn: Callable[[Any], None]) -> type:
+    """``body`` on ``base``, a runner that starts its ranks per test:
+    ``spawn(case)`` in setUp."""
+
+    class PerTest(body, base):
+        def setUp(self) -> None:
+            super().setUp()
+            spawn(self)
+
+    return PerTest
+
+
 def _threads(body: type) -> type:
     from disttest.multithread import MultiThreadedTestCase
 
-    class Threads(body, MultiThreadedTestCase):
-        def setUp(self) -> None:
-            super().setUp()
-            self._spawn_threads()
-
-    return Threads
+    return _per_test(body, MultiThreadedTestCase, lambda case: case._spawn_threads())
 
 
 def _processes(body: type) -> type:
     from disttest.multiprocess import MultiProcessTestCase
 
-    class Processes(body, MultiProcessTestCase):
-        def setUp(self) -> None:
-            super().setUp()
-            self._spawn_processes()
+    base: Any = _per_test(body, MultiProcessTestCase, lambda case: case._spawn_processes())
 
+    class Processes(base):
         @classmethod
         def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any) -> None:
             size = cls._mode_world_size()

@@ -16,13 +16,14 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 from disttest import _compat
+from disttest._typing import F
 from disttest.config import parse_timeout
 from disttest.devices import tp_transports
 from disttest.multiprocess import MultiProcessTestCase
@@ -51,7 +52,6 @@ __all__ = [
     "worker_name",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 INIT_METHOD_TEMPLATE = FILE_SCHEMA + "{file_name}"
 #: Message types the faulty agent fails by default (they are retried).
 FAULTY_MESSAGES = ["RREF_FORK_REQUEST", "RREF_CHILD_ACCEPT", "RREF_USER_DELETE",
@@ -59,6 +59,8 @@ FAULTY_MESSAGES = ["RREF_FORK_REQUEST", "RREF_CHILD_ACCEPT", "RREF_USER_DELETE",
 #: Message types the faulty agent delays by default, in seconds.
 MESSAGES_TO_DELAY = {"PYTHON_CALL": 1.5, "SCRIPT_CALL": 1.5}
 WAITED_TOO_LONG = "waited {timeout}s for {what} (disttest); last seen: {last}"
+MISSING_HOOK = ("{fixture} does not define {hook} (disttest): mix in an agent fixture such as "
+                "TensorPipeRpcAgentTestFixture, or define it")
 
 
 class WaitTimeout(TimeoutError, ValueError):
@@ -211,21 +213,28 @@ class RpcAgentTestFixture:
 
     @property
     def rpc_backend(self) -> Any:
-        raise NotImplementedError
+        """Hook: the agent's ``rpc.backend_registry.BackendType``."""
+        raise self._missing_hook("rpc_backend")
 
     @property
     def rpc_backend_options(self) -> Any:
-        raise NotImplementedError
+        """Hook: the options ``rpc.init_rpc`` gets for ``rpc_backend``."""
+        raise self._missing_hook("rpc_backend_options")
 
     def setup_fault_injection(self, faulty_messages: Sequence[str] | None,
                               messages_to_delay: dict[str, float] | None) -> None:
         """Hook method for preparing a faulty agent; does nothing for others."""
 
     def get_shutdown_error_regex(self) -> str:
-        raise NotImplementedError
+        """Hook: a regex matching the error of a call to a worker that has shut down."""
+        raise self._missing_hook("get_shutdown_error_regex")
 
     def get_timeout_error_regex(self) -> str:
-        raise NotImplementedError
+        """Hook: a regex matching the error of an RPC that timed out."""
+        raise self._missing_hook("get_timeout_error_regex")
+
+    def _missing_hook(self, hook: str) -> NotImplementedError:
+        return NotImplementedError(MISSING_HOOK.format(fixture=type(self).__name__, hook=hook))
 
 
 class TensorPipeRpcAgentTestFixture(RpcAgentTestFixture):

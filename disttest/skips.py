@@ -19,12 +19,13 @@ import os
 import sys
 import unittest
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from disttest import _compat
+from disttest._typing import F
 from disttest.config import ConfigError, parse_world_size
 from disttest.devices import (
     ACCELERATOR_DIST_BACKENDS,
@@ -35,21 +36,17 @@ from disttest.devices import (
 
 __unittest = True
 
+# disttest re-exports every name listed here (see disttest/__init__.py); the
+# runner's helpers (precheck_skip, backend_skip_reason, NCCL_NO_GPU,
+# NCCL_NOT_BUILT) are imported from this module by name.
 __all__ = [
-    "ACCELERATOR_DIST_BACKENDS",
-    "HAS_ACCELERATOR",
     "TEST_SKIPS",
     "DistSkip",
     "DistTestCases",
     "TestSkip",
-    "NCCL_NO_GPU",
-    "NCCL_NOT_BUILT",
-    "at_least_x_gpu",
-    "backend_skip_reason",
     "get_required_world_size",
     "import_transformers_or_skip",
     "nccl_skip_if_lt_x_gpu",
-    "precheck_skip",
     "require_n_gpus_for_nccl_backend",
     "requires_accelerator_dist_backend",
     "requires_gloo",
@@ -70,8 +67,6 @@ __all__ = [
     "skip_if_small_worldsize",
     "skip_if_win32",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class TestSkip(NamedTuple):

@@ -7,12 +7,14 @@ import functools
 import random
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from disttest._typing import F
 
 __unittest = True
 
@@ -24,8 +26,6 @@ __all__ = [
     "find_free_port",
     "retry_on_connect_failures",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 LOOPBACK = "127.0.0.1"
 ADDRESS_IN_USE = "Address already in use"

@@ -65,6 +65,21 @@ class HelpersTest(unittest.TestCase):
             self.assertEqual(fixture.init_method, "tcp://127.0.0.1:1234")
         self.assertEqual(fixture.get_timeout_error_regex(), "RPC ran for more than")
 
+    def test_fixture_without_an_agent_names_the_missing_hook(self):
+        from disttest.rpc import MISSING_HOOK, RpcAgentTestFixture
+
+        fixture = RpcAgentTestFixture()
+        hooks = {
+            "rpc_backend": lambda: fixture.rpc_backend,
+            "rpc_backend_options": lambda: fixture.rpc_backend_options,
+            "get_shutdown_error_regex": fixture.get_shutdown_error_regex,
+            "get_timeout_error_regex": fixture.get_timeout_error_regex,
+        }
+        for hook, read in hooks.items():
+            with self.subTest(hook=hook), self.assertRaises(NotImplementedError) as ctx:
+                read()
+            self.assertEqual(str(ctx.exception), MISSING_HOOK.format(fixture="RpcAgentTestFixture", hook=hook))
+
     def test_node_failure_wait_is_bounded(self):
         with mock.patch("torch.distributed.rpc.rpc_sync", return_value=None):
             start = time.monotonic()
