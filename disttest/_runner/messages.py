@@ -47,12 +47,18 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Hello:
+    """A rank's first message on its channel: who it is, and the run's token
+    (a stray local connection does not know it)."""
+
     rank: int
     token: str
 
 
 @dataclass(frozen=True)
 class Ready:
+    """The rank is ready for tests: a pool worker has made the class's group
+    (or ``failure`` says why not)."""
+
     rank: int
     #: The outcome of making the class's group when that failed or skipped, else None.
     failure: Any = None
@@ -60,46 +66,64 @@ class Ready:
 
 @dataclass(frozen=True)
 class Run:
+    """Run ``test`` (a test method's name); ``seq`` numbers it in the run."""
+
     seq: int
     test: str
 
 
 @dataclass(frozen=True)
 class Done:
+    """The rank's outcome of test ``seq``."""
+
     seq: int
+    #: An ``outcome.Outcome``: kind, phase, traceback, stacks, output's end.
     outcome: Any
 
 
 @dataclass(frozen=True)
 class Leave:
-    pass
+    """Leave now: every rank has answered (a fresh-process test), or the pool
+    closes."""
 
 
 @dataclass(frozen=True)
 class ServerReady:
+    """The fork server has imported torch and waits for work."""
+
     pid: int
 
 
 @dataclass(frozen=True)
 class Start:
+    """Fork the ranks of run ``run`` (``spec``: a ``rank.RankSpec``, which
+    names the test's module and class, imported by the server once)."""
+
     run: int
     spec: Any
 
 
 @dataclass(frozen=True)
 class Started:
+    """The ranks of run ``run`` are forked: ``{rank: pid}``."""
+
     run: int
     pids: dict[int, int]
 
 
 @dataclass(frozen=True)
 class StartFailed:
+    """The fork server could not load the test's class (``text``: the
+    traceback); no rank was forked."""
+
     run: int
     text: str
 
 
 @dataclass(frozen=True)
 class Exited:
+    """A rank of run ``run`` ended; ``wait_status`` as ``os.waitpid`` gives it."""
+
     run: int
     rank: int
     wait_status: int
