@@ -87,9 +87,9 @@ class MultiProcContinousTest(TestCase):
     #: thread each), "zygote" or "spawn".
     start_method: str = "fork"
     rank_threads: int | None = 1
-    #: "auto", "on" or "off": pin each rank process to one CPU (see
-    #: ``DISTTEST_PIN_RANKS`` in the README); "auto" when ranks outnumber CPUs.
-    pin_ranks: str = "auto"
+    #: "batch" (default) or "normal": the rank processes' scheduling policy
+    #: (see ``DISTTEST_RANK_SCHEDULING`` in the README).
+    rank_scheduling: str = "batch"
     #: Fresh pools a class may get after breakage (crash, hang, desync)
     #: before its remaining tests fail at once.
     max_pool_rebuilds: int = 10
@@ -185,11 +185,11 @@ class MultiProcContinousTest(TestCase):
             raise unittest.SkipTest(cls._pool_skip)
         method = cls._start_method()
         module = sys.modules.get(cls.__module__)
-        threads = None if method == "spawn" else cls.rank_threads
         fields = {
             "module": cls.__module__, "qualname": cls.__qualname__,
             "module_file": getattr(module, "__file__", None),
-            "threads": threads, "cpus": settings.rank_cpus(cls, world_size, threads),
+            "threads": None if method == "spawn" else cls.rank_threads,
+            "scheduling": settings.rank_scheduling(cls),
             "environ": dict(os.environ), "cwd": os.getcwd(), "sys_path": list(sys.path),
         }
         start_limit = max(30.0, cls._limit(None) or 0)

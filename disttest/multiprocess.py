@@ -72,9 +72,9 @@ class MultiProcessTestCase(RankDispatch):
     #: OpenMP threads per forked rank (None: torch's default). NB: more than
     #: one is only safe when the forking process ran no parallel op.
     rank_threads: int | None = 1
-    #: "auto", "on" or "off": pin each rank process to one CPU (see
-    #: ``DISTTEST_PIN_RANKS`` in the README); "auto" when ranks outnumber CPUs.
-    pin_ranks: str = "auto"
+    #: "batch" (default) or "normal": the rank processes' scheduling policy
+    #: (see ``DISTTEST_RANK_SCHEDULING`` in the README).
+    rank_scheduling: str = "batch"
 
     def _should_stop_test_suite(self) -> bool:
         return False
@@ -153,13 +153,12 @@ class MultiProcessTestCase(RankDispatch):
         module_file = getattr(module, "__file__", None)
         if method == "zygote" and ("<locals>" in cls.__qualname__ or module_file is None):
             method = "fork"  # the fork server cannot import this class by name
-        threads = None if method == "spawn" else self.rank_threads
-        world_size = self._effective_world_size()
         spec = rank_mod.RankSpec(
             module=cls.__module__, qualname=cls.__qualname__, module_file=module_file,
-            test_name=self._current_test_name(), world_size=world_size,
+            test_name=self._current_test_name(), world_size=self._effective_world_size(),
             run_dir=self.run_dir, file_name=self.file_name,
-            threads=threads, cpus=settings.rank_cpus(cls, world_size, threads),
+            threads=None if method == "spawn" else self.rank_threads,
+            scheduling=settings.rank_scheduling(cls),
             environ=dict(os.environ), cwd=os.getcwd(), sys_path=list(sys.path),
             run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
         )

@@ -196,19 +196,16 @@ class DynamoMulti(disttest.DynamoDistributedMultiProcTestCase):
             self.assertEqual(self.world_size, 2)
 
 
-class Pinned(Base):
-    """``pin_ranks``: each rank process on one CPU, round-robin."""
 
-    pin_ranks = "on"
+class Scheduled(Base):
+    """``rank_scheduling``: the rank processes' scheduling policy."""
 
-    def test_on_one_cpu(self):
-        cpus = sorted(int(c) for c in os.environ["CASE_CPUS"].split(","))
-        assert os.sched_getaffinity(0) == {cpus[self.rank % len(cpus)]}, os.sched_getaffinity(0)
+    def test_batch(self):
+        assert os.sched_getscheduler(0) == os.SCHED_BATCH, os.sched_getscheduler(0)
 
-    def test_on_every_cpu(self):
-        cpus = {int(c) for c in os.environ["CASE_CPUS"].split(",")}
-        assert os.sched_getaffinity(0) == cpus, os.sched_getaffinity(0)
+    def test_normal(self):
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER, os.sched_getscheduler(0)
 
 
-class Unpinned(Pinned):
-    pin_ranks = "off"
+class Unbatched(Scheduled):
+    rank_scheduling = "normal"

@@ -244,15 +244,13 @@ if __name__ == "__main__":
     sys.exit(0 if result.wasSuccessful() else 1)
 
 
-class Pinned(disttest.MultiProcContinousTest):
-    """``pin_ranks`` in a pool: each worker on one CPU, round-robin."""
 
-    pin_ranks = "on"
+class Scheduled(disttest.MultiProcContinousTest):
+    """``rank_scheduling`` in a pool: the workers run as batch processes."""
 
     @classmethod
     def backend_str(cls) -> str:
         return "gloo"
 
-    def test_on_one_cpu(self):
-        cpus = sorted(int(c) for c in os.environ["CASE_CPUS"].split(","))
-        assert os.sched_getaffinity(0) == {cpus[self.rank % len(cpus)]}, os.sched_getaffinity(0)
+    def test_batch(self):
+        assert os.sched_getscheduler(0) == os.SCHED_BATCH, os.sched_getscheduler(0)

@@ -168,75 +168,43 @@ class HygieneTest(OutcomeMixin, unittest.TestCase):
         self.assertEqual(disttest.MultiProcessTestCase.TEST_ERROR_EXIT_CODE, 10)
 
 
-class PinRanksTest(OutcomeMixin, unittest.TestCase):
-    """``pin_ranks`` / DISTTEST_PIN_RANKS: which CPU a rank process runs on."""
+@unittest.skipUnless(hasattr(os, "SCHED_BATCH"), "SCHED_BATCH is Linux's")
+class RankSchedulingTest(OutcomeMixin, unittest.TestCase):
+    """``rank_scheduling`` / DISTTEST_RANK_SCHEDULING: the ranks' policy."""
 
-    def setUp(self):
-        cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) < 2:
-            self.skipTest("pinning needs two CPUs")
-        patcher = mock.patch.dict(os.environ, {"CASE_CPUS": ",".join(map(str, cpus))})
-        patcher.start()
-        self.addCleanup(patcher.stop)
-
-    def test_on_pins_each_rank_round_robin(self):
+    def test_batch_by_default(self):
         for method in ("zygote", "fork"):
             with self.subTest(method=method), mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": method}):
-                self.assertPassed(run(cases.Pinned, "test_on_one_cpu")[0])
+                self.assertPassed(run(cases.Scheduled, "test_batch")[0])
+        # And the test process itself is left as it was.
+        self.assertEqual(os.sched_getscheduler(0), os.SCHED_OTHER)
 
-    def test_off_leaves_every_cpu(self):
-        self.assertPassed(run(cases.Unpinned, "test_on_every_cpu")[0])
+    def test_normal(self):
+        self.assertPassed(run(cases.Unbatched, "test_normal")[0])
 
     def test_the_variable_wins_over_the_class(self):
-        with mock.patch.dict(os.environ, {"DISTTEST_PIN_RANKS": "off"}):
-            self.assertPassed(run(cases.Pinned, "test_on_every_cpu")[0])
+        with mock.patch.dict(os.environ, {"DISTTEST_RANK_SCHEDULING": "Normal"}):
+            self.assertPassed(run(cases.Scheduled, "test_normal")[0])
 
     def test_in_a_pool(self):
         import pool_cases
 
         result = unittest.TestResult()
-        unittest.TestSuite([pool_cases.Pinned("test_on_one_cpu")]).run(result)
+        unittest.TestSuite([pool_cases.Scheduled("test_batch")]).run(result)
         self.assertPassed(result)
-
-
-class RankCpusTest(unittest.TestCase):
-    """The rule, on hand-made CPU sets."""
-
-    def cpus(self, cls, world, threads, allowed, env=None):
-        from disttest._runner import settings
-
-        with mock.patch.object(os, "sched_getaffinity", return_value=set(allowed)), \
-                mock.patch.dict(os.environ, env or {}, clear=False):
-            return settings.rank_cpus(cls, world, threads)
-
-    def test_auto_pins_when_ranks_outnumber_cpus(self):
-        class C:
-            pin_ranks = "auto"
-
-        self.assertEqual(self.cpus(C, 4, 1, {2, 5}), [2, 5, 2, 5])
-        self.assertEqual(self.cpus(C, 2, 1, {2, 5}), [2, 5])
-        self.assertIsNone(self.cpus(C, 2, 1, {0, 1, 2, 3}))  # room enough: the scheduler decides
-        self.assertIsNone(self.cpus(C, 4, None, {0, 1}))  # a rank with its own thread pool
-        self.assertIsNone(self.cpus(C, 4, 1, {0}))  # nothing to choose
-
-    def test_on_and_off(self):
-        class On:
-            pin_ranks = "on"
-
-        class Off:
-            pin_ranks = "off"
-
-        self.assertEqual(self.cpus(On, 2, None, {0, 1, 2, 3}), [0, 1])
-        self.assertIsNone(self.cpus(Off, 8, 1, {0, 1}))
-        self.assertIsNone(self.cpus(On, 8, 1, {0, 1}, {"DISTTEST_PIN_RANKS": "OFF"}))
 
     def test_bad_values_are_named_with_their_source(self):
         from disttest import ConfigError
+        from disttest._runner import settings
 
         class Bad:
-            pin_ranks = "sometimes"
+            rank_scheduling = "fifo"
 
-        with self.assertRaisesRegex(ConfigError, r"'sometimes'.*Bad\.pin_ranks"):
-            self.cpus(Bad, 2, 1, {0, 1})
-        with self.assertRaisesRegex(ConfigError, r"'yes'.*environment variable DISTTEST_PIN_RANKS"):
-            self.cpus(Bad, 2, 1, {0, 1}, {"DISTTEST_PIN_RANKS": "yes"})
+        with self.assertRaisesRegex(ConfigError, r"'fifo'.*Bad\.rank_scheduling"):
+            settings.rank_scheduling(Bad)
+        with mock.patch.dict(os.environ, {"DISTTEST_RANK_SCHEDULING": "realtime"}), \
+                self.assertRaisesRegex(ConfigError, r"'realtime'.*environment variable DISTTEST_RANK_SCHEDULING"):
+            settings.rank_scheduling(Bad)
+        with mock.patch.dict(os.environ, {"DISTTEST_RANK_SCHEDULING": "realtime"}):
+            result = run(cases.Scheduled, "test_batch")[0]
+        self.assertIn("DISTTEST_RANK_SCHEDULING", self.only(result.errors))

@@ -76,8 +76,8 @@ class RankSpec:
     entry: str = "test"
     address: str = ""
     token: str = ""
-    #: The CPU of each rank (``settings.rank_cpus``), or None: not pinned.
-    cpus: list[int] | None = None
+    #: "batch" or "normal" (``settings.rank_scheduling``).
+    scheduling: str = "normal"
 
 
 @dataclass
@@ -226,9 +226,9 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # First, so that the parent can read our stack as soon as we exist.
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-    if spec.cpus is not None:
-        with contextlib.suppress(OSError, AttributeError):  # the CPU went offline; no affinity here
-            os.sched_setaffinity(0, {spec.cpus[rank]})
+    if spec.scheduling == "batch" and hasattr(os, "SCHED_BATCH"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     os.chdir(spec.cwd)
     os.environ.clear()
     os.environ.update(spec.environ)
