@@ -55,6 +55,7 @@ __all__ = [
     "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
+    "thread_local_modes",
     "torch_at_least",
     "torch_version",
     "work_base",
@@ -399,6 +400,18 @@ def set_thread_isolation(enabled: bool) -> None:
     from torch._C._distributed_c10d import _set_thread_isolation_mode  # type: ignore[attr-defined]
 
     _set_thread_isolation_mode(enabled)
+
+
+def thread_local_modes() -> tuple[Any, ...]:
+    """This thread's torch state that a new thread starts with at its
+    default: grad and inference mode, CPU autocast, the default device, and
+    how many torch function and dispatch modes are pushed
+    (``torch._C._len_torch_function_stack``, ``_len_torch_dispatch_stack``)."""
+    import torch
+
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
+            torch.get_default_device(), torch._C._len_torch_function_stack(),
+            torch._C._len_torch_dispatch_stack())
 
 
 def c10d_world() -> Any:

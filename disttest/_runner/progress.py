@@ -423,6 +423,11 @@ def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
     board.write(rank, tracker.record)
 
 
+def untrack_thread() -> None:
+    """Stop recording this thread's collectives (a rank thread whose test ended)."""
+    _local.tracker = None
+
+
 def restart_counts() -> None:
     """Count this rank's collectives from zero again (every rank of a pool
     does it at the start of each test, so numbers read per test)."""
