@@ -587,26 +587,6 @@ def _create(opts: Any, backend_opts: Any) -> ProcessLocalGroup:
                              timeout=getattr(opts, "timeout", None))
 
 
-class _ThreadLocalRegistry:
-    """c10d's registry of groups, one per thread (each rank thread has its own
-    default group), of c10d's own type."""
-
-    def __init__(self) -> None:
-        object.__setattr__(self, "_local", threading.local())
-
-    def _get(self) -> Any:
-        local = object.__getattribute__(self, "_local")
-        if not hasattr(local, "world"):
-            local.world = _compat.new_c10d_world()
-        return local.world
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._get(), name, value)
-
-
 _install_lock = threading.Lock()
 _unregister: list[Any] = []  # the undo of the outermost install's registration
 
@@ -633,7 +613,7 @@ def install_threaded_pg() -> ThreadedWorld:
         _register_backend()
         world = ThreadedWorld()
         _installed.append((world, _compat.c10d_world()))
-        _compat.set_c10d_world(_ThreadLocalRegistry())
+        _compat.set_c10d_world(_compat.new_c10d_world(per_thread=True))
         _compat.set_thread_isolation(True)
         return world
 

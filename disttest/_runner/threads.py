@@ -142,6 +142,7 @@ class ThreadLauncher:
         if isinstance(exc, (CollectiveAborted, RankStopped)):
             outcome = reclassified(outcome, Kind.STOPPED, f"rank {rank}/{self.world_size} was released by disttest")
         outcome.output_tail = self.output(rank)
+        outcome.exit = _DONE
         self._outcomes[rank] = outcome
 
     def _finished(self, rank: int) -> None:
