@@ -16,7 +16,7 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "ThreadedWork", "completed_work"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "PythonGroup", "ThreadedWork", "completed_work"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, the group's timeout (disttest): {why}"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
@@ -111,6 +111,43 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
 
 
 ThreadedWork = FutureWork
+
+
+class PythonGroup(dist.ProcessGroup):
+    """A process group written in Python (disttest's threaded and fake
+    groups): its name, its backend's name (``BACKEND_NAME``), and the
+    placeholder C++ backend c10d asks for
+    (:func:`disttest._compat.register_python_group_backend`)."""
+
+    BACKEND_NAME = ""
+
+    def __init__(self, rank: int, world_size: int, name: str = "") -> None:
+        super().__init__(rank, world_size)  # type: ignore[call-arg]
+        self._name = name
+        _compat.register_python_group_backend(self, rank, world_size)
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def getBackendName(self) -> str:
+        return self.BACKEND_NAME
+
+    # The names other torch versions call (a subclass defines the first ones).
+    def _allgather_base(self, *args: Any) -> Any:
+        return self.all_gather_single(*args)
+
+    def allgather_into_tensor_coalesced(self, *args: Any) -> Any:
+        return self.all_gather_single_coalesced(*args)
+
+    def _reduce_scatter_base(self, *args: Any) -> Any:
+        return self.reduce_scatter_single(*args)
+
+    def reduce_scatter_tensor_coalesced(self, *args: Any) -> Any:
+        return self.reduce_scatter_single_coalesced(*args)
+
+    def alltoall_base(self, *args: Any) -> Any:
+        return self.all_to_all_single(*args)
 
 
 def completed_work(value: Any, op: str = "") -> FutureWork:
