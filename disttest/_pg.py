@@ -64,16 +64,25 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
         self._limit = timeout  # NB: not "timeout": torch 2.14's Work has a read-only one
         self._group = group
         self._on_timeout = on_timeout
-        self._done = threading.Event()
-        future.add_done_callback(lambda _: self._done.set())
+        # A latch: held until the future completes (a lock is cheaper than an
+        # Event, whose wait with a limit builds a Condition waiter each time).
+        self._done = threading.Lock()
+        self._done.acquire()
+        future.add_done_callback(lambda _: self._done.release())
 
     def wait(self, timeout: Any = None) -> bool:
         limit = seconds(timeout) or self._limit
-        if limit is not None and not self._done.wait(limit):
+        if limit is not None and not self._opened(limit):
             why = self._on_timeout() if self._on_timeout is not None else "it never completed"
             raise CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
                                     self.op, limit)
         self._future.wait()
+        return True
+
+    def _opened(self, limit: float) -> bool:
+        if not self._done.acquire(timeout=limit):
+            return False
+        self._done.release()  # open for every other waiter too
         return True
 
     def is_completed(self) -> bool:
