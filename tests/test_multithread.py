@@ -201,6 +201,17 @@ class RankThreadReuseTest(unittest.TestCase):
         self.assertFalse([t.name for t in seen["test_first"] if t.is_alive()])
 
 
+    def test_idle_threads_can_be_ended_at_once(self):
+        from disttest._runner import thread_pool
+
+        seen: dict[str, set[threading.Thread]] = {}
+        Case = self.make_case(seen, threading.Lock())
+        self.assertTrue(run(Case("test_first")).wasSuccessful())
+        self.assertTrue(all(t.is_alive() for t in seen["test_first"]))
+        thread_pool.release_idle(wait=2)
+        self.assertFalse([t.name for t in seen["test_first"] if t.is_alive()])
+
+
 class DecoratorTest(unittest.TestCase):
     @spawn_threads_and_init_comms(world_size=3)
     def test_each_rank_runs_with_a_group(self):

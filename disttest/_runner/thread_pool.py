@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -116,11 +117,14 @@ class _Pool:
                 return True
             return False
 
-    def release_idle(self) -> None:
+    def release_idle(self, wait: float = 0.0) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
         for t in idle:
             t._inbox.put(None)
+        deadline = time.monotonic() + wait
+        for t in idle:
+            t.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 _pool = _Pool()
@@ -136,6 +140,8 @@ def give_back(threads: list[RankThread]) -> None:
     _pool.give_back(threads)
 
 
-def release_idle() -> None:
-    """End every idle rank thread (a test class is done with them)."""
-    _pool.release_idle()
+def release_idle(wait: float = 0.0) -> None:
+    """End every idle rank thread (a test class is done with them); wait up
+    to ``wait`` seconds for them to be gone (before a fork, say: Python 3.12
+    warns when a process with other threads forks)."""
+    _pool.release_idle(wait)
