@@ -55,6 +55,7 @@ __all__ = [
     "set_rref_leak_check",
     "set_thread_isolation",
     "silence_dynamo_trace_log",
+    "thread_local_modes",
     "torch_at_least",
     "torch_version",
     "work_base",
@@ -401,6 +402,18 @@ def set_thread_isolation(enabled: bool) -> None:
     _set_thread_isolation_mode(enabled)
 
 
+def thread_local_modes() -> tuple[Any, ...]:
+    """This thread's torch state that a new thread starts with at its
+    default: grad and inference mode, CPU autocast, the default device, and
+    how many torch function and dispatch modes are pushed
+    (``torch._C._len_torch_function_stack``, ``_len_torch_dispatch_stack``)."""
+    import torch
+
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
+            torch.get_default_device(), torch._C._len_torch_function_stack(),
+            torch._C._len_torch_dispatch_stack())
+
+
 def c10d_world() -> Any:
     """c10d's registry of process groups (``distributed_c10d._world``)."""
     from torch.distributed import distributed_c10d
@@ -418,14 +431,18 @@ def set_c10d_world(world: Any) -> None:
 _isolated_world_class: list[type] = []
 
 
-def new_c10d_world() -> Any:
-    """An empty, self-contained registry of c10d's own type.
+def new_c10d_world(per_thread: bool = False) -> Any:
+    """An empty, self-contained registry of c10d's own type; with
+    ``per_thread``, one whose every field is per thread (each thread sees
+    its own empty registry: its own default group).
 
     ``distributed_c10d._World`` keeps most of its state in module globals
     (``_pg_map``, ``_group_count``...), so a plain new instance would share
     them; this subclass keeps every field on the instance.
     """
     if not _isolated_world_class:
+        import threading
+
         from torch.distributed import distributed_c10d
 
         fields = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
@@ -447,8 +464,12 @@ def new_c10d_world() -> Any:
         namespace: dict[str, Any] = {name: own(name) for name in fields}
         namespace["group_count"] = property(get_count, set_count)
         namespace["__init__"] = init
-        _isolated_world_class.append(type("_IsolatedWorld", (distributed_c10d._World,), namespace))
-    return _isolated_world_class[0]()
+        isolated = type("_IsolatedWorld", (distributed_c10d._World,), namespace)
+        # NB: a threading.local subclass runs __init__ once in each thread
+        # that touches it; c10d reads its registry often, so this costs far
+        # less than a proxy that looks the thread's registry up per read.
+        _isolated_world_class.extend([isolated, type("_ThreadWorld", (threading.local, isolated), {})])
+    return _isolated_world_class[1 if per_thread else 0]()
 
 
 def flight_status() -> dict[str, list[Any]] | None:

@@ -16,7 +16,7 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "ThreadedWork", "completed_work"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "PythonGroup", "ThreadedWork", "completed_work"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, the group's timeout (disttest): {why}"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
@@ -64,16 +64,25 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
         self._limit = timeout  # NB: not "timeout": torch 2.14's Work has a read-only one
         self._group = group
         self._on_timeout = on_timeout
-        self._done = threading.Event()
-        future.add_done_callback(lambda _: self._done.set())
+        # A latch: held until the future completes (a lock is cheaper than an
+        # Event, whose wait with a limit builds a Condition waiter each time).
+        self._done = threading.Lock()
+        self._done.acquire()
+        future.add_done_callback(lambda _: self._done.release())
 
     def wait(self, timeout: Any = None) -> bool:
         limit = seconds(timeout) or self._limit
-        if limit is not None and not self._done.wait(limit):
+        if limit is not None and not self._opened(limit):
             why = self._on_timeout() if self._on_timeout is not None else "it never completed"
             raise CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
                                     self.op, limit)
         self._future.wait()
+        return True
+
+    def _opened(self, limit: float) -> bool:
+        if not self._done.acquire(timeout=limit):
+            return False
+        self._done.release()  # open for every other waiter too
         return True
 
     def is_completed(self) -> bool:
@@ -111,6 +120,43 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
 
 
 ThreadedWork = FutureWork
+
+
+class PythonGroup(dist.ProcessGroup):
+    """A process group written in Python (disttest's threaded and fake
+    groups): its name, its backend's name (``BACKEND_NAME``), and the
+    placeholder C++ backend c10d asks for
+    (:func:`disttest._compat.register_python_group_backend`)."""
+
+    BACKEND_NAME = ""
+
+    def __init__(self, rank: int, world_size: int, name: str = "") -> None:
+        super().__init__(rank, world_size)  # type: ignore[call-arg]
+        self._name = name
+        _compat.register_python_group_backend(self, rank, world_size)
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def getBackendName(self) -> str:
+        return self.BACKEND_NAME
+
+    # The names other torch versions call (a subclass defines the first ones).
+    def _allgather_base(self, *args: Any) -> Any:
+        return self.all_gather_single(*args)
+
+    def allgather_into_tensor_coalesced(self, *args: Any) -> Any:
+        return self.all_gather_single_coalesced(*args)
+
+    def _reduce_scatter_base(self, *args: Any) -> Any:
+        return self.reduce_scatter_single(*args)
+
+    def reduce_scatter_tensor_coalesced(self, *args: Any) -> Any:
+        return self.reduce_scatter_single_coalesced(*args)
+
+    def alltoall_base(self, *args: Any) -> Any:
+        return self.all_to_all_single(*args)
 
 
 def completed_work(value: Any, op: str = "") -> FutureWork:

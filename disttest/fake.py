@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._pg import FutureWork, _copy, _splits, completed_work
+from disttest._pg import FutureWork, PythonGroup, _copy, _splits, completed_work
 from disttest._typing import F
 from disttest.config import parse_world_size
 
@@ -92,21 +92,11 @@ def _same_everywhere(t: torch.Tensor, op: Any, n: int) -> torch.Tensor:
     raise ValueError(f"reduce op {kind} is not supported by fake comms (disttest)")
 
 
-class MockProcessGroup(dist.ProcessGroup):
+class MockProcessGroup(PythonGroup):
     """One rank of a world with no peers: collectives complete at once, as if
     every rank had passed this rank's tensors."""
 
-    def __init__(self, rank: int, world_size: int, name: str = "") -> None:
-        super().__init__(rank, world_size)  # type: ignore[call-arg]
-        self._name = name
-        _compat.register_python_group_backend(self, rank, world_size)
-
-    @property
-    def group_name(self) -> str:
-        return self._name
-
-    def getBackendName(self) -> str:
-        return BACKEND
+    BACKEND_NAME = BACKEND
 
     def __repr__(self) -> str:
         return f"MockProcessGroup(rank={self.rank()}, world_size={self.size()})"
@@ -200,13 +190,6 @@ class MockProcessGroup(dist.ProcessGroup):
                 if slot.shape == mine.shape:
                     _copy(slot, mine)
         return completed_work([output], "all_to_all_single")
-
-    # The names other torch versions call.
-    _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> FutureWork:
         return completed_work(None, "barrier")

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
-from disttest._runner import janitor, settings
+from disttest._runner import janitor, settings, thread_pool
 from disttest._runner import rank as rank_mod
 from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
@@ -147,6 +147,12 @@ class MultiThreadedTestCase(RankDispatch):
 
     def _join(self, fn: Callable[[], Any]) -> None:
         self._join_threads(self.threads, fn)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        # The class's tests are done with the rank threads kept between them.
+        thread_pool.release_idle()
+        super().tearDownClass()
 
     def perThreadSetUp(self) -> None:
         """Hook method for setting up each rank thread before the test body."""

@@ -33,6 +33,7 @@ from disttest._pg import (
     CollectiveMismatch,
     CollectiveTimeout,
     FutureWork,
+    PythonGroup,
     ThreadedWork,
     _copy,
     _copyable,
@@ -282,31 +283,46 @@ def _deliver(out: torch.Tensor, data: torch.Tensor, work: ThreadedWork, sender: 
     fut.set_result([out])
 
 
+def _n_times(payloads: list[Any], n: int, what: str, larger: str) -> list[torch.Tensor]:
+    """The inputs of a flat gather or scatter of ``(output, input)`` per
+    rank, checked: alike across ranks, and the ``larger`` one ("output" or
+    "input") of each rank ``n`` times the other."""
+    ins = [p[1] for p in payloads]
+    _same(ins, what)
+    for r, (out, inp) in enumerate(payloads):
+        big, small = (out, inp) if larger == "output" else (inp, out)
+        if big.numel() != n * small.numel():
+            raise ValueError(f"{what}: rank {r}'s {larger} has {big.numel()} elements, "
+                             f"needs {n} x {small.numel()} (disttest)")
+    return ins
+
+
+def _roots_list(lists: list[list[torch.Tensor]], n: int, what: str, which: str) -> list[torch.Tensor]:
+    """The root's one list of ``n`` tensors (``which``: "outputs" of a
+    gather, "inputs" of a scatter), or a ValueError saying what it needs."""
+    if len(lists) != 1 or len(lists[0]) != n:
+        raise ValueError(f"{what}: the root needs a list of {n} {which} (disttest)")
+    return lists[0]
+
+
 # --- the process group ----------------------------------------------------------
 
 
-class ProcessLocalGroup(dist.ProcessGroup):
+class ProcessLocalGroup(PythonGroup):
     """One rank's view of a threaded group; every collective of c10d."""
+
+    BACKEND_NAME = BACKEND
 
     def __init__(self, rank: int, world_size: int, name: str = "", world: ThreadedWorld | None = None,
                  timeout: Any = None) -> None:
-        super().__init__(rank, world_size)  # type: ignore[call-arg]
-        self._name = name
+        super().__init__(rank, world_size, name)
         self._tworld = world if world is not None else _current_world()
         #: seconds a Work waits for its peers before it raises (None: until the test ends)
         self.timeout = seconds(timeout)
-        _compat.register_python_group_backend(self, rank, world_size)
-
-    @property
-    def group_name(self) -> str:
-        return self._name
 
     @property
     def pg_name(self) -> str:
         return self._name
-
-    def getBackendName(self) -> str:
-        return BACKEND
 
     def __repr__(self) -> str:
         return f"ThreadedPG(group={self._name!r}, rank={self.rank()}, world_size={self.size()})"
@@ -396,14 +412,8 @@ class ProcessLocalGroup(dist.ProcessGroup):
         _one_dtype("all_gather_into_tensor", [output], [input])
 
         def compute(payloads: list[Any]) -> list[Any]:
-            ins = [p[1] for p in payloads]
-            _same(ins, "all_gather_into_tensor")
-            for r, (out, inp) in enumerate(payloads):
-                if out.numel() != n * inp.numel():
-                    raise ValueError(
-                        f"all_gather_into_tensor: rank {r}'s output has {out.numel()} elements, "
-                        f"needs {n} x {inp.numel()} (disttest)")
-                flat = torch.cat([t.reshape(-1) for t in ins])
+            flat = torch.cat([t.reshape(-1) for t in _n_times(payloads, n, "all_gather_into_tensor", "output")])
+            for out, _ in payloads:
                 _copy(out, flat.reshape(out.shape))
             return [[p[0]] for p in payloads]
 
@@ -423,11 +433,9 @@ class ProcessLocalGroup(dist.ProcessGroup):
         root, n = self._root(opts.rootRank, "gather", "dst"), self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
-            outs = payloads[root][0]
-            if len(outs) != 1 or len(outs[0]) != n:
-                raise ValueError(f"gather: the root needs a list of {n} outputs (disttest)")
+            outs = _roots_list(payloads[root][0], n, "gather", "outputs")
             for src, (_, ins) in enumerate(payloads):
-                _copy(outs[0][src], ins[0])
+                _copy(outs[src], ins[0])
             return [p[0] for p in payloads]
 
         return self._join("gather", (outputs, inputs), compute, {"dst": root})
@@ -436,15 +444,13 @@ class ProcessLocalGroup(dist.ProcessGroup):
         root, n = self._root(opts.rootRank, "scatter", "src"), self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
-            ins = payloads[root][1]
-            if len(ins) != 1 or len(ins[0]) != n:
-                raise ValueError(f"scatter: the root needs a list of {n} inputs (disttest)")
+            ins = _roots_list(payloads[root][1], n, "scatter", "inputs")
             for r, (outs, _) in enumerate(payloads):
-                if outs[0].shape != ins[0][r].shape:
+                if outs[0].shape != ins[r].shape:
                     raise CollectiveMismatch(
                         f"scatter: rank {r}'s output is {list(outs[0].shape)}, "
-                        f"its input is {list(ins[0][r].shape)} (disttest)")
-                _copy(outs[0], ins[0][r])
+                        f"its input is {list(ins[r].shape)} (disttest)")
+                _copy(outs[0], ins[r])
             return [p[0] for p in payloads]
 
         return self._join("scatter", (outputs, inputs), compute, {"src": root})
@@ -469,13 +475,7 @@ class ProcessLocalGroup(dist.ProcessGroup):
         _one_dtype("reduce_scatter_tensor", [output], [input])
 
         def compute(payloads: list[Any]) -> list[Any]:
-            ins = [p[1] for p in payloads]
-            _same(ins, "reduce_scatter_tensor")
-            for r, (out, inp) in enumerate(payloads):
-                if inp.numel() != n * out.numel():
-                    raise ValueError(
-                        f"reduce_scatter_tensor: rank {r}'s input has {inp.numel()} elements, "
-                        f"needs {n} x {out.numel()} (disttest)")
+            ins = _n_times(payloads, n, "reduce_scatter_tensor", "input")
             total = _reduce([t.reshape(-1) for t in ins], op, "reduce_scatter_tensor")
             for dst, (out, _) in enumerate(payloads):
                 _copy(out, total.chunk(n)[dst].reshape(out.shape))
@@ -538,13 +538,6 @@ class ProcessLocalGroup(dist.ProcessGroup):
 
         return self._join("all_to_all_single", (output, input, output_split_sizes, input_split_sizes), compute)
 
-    # The names other torch versions call.
-    _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
-
     def barrier(self, opts: Any = None) -> ThreadedWork:
         return self._join("barrier", None, lambda payloads: [None] * len(payloads))
 
@@ -587,26 +580,6 @@ def _create(opts: Any, backend_opts: Any) -> ProcessLocalGroup:
                              timeout=getattr(opts, "timeout", None))
 
 
-class _ThreadLocalRegistry:
-    """c10d's registry of groups, one per thread (each rank thread has its own
-    default group), of c10d's own type."""
-
-    def __init__(self) -> None:
-        object.__setattr__(self, "_local", threading.local())
-
-    def _get(self) -> Any:
-        local = object.__getattribute__(self, "_local")
-        if not hasattr(local, "world"):
-            local.world = _compat.new_c10d_world()
-        return local.world
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._get(), name, value)
-
-
 _install_lock = threading.Lock()
 _unregister: list[Any] = []  # the undo of the outermost install's registration
 
@@ -633,7 +606,7 @@ def install_threaded_pg() -> ThreadedWorld:
         _register_backend()
         world = ThreadedWorld()
         _installed.append((world, _compat.c10d_world()))
-        _compat.set_c10d_world(_ThreadLocalRegistry())
+        _compat.set_c10d_world(_compat.new_c10d_world(per_thread=True))
         _compat.set_thread_isolation(True)
         return world
 

@@ -4,6 +4,7 @@ the decorator's skip and failure types, upstream's hook names."""
 from __future__ import annotations
 
 import threading
+import time
 import unittest
 
 import torch
@@ -113,6 +114,102 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertIs(disttest._uninstall_threaded_pg, threaded_pg.uninstall_threaded_pg)
         self.assertTrue(issubclass(disttest.ProcessLocalGroup, dist.ProcessGroup))
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
+
+
+class RankThreadReuseTest(unittest.TestCase):
+    """Rank threads are kept between tests (disttest._runner.thread_pool),
+    unless a test left them unlike a fresh thread."""
+
+    # NB: threads, not idents: the system reuses the ident of a thread that ended.
+    def make_case(self, seen: dict[str, set[threading.Thread]], lock: threading.Lock) -> type:
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def record(self) -> None:
+                with lock:
+                    seen.setdefault(self._testMethodName, set()).add(threading.current_thread())
+
+            def test_first(self):
+                self.record()
+
+            def test_second(self):
+                self.record()
+
+            def test_leaves_grad_off(self):
+                self.record()
+                torch.set_grad_enabled(False)
+
+            def test_needs_grad(self):
+                self.record()
+                self.assertTrue(torch.is_grad_enabled())
+
+            def test_hangs(self):
+                self.record()
+                if self.rank == 1:
+                    while True:  # Python-level: disttest stops it by raising into it
+                        time.sleep(0.01)
+                dist.barrier()
+
+        Case.timeout = 1
+        return Case
+
+    def test_threads_are_reused(self):
+        seen: dict[str, set[threading.Thread]] = {}
+        Case = self.make_case(seen, threading.Lock())
+        for name in ("test_first", "test_second"):
+            result = run(Case(name))
+            self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(len(seen["test_first"]), 2)
+        self.assertEqual(seen["test_second"], seen["test_first"])
+        idle = [t for t in seen["test_first"] if t.is_alive()]
+        self.assertEqual(len(idle), 2)
+        self.assertFalse(any(" rank " in t.name for t in idle), [t.name for t in idle])
+
+    def test_a_thread_left_with_grad_off_is_not_reused(self):
+        seen: dict[str, set[threading.Thread]] = {}
+        Case = self.make_case(seen, threading.Lock())
+        self.assertTrue(run(Case("test_leaves_grad_off")).wasSuccessful())
+        result = run(Case("test_needs_grad"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertFalse(seen["test_needs_grad"] & seen["test_leaves_grad_off"])
+        self.assertTrue(torch.is_grad_enabled())  # the main thread's own is untouched
+
+    def test_a_thread_disttest_raised_into_is_not_reused(self):
+        seen: dict[str, set[threading.Thread]] = {}
+        Case = self.make_case(seen, threading.Lock())
+        result = run(Case("test_hangs"))
+        self.assertEqual(len(result.errors), 1, result.errors + result.failures)
+        self.assertIn("did not finish", result.errors[0][1])
+        result = run(Case("test_first"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(len(seen["test_first"] & seen["test_hangs"]), 1)  # rank 0's ended its test: kept
+
+    def test_idle_threads_end_with_the_class(self):
+        seen: dict[str, set[threading.Thread]] = {}
+        Case = self.make_case(seen, threading.Lock())
+        suite = unittest.TestSuite([Case("test_first"), Case("test_second")])
+        result = unittest.TestResult()
+        suite.run(result)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        deadline = time.monotonic() + 2  # less than thread_pool.IDLE_EXIT
+        while time.monotonic() < deadline and any(t.is_alive() for t in seen["test_first"]):
+            time.sleep(0.01)
+        self.assertFalse([t.name for t in seen["test_first"] if t.is_alive()])
+
+
+    def test_idle_threads_can_be_ended_at_once(self):
+        from disttest._runner import thread_pool
+
+        seen: dict[str, set[threading.Thread]] = {}
+        Case = self.make_case(seen, threading.Lock())
+        self.assertTrue(run(Case("test_first")).wasSuccessful())
+        self.assertTrue(all(t.is_alive() for t in seen["test_first"]))
+        thread_pool.release_idle(wait=2)
+        self.assertFalse([t.name for t in seen["test_first"] if t.is_alive()])
 
 
 class DecoratorTest(unittest.TestCase):

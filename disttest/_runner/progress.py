@@ -401,6 +401,7 @@ class _Tracker:
             self.board.write(self.rank, self.record)
 
 
+_TRACKED = (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS)
 _local = threading.local()
 _process_tracker: list[_Tracker] = []
 
@@ -421,6 +422,11 @@ def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
     else:
         _process_tracker[:] = [tracker]
     board.write(rank, tracker.record)
+
+
+def untrack_thread() -> None:
+    """Stop recording this thread's collectives (a rank thread whose test ended)."""
+    _local.tracker = None
 
 
 def restart_counts() -> None:
@@ -508,7 +514,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return tracked
 
 
-_installed: list[tuple[Any, str, Any]] = []  # (module, name, original) while tracking
+_installed: list[tuple[Any, str, Any, Any]] = []  # (module, name, original, wrapper) while tracking
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 
@@ -524,20 +530,24 @@ def install_tracking() -> Callable[[], None]:
 
     _users[0] += 1
     if _users[0] == 1:
-        for name in (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS):
-            func = getattr(c10d, name, None)
-            if func is None or getattr(func, "__disttest_tracked__", False):
+        # NB: a threaded test installs and removes tracking every time: the
+        # modules' dicts are read directly, wrappers made once per function
+        # (inspect.signature is slow).
+        modules = ((c10d, vars(c10d)), (dist, vars(dist)))
+        for name in _TRACKED:
+            func = modules[0][1].get(name)
+            if func is None:
                 continue
-            # Wrappers are made once per function (inspect.signature is slow):
-            # a threaded test installs and removes tracking every time.
             cached = _wrappers.get(name)
             if cached is None or cached[0] is not func:
+                if getattr(func, "__disttest_tracked__", False):
+                    continue
                 cached = _wrappers[name] = (func, _wrap(dist, name, func))
             tracked = cached[1]
-            for module in (c10d, dist):
-                if getattr(module, name, None) is func:
+            for module, namespace in modules:
+                if namespace.get(name) is func:
                     setattr(module, name, tracked)
-                    _installed.append((module, name, func))
+                    _installed.append((module, name, func, tracked))
     done = [False]
 
     def undo() -> None:
@@ -547,8 +557,8 @@ def install_tracking() -> Callable[[], None]:
         _users[0] -= 1
         if _users[0] == 0:
             while _installed:
-                module, name, func = _installed.pop()
-                if getattr(getattr(module, name, None), "__wrapped__", None) is func:
+                module, name, func, tracked = _installed.pop()
+                if vars(module).get(name) is tracked:  # not if someone replaced it since
                     setattr(module, name, func)
 
     return undo

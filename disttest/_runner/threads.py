@@ -6,13 +6,14 @@ killed: stopping one aborts its threaded world (every collective wait
 raises at once) and then raises :class:`RankStopped` inside it at its next
 Python instruction. A thread blocked in C code outside disttest's
 collectives (a long ``time.sleep``) finishes that call first; it is a
-daemon thread, so it never keeps the process alive.
+daemon thread, so it never keeps the process alive. Rank threads are kept
+between tests (:mod:`disttest._runner.thread_pool`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from disttest._runner import thread_pool
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import (
     FR_SETTLE,
@@ -30,6 +32,7 @@ from disttest._runner.progress import (
     find_desync,
     install_tracking,
     track_into,
+    untrack_thread,
 )
 from disttest._runner.verdict import reclassified
 from disttest.threaded_pg import CollectiveAborted, ThreadedWorld, _bind_thread
@@ -40,6 +43,7 @@ __all__ = ["RankStopped", "ThreadLauncher", "format_thread_stack"]
 
 STOP_WAIT = 2.0  # seconds for stopped threads to end
 KEPT = 4000  # characters of each rank thread's output kept for the report
+_DONE = ExitStatus(code=0)  # a rank thread's "exit": its test ended
 
 
 class RankStopped(BaseException):
@@ -83,7 +87,7 @@ class _Tee:
 
 
 class ThreadLauncher:
-    """Runs ``body(rank)`` in one daemon thread per rank, all in ``world``."""
+    """Runs ``body(rank)`` in one daemon rank thread per rank, all in ``world``."""
 
     def __init__(self, world_size: int, world: ThreadedWorld, body: Callable[[int], None],
                  name: str = "rank") -> None:
@@ -96,6 +100,10 @@ class ThreadLauncher:
         self.threads: list[threading.Thread] = []
         self.unstoppable: list[int] = []
         self._in_body: set[int] = set()
+        self._done: set[int] = set()
+        self._idents: dict[int, int] = {}  # thread ident -> rank
+        self._workers: list[thread_pool.RankThread] = []
+        self._given_back = False
         self._ended = threading.Event()
 
     def start(self) -> None:
@@ -105,25 +113,19 @@ class ThreadLauncher:
         import torch.distributed.tensor  # noqa: F401
 
         self._untrack = install_tracking()
-        self._idents: dict[int, int] = {}
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
         sys.stdout = _Tee(sys.stdout, self._idents, self._kept)
         sys.stderr = _Tee(sys.stderr, self._idents, self._kept)
-        for rank in range(self.world_size):
-            t = threading.Thread(target=self._main, args=(rank,), name=f"{self._name} {rank}", daemon=True)
-            self.threads.append(t)
-        # NB: each rank waits for the others to be started: a started thread
-        # that ran on would keep the GIL from the starter for a switch
-        # interval (5 ms) per thread.
-        self._go = threading.Event()
-        for t in self.threads:
-            t.start()
-        self._go.set()
+        self._workers = thread_pool.take(self.world_size)
+        for rank, worker in enumerate(self._workers):
+            worker.thread.name = f"{self._name} {rank}"
+            self.threads.append(worker.thread)
+            self._idents[worker.thread.ident or 0] = rank
+        for rank, worker in enumerate(self._workers):
+            worker.run(functools.partial(self._main, rank), functools.partial(self._finished, rank))
 
     def _main(self, rank: int) -> None:
-        self._go.wait()
-        self._idents[threading.get_ident()] = rank
         _bind_thread(self.world)
         track_into(self.board, rank, per_thread=True)
         exc: BaseException | None = None
@@ -135,17 +137,26 @@ class ThreadLauncher:
         finally:
             self._in_body.discard(rank)
             _bind_thread(None)
+            untrack_thread()
         outcome = outcome_from_exception(rank, exc)
         if isinstance(exc, (CollectiveAborted, RankStopped)):
             outcome = reclassified(outcome, Kind.STOPPED, f"rank {rank}/{self.world_size} was released by disttest")
-        outcome = dataclasses.replace(outcome, output_tail=self.output(rank))
+        outcome.output_tail = self.output(rank)
+        outcome.exit = _DONE
         self._outcomes[rank] = outcome
-        self._ended.set()
+
+    def _finished(self, rank: int) -> None:
+        # The rank's thread is done with this test (it may run another now).
+        self._done.add(rank)
+        outcome = self._outcomes.get(rank)
+        # The join loop wakes when every rank is done, or at once for a
+        # failure (peers stopped, fail fast); a pass is seen at its next poll.
+        if len(self._done) == self.world_size or outcome is None or outcome.kind.is_cause:
+            self._ended.set()
 
     # -- Launcher --
     def poll(self) -> dict[int, ExitStatus]:
-        return {r: ExitStatus(code=0) for r in range(len(self.threads))
-                if r in self._outcomes and not self.threads[r].is_alive()}
+        return {r: _DONE for r in self._done if r in self._outcomes}
 
     def outcome(self, rank: int) -> Outcome | None:
         return self._outcomes.get(rank)
@@ -200,16 +211,13 @@ class ThreadLauncher:
         frames = sys._current_frames()
         stacks = {}
         for r in ranks:
-            frame = frames.get(self.threads[r].ident or -1)
+            frame = None if r in self._done else frames.get(self.threads[r].ident or -1)
             stacks[r] = format_thread_stack(frame) if frame is not None else "(the thread has ended)"
         return stacks
 
     def wait(self, seconds: float) -> None:
         if self._ended.wait(seconds):
             self._ended.clear()
-            # A rank that recorded its outcome is returning: let it finish.
-            for r in list(self._outcomes):
-                self.threads[r].join(0.05)
 
     def stop(self) -> None:
         """Release and end every live rank thread, bounded by
@@ -218,7 +226,7 @@ class ThreadLauncher:
         start = time.monotonic()
         raised: set[int] = set()
         while time.monotonic() - start < STOP_WAIT:
-            live = [r for r, t in enumerate(self.threads) if t.is_alive()]
+            live = [r for r in range(len(self.threads)) if r not in self._done]
             if not live:
                 break
             # First let the abort release waits in collectives; then raise
@@ -228,10 +236,17 @@ class ThreadLauncher:
             # traceback) can leave the interpreter's state corrupt.
             if time.monotonic() - start > 0.2:
                 for r in (set(live) & self._in_body) - raised:
+                    self._workers[r].retired = True  # never reused: it could get it later
                     _raise_in(self.threads[r], RankStopped)
                     raised.add(r)
-            time.sleep(0.01)
-        self.unstoppable = [r for r, t in enumerate(self.threads) if t.is_alive()]
+            self._ended.wait(0.01)
+            self._ended.clear()
+        self.unstoppable = [r for r in range(len(self.threads)) if r not in self._done]
+        for r in self.unstoppable:
+            self._workers[r].retired = True
+        if not self._given_back:  # NB: stop() runs twice when the join loop stops ranks
+            self._given_back = True
+            thread_pool.give_back([w for r, w in enumerate(self._workers) if r in self._done])
         untrack = getattr(self, "_untrack", None)
         if untrack is not None:
             untrack()

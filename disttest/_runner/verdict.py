@@ -58,6 +58,8 @@ def ended(rank: int, reported: Outcome | None, status: ExitStatus, output: str =
     if status.signal is not None and reported.kind is not Kind.CRASHED:
         return dataclasses.replace(reported, exit=status, kind=Kind.CRASHED,
                                    detail=f"after reporting {reported.kind.value}")
+    if reported.exit is status:  # it says so already (a rank thread's report)
+        return reported
     return dataclasses.replace(reported, exit=status)
 
 

@@ -1,0 +1,147 @@
+"""Rank threads kept between tests: the thread runner's rank loop.
+
+Starting a thread, and the first torch and c10d call in it (torch sets up
+its thread-local state), costs more than a short threaded test itself. So
+the thread runner keeps its rank threads: each waits for "run this rank of
+this test", runs it, and waits for the next. A thread is never reused
+after disttest raised into it to stop it, after it could not be stopped,
+or when the test left torch's thread-local state changed (grad mode off, a
+mode pushed, a trace function set): a later test gets a fresh thread, as
+if every test had its own. Idle threads end after :data:`IDLE_EXIT`
+seconds, when the test class that used them is torn down
+(:func:`release_idle`), and with the process (they are daemons). No thread
+exists before the first threaded test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from disttest import _compat
+
+__unittest = True
+
+__all__ = ["IDLE_EXIT", "RankThread", "release_idle", "take"]
+
+#: Seconds an idle rank thread waits for its next test before it ends.
+IDLE_EXIT = 5.0
+IDLE_NAME = "disttest idle thread {n}"  # NB: no " rank " in it (that names a running rank)
+
+_names = itertools.count(1)
+
+
+def _thread_state() -> tuple[Any, ...]:
+    """What a test may leave behind in its thread that a fresh thread would
+    not have: torch's thread-local modes, trace and profile functions."""
+    return (*_compat.thread_local_modes(), sys.gettrace(), sys.getprofile())
+
+
+class RankThread:
+    """One daemon thread that runs jobs (a rank of a test) one at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], None], Callable[[], None]] | None] = \
+            queue.SimpleQueue()
+        #: Set when the thread must not run another job (it ends after this one).
+        self.retired = False
+        self._fresh: tuple[Any, ...] | None = None
+        self.thread = threading.Thread(target=self._loop, name=IDLE_NAME.format(n=next(_names)),
+                                       daemon=True)
+        self.thread.start()
+
+    def run(self, job: Callable[[], None], finished: Callable[[], None]) -> None:
+        """Run ``job`` in this thread, then ``finished`` (neither may raise),
+        once the thread knows whether it will run another job."""
+        self._inbox.put((job, finished))
+
+    def _loop(self) -> None:
+        try:
+            self._fresh = _thread_state()
+            while True:
+                try:
+                    job = self._inbox.get(timeout=IDLE_EXIT)
+                except queue.Empty:
+                    if self._pool.leave(self):
+                        return
+                    continue
+                if job is None:
+                    return
+                job[0]()
+                if _thread_state() != self._fresh:
+                    self.retired = True
+                job[1]()
+                if self.retired:
+                    return
+        except BaseException:  # noqa: BLE001 (one raised into it by a stop, after its job)
+            self.retired = True
+
+
+class _Pool:
+    """The idle rank threads of this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[RankThread] = []
+        self._pid = os.getpid()
+
+    def take(self, n: int) -> list[RankThread]:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the threads are the parent's
+                self._idle, self._pid = [], os.getpid()
+            keep = max(0, len(self._idle) - n)
+            got, self._idle = self._idle[keep:], self._idle[:keep]
+        got = [t for t in got if t.thread.is_alive()]
+        return got + [RankThread(self) for _ in range(n - len(got))]
+
+    def give_back(self, threads: list[RankThread]) -> None:
+        back = [t for t in threads if not t.retired and t.thread.is_alive()]
+        for t in back:
+            t.thread.name = IDLE_NAME.format(n=next(_names))
+        with self._lock:
+            if self._pid == os.getpid():
+                self._idle.extend(t for t in back if t not in self._idle)
+
+    def leave(self, t: RankThread) -> bool:
+        """An idle thread's end: False if it was taken meanwhile (a job comes)."""
+        with self._lock:
+            if t in self._idle:
+                self._idle.remove(t)
+                return True
+            return False
+
+    def release_idle(self, wait: float = 0.0) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for t in idle:
+            t._inbox.put(None)
+        deadline = time.monotonic() + wait
+        for t in idle:
+            t.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_pool = _Pool()
+
+
+def take(n: int) -> list[RankThread]:
+    """``n`` rank threads for a test: idle ones first, else new ones."""
+    return _pool.take(n)
+
+
+def give_back(threads: list[RankThread]) -> None:
+    """Make the threads of a test that ended available again (but retired ones)."""
+    _pool.give_back(threads)
+
+
+def release_idle(wait: float = 0.0) -> None:
+    """End every idle rank thread (a test class is done with them); wait up
+    to ``wait`` seconds for them to be gone (before a fork, say: Python 3.12
+    warns when a process with other threads forks)."""
+    _pool.release_idle(wait)
