@@ -164,14 +164,22 @@ class MultiProcessTestCase(RankDispatch):
         )
         launcher = _LAUNCHERS[method](spec)
         try:
-            launcher.start(cls)
+            self._start(launcher, cls)
         except ZygoteUnavailable as e:
             warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
-            launcher.close()
             launcher = ForkLauncher(spec)
-            launcher.start(cls)
+            self._start(launcher, cls)
         self._launcher = launcher
         self.processes = launcher.processes()
+
+    @staticmethod
+    def _start(launcher: ProcessLauncher, cls: type) -> None:
+        """Start the ranks; if that fails part-way, stop those started."""
+        try:
+            launcher.start(cls)
+        except BaseException:
+            launcher.close()
+            raise
 
     def _join_processes(self, fn: Callable[[], Any]) -> None:
         """Hook: wait for the ranks and raise the test's result."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import unittest
+from unittest import mock
 
 from disttest._runner.channel import Channel, connect
 from disttest._runner.messages import Done, Hello, Leave, Ready, Run, Start, deliver
@@ -105,12 +107,36 @@ class ChannelTest(unittest.TestCase):
         self.assertEqual(conn.recv(), Run(1, "test_x"))
 
     def test_garbage_closes_that_connection_only(self):
-        a = self.rank(0)
-        pump_until(self.channel, lambda: 0 in self.channel.conns)
+        a, b = self.rank(0), self.rank(1)
+        pump_until(self.channel, lambda: len(self.channel.conns) == 2)
         a.send_bytes(b"not a pickle")
         self.channel.pump(0.5)
         self.assertTrue(self.channel.conns[0].closed)
-        self.channel.pump(0)  # a closed connection is no longer waited on
+        b.send(Ready(1))
+        pump_until(self.channel, lambda: 1 in self.channel.ready)
+        self.assertFalse(self.channel.conns[1].closed)
+
+    def test_half_a_message_does_not_stall_the_parent(self):
+        import socket
+
+        from disttest._runner import channel as channel_mod
+
+        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(stranger.close)
+        with mock.patch.object(channel_mod, "FRAME_TIMEOUT", 0.2):
+            stranger.connect(self.channel.address)
+            stranger.sendall(b"\x00\x00\x01\x00")  # a header announcing 256 bytes, then nothing
+            start = time.monotonic()
+            self.channel.pump(0.5)
+            self.channel.pump(0.5)
+        self.assertLess(time.monotonic() - start, 3)
+        self.assertEqual(self.channel._pending, [])  # dropped
+
+    def test_nothing_to_wait_on_waits_instead_of_spinning(self):
+        self.channel.close()
+        start = time.monotonic()
+        self.channel.pump(0.2)
+        self.assertGreaterEqual(time.monotonic() - start, 0.15)
 
 
 class DeliverTest(unittest.TestCase):

@@ -159,6 +159,18 @@ class HygieneTest(OutcomeMixin, unittest.TestCase):
             self.assertFalse(os.path.exists(case.run_dir), case.run_dir)
             self.assertFalse(os.path.exists(case.file_name))
 
+    def test_passing_ranks_leave_once_every_rank_has_answered(self):
+        # The parent says Leave when all have answered; without it a passing
+        # rank would stay LINGER_AFTER_PASS seconds (here 60: forked ranks
+        # inherit the patch).
+        from disttest._runner import rank as rank_mod
+
+        with mock.patch.object(rank_mod, "LINGER_AFTER_PASS", 60), \
+                mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "fork"}):
+            result, elapsed = run(cases.Scheduled, "test_passes")
+        self.assertPassed(result)
+        self.assertLess(elapsed, 30)
+
     def test_report_types_are_public(self):
         self.assertTrue(issubclass(RankFailure, AssertionError))
         self.assertTrue(issubclass(RankFailure, RuntimeError))
@@ -177,7 +189,12 @@ class RankSchedulingTest(OutcomeMixin, unittest.TestCase):
             with self.subTest(method=method), mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": method}):
                 self.assertPassed(run(cases.Scheduled, "test_batch")[0])
         # And the test process itself is left as it was.
-        self.assertEqual(os.sched_getscheduler(0), os.SCHED_OTHER)
+        self.assertEqual(os.sched_getscheduler(0), self.policy)
+
+    def setUp(self):
+        self.policy = os.sched_getscheduler(0)
+        if self.policy != os.SCHED_OTHER:
+            self.skipTest("the run was started under another policy (chrt), which ranks keep")
 
     def test_normal(self):
         self.assertPassed(run(cases.Unbatched, "test_normal")[0])

@@ -18,8 +18,10 @@ import os
 import secrets
 import shutil
 import socket
+import struct
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -28,7 +30,12 @@ from disttest._runner.messages import Done, Hello, Ready, Run, deliver
 
 __unittest = True
 
-__all__ = ["Channel", "Endpoint", "connect"]
+__all__ = ["FRAME_TIMEOUT", "Channel", "Endpoint", "connect"]
+
+#: Seconds the parent waits for the rest of a message once its first byte
+#: is there: a stray local process (abstract sockets have no permissions)
+#: that sends half a message cannot stall the test process.
+FRAME_TIMEOUT = 5.0
 
 
 class Endpoint:
@@ -62,6 +69,10 @@ class Endpoint:
         except (BlockingIOError, InterruptedError, TimeoutError):
             return None
         sock.setblocking(True)
+        # Reads that wait longer fail (EAGAIN) instead of blocking for ever.
+        seconds = int(FRAME_TIMEOUT)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("ll", seconds, int((FRAME_TIMEOUT - seconds) * 1e6)))
         return Connection(sock.detach())
 
     def close(self) -> None:
@@ -113,7 +124,10 @@ class Channel:
         """Take every message that has arrived, waiting up to ``timeout`` for
         the first one (or for one of ``also`` to be ready)."""
         waitables = self.waitables()
-        ready = wait([*waitables, *also], timeout=timeout) if waitables or also else ()
+        if not waitables and not also:
+            time.sleep(timeout)  # nothing can arrive: do not spin
+            return
+        ready = wait([*waitables, *also], timeout=timeout)
         while ready:
             for obj in ready:
                 if isinstance(obj, Endpoint):
@@ -123,7 +137,7 @@ class Channel:
                 elif isinstance(obj, Connection) and obj in waitables:
                     self._receive(obj)
             waitables = self.waitables()
-            ready = wait(waitables, timeout=0) if waitables else ()
+            ready = wait(waitables, timeout=0) if waitables else []
 
     def _receive(self, conn: Connection) -> None:
         try:
@@ -184,3 +198,14 @@ class Channel:
         for conn in [*self._pending, *self.conns.values()]:
             conn.close()
         self._pending = []
+
+    def drop_inherited(self) -> None:
+        """In a process forked from the parent: close this process's copies
+        of the channel's sockets (a rank keeping the listening one would let
+        others connect after the parent closed it), removing nothing."""
+        if self.endpoint is not None:
+            with contextlib.suppress(OSError):
+                self.endpoint._sock.close()
+        for conn in [*self._pending, *self.conns.values()]:
+            with contextlib.suppress(OSError):
+                conn.close()

@@ -150,9 +150,12 @@ class ProcessLauncher:
 
     # -- Launcher --
     def poll(self) -> dict[int, ExitStatus]:
-        self.channel.pump(0)
+        # Exits first, then messages: what a rank sent before it exited is
+        # still in its socket, so an exit is never seen without its answer.
         if len(self._exits) < len(self.pids):
             self._reap()
+        self.channel.pump(0)
+        if len(self._exits) < len(self.pids):
             self._release_when_all_answered()
         return self._exits
 
@@ -359,6 +362,7 @@ class ForkLauncher(ProcessLauncher):
         for rank in range(self.world_size):
             pid = os.fork()
             if pid == 0:
+                self.channel.drop_inherited()
                 rank_mod.run_rank_process(cls, self.spec, rank, parent)
             self.pids[rank] = pid
 

@@ -227,8 +227,10 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     stacks = open(files["stacks"], "w")  # noqa: SIM115 (kept open for the signal)
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
     if spec.scheduling == "batch" and hasattr(os, "SCHED_BATCH"):
+        # Only from the normal policy: one the user chose for the run (chrt) stays.
         with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            if os.sched_getscheduler(0) == os.SCHED_OTHER:
+                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     os.chdir(spec.cwd)
     os.environ.clear()
     os.environ.update(spec.environ)
@@ -362,9 +364,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         conn.send(Hello(rank, spec.token))
         part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)
         conn.send(Ready(rank, part.init()))
-        # A pool worker told to leave has done its part; a fresh-process
-        # rank only once it has answered.
-        code = TEST_ERROR_EXIT_CODE if part.single else 0
+        passed = False
         while True:
             try:
                 message = conn.recv()
@@ -376,7 +376,6 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             conn.send(Done(message.seq, outcome))
             if part.single:
                 passed = outcome.kind in (Kind.PASSED, Kind.SKIPPED)
-                code = 0 if passed else TEST_ERROR_EXIT_CODE
                 # Stay until every rank has answered (the parent says Leave),
                 # at most a moment: see LINGER.
                 with contextlib.suppress(OSError):
@@ -384,6 +383,9 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
                 break
         part.shutdown()
         kill_descendants()
+        # A pool worker that leaves cleanly has done its part; a fresh-process
+        # rank only once its test passed or skipped.
+        code = 0 if passed or not part.single else TEST_ERROR_EXIT_CODE
     finally:
         _exit(code)
 
