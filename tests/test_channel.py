@@ -132,6 +132,33 @@ class ChannelTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 3)
         self.assertEqual(self.channel._pending, [])  # dropped
 
+    def test_a_forked_rank_does_not_keep_the_endpoint_open(self):
+        import os
+        import signal
+
+        for drop in (True, False):
+            with self.subTest(drop=drop):
+                channel = Channel(1)
+                self.addCleanup(channel.close)
+                ready_r, ready_w = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # a rank forked from the test process
+                    if drop:
+                        channel.drop_inherited()
+                    os.write(ready_w, b"x")
+                    time.sleep(30)
+                    os._exit(0)
+                self.addCleanup(lambda pid=pid: (os.kill(pid, signal.SIGKILL), os.waitpid(pid, 0)))
+                os.read(ready_r, 1)
+                os.close(ready_r)
+                os.close(ready_w)
+                channel.endpoint.close()
+                if drop:
+                    with self.assertRaises(OSError):
+                        connect(channel.address)
+                else:  # what drop_inherited prevents
+                    connect(channel.address).close()
+
     def test_nothing_to_wait_on_waits_instead_of_spinning(self):
         self.channel.close()
         start = time.monotonic()
