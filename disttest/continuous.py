@@ -30,7 +30,7 @@ from disttest import _compat
 from disttest._faults_judge import Injection
 from disttest._faults_rank import armed
 from disttest._runner import rank as rank_mod
-from disttest._runner import settings
+from disttest._runner import settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult
@@ -148,6 +148,9 @@ class MultiProcContinousTest(TestCase):
     @classmethod
     def _start_method(cls) -> str:
         method, _ = settings.start_method(cls)
+        if method == "fork" and threading.active_count() > 1:
+            # Idle rank threads of a threaded test class are ours to end.
+            thread_pool.release_idle(wait=1.0)
         if method == "fork" and threading.active_count() > 1:
             # NB: forking a process with other threads can copy a lock they
             # hold; the fork server has none.

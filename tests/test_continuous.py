@@ -110,6 +110,25 @@ class PoolTest(unittest.TestCase):
         self.assertEqual(disttest.MultiProcContinousTest.world_size, 2)
 
 
+class StartMethodTest(unittest.TestCase):
+    def test_idle_rank_threads_do_not_force_the_fork_server(self):
+        # A threaded test leaves its rank threads idle (kept for the class);
+        # the next pool still forks from the test process, not through the
+        # fork server (2 s), because the idle threads are ended first.
+        import threading
+
+        import runner_cases
+
+        if threading.active_count() > 1:
+            self.skipTest("other threads run in this process")
+        result = unittest.TestResult()
+        runner_cases.ThreadRunner("test_pass").run(result)  # no tearDownClass: threads stay idle
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertGreater(threading.active_count(), 1)
+        self.assertEqual(cases.Scheduled._start_method(), "fork")
+        self.assertEqual(threading.active_count(), 1)
+
+
 class PoolHygieneTest(unittest.TestCase):
     def tearDown(self):
         self.assertEqual(live_ranks(), [])
