@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import psutil
 
 from disttest._runner import rank as rank_mod
-from disttest._runner import settings
+from disttest._runner import settings, thread_pool
 from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
 from disttest._runner.messages import Leave
@@ -359,6 +359,9 @@ class ForkLauncher(ProcessLauncher):
     def start(self, cls: type) -> None:
         parent = os.getpid()
         self._adopt_orphans()
+        # Idle rank threads (a threaded class's) end first: forking a process
+        # with other threads copies their locks as they are.
+        thread_pool.release_idle(wait=1.0)
         for rank in range(self.world_size):
             pid = os.fork()
             if pid == 0:
