@@ -75,10 +75,12 @@ class Endpoint:
                         struct.pack("ll", seconds, int((FRAME_TIMEOUT - seconds) * 1e6)))
         return Connection(sock.detach())
 
-    def close(self) -> None:
+    def close(self, remove: bool = True) -> None:
+        """Stop listening; with ``remove``, also remove the socket's folder
+        (not from a forked copy of the parent: the parent still listens)."""
         with contextlib.suppress(OSError):
             self._sock.close()
-        if self._dir is not None:
+        if remove and self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
@@ -147,8 +149,8 @@ class Channel:
             return
         if conn in self._pending and not isinstance(message, Hello):
             self._drop(conn)  # not one of our ranks
-        elif not deliver(message, self, conn):
-            pass  # a message this side does not take: dropped
+        else:
+            deliver(message, self, conn)  # a message this side does not take is dropped
 
     def _drop(self, conn: Connection) -> None:
         if conn in self._pending:
@@ -204,8 +206,7 @@ class Channel:
         of the channel's sockets (a rank keeping the listening one would let
         others connect after the parent closed it), removing nothing."""
         if self.endpoint is not None:
-            with contextlib.suppress(OSError):
-                self.endpoint._sock.close()
+            self.endpoint.close(remove=False)
         for conn in [*self._pending, *self.conns.values()]:
             with contextlib.suppress(OSError):
                 conn.close()
