@@ -135,7 +135,8 @@ class ProcessLauncher:
         self.world_size = spec.world_size
         self.pids: dict[int, int] = {}
         self._exits: dict[int, ExitStatus] = {}
-        self._released: set[int] | None = set() if single else None
+        self._single = single  # a fresh-process run: its ranks leave once all answered
+        self._released: set[int] = set()
         self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
         self._partial: dict[int, str] = {}  # a line not yet ended
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
@@ -163,7 +164,7 @@ class ProcessLauncher:
         # A fresh-process rank that answered stays a moment (rank.LINGER) so
         # that its peers can finish talking to it; once every live rank has
         # answered, none needs it any more.
-        if self._released is None:
+        if not self._single:
             return  # a pool's workers stay for the next test
         live = [r for r in self.pids if r not in self._exits and r not in self._released]
         if live and all(r in self.channel.answers for r in live):

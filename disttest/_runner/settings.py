@@ -25,8 +25,9 @@ Resolved here, once, for the three test-case classes:
   preempt the process that is running, so a collective's messages flow
   without a context switch per hop (4 gloo ranks on 2 CPUs: a small
   all_reduce in about 0.5 ms instead of 3 ms; ``benchmarks/bench_continuous.py``),
-  and the test process, which is not batch, stays responsive; ``normal``
-  leaves the ranks under the default policy.
+  and the test process, which is not batch, stays responsive (a run started
+  under another policy than the normal one keeps it); ``normal`` leaves the
+  ranks under the default policy.
 """
 
 from __future__ import annotations
@@ -147,14 +148,20 @@ def test_timeout(owner: Any, test_id: str | None) -> float | None:
     return limit
 
 
+def _env_or_class(env: str, cls: type, attr: str, default: Any) -> tuple[Any, str]:
+    """(value, where it came from): the variable ``env`` if set, else the
+    class attribute ``attr`` (else ``default``)."""
+    if os.environ.get(env, "").strip():
+        return os.environ[env], f"environment variable {env}"
+    return getattr(cls, attr, default), f"{cls.__name__}.{attr}"
+
+
 def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
     """(start method, where it came from), validated."""
     if explicit is not None:
         method, where = explicit, "_spawn_processes(start_method=...)"
-    elif os.environ.get(START_METHOD_ENV):
-        method, where = os.environ[START_METHOD_ENV], f"environment variable {START_METHOD_ENV}"
     else:
-        method, where = getattr(cls, "start_method", "zygote"), f"{cls.__name__}.start_method"
+        method, where = _env_or_class(START_METHOD_ENV, cls, "start_method", "zygote")
     if method not in START_METHODS:
         raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
     return method, where
@@ -182,10 +189,7 @@ def keep_logs() -> bool:
 
 def rank_scheduling(cls: type) -> str:
     """``batch`` or ``normal`` (see the module docstring), validated."""
-    if os.environ.get(SCHEDULING_ENV, "").strip():
-        raw, where = os.environ[SCHEDULING_ENV], f"environment variable {SCHEDULING_ENV}"
-    else:
-        raw, where = getattr(cls, "rank_scheduling", "batch"), f"{cls.__name__}.rank_scheduling"
+    raw, where = _env_or_class(SCHEDULING_ENV, cls, "rank_scheduling", "batch")
     value = raw.strip().lower() if isinstance(raw, str) else raw
     if value not in SCHEDULINGS:
         raise ConfigError("rank scheduling", raw, where, f"expected one of {SCHEDULINGS}")
