@@ -514,9 +514,10 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return tracked
 
 
-_installed: list[tuple[Any, str, Any, Any]] = []  # (module, name, original, wrapper) while tracking
+_installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
+_plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
 
 
 def install_tracking() -> Callable[[], None]:
@@ -530,24 +531,10 @@ def install_tracking() -> Callable[[], None]:
 
     _users[0] += 1
     if _users[0] == 1:
-        # NB: a threaded test installs and removes tracking every time: the
-        # modules' dicts are read directly, wrappers made once per function
-        # (inspect.signature is slow).
-        modules = ((c10d, vars(c10d)), (dist, vars(dist)))
-        for name in _TRACKED:
-            func = modules[0][1].get(name)
-            if func is None:
-                continue
-            cached = _wrappers.get(name)
-            if cached is None or cached[0] is not func:
-                if getattr(func, "__disttest_tracked__", False):
-                    continue
-                cached = _wrappers[name] = (func, _wrap(dist, name, func))
-            tracked = cached[1]
-            for module, namespace in modules:
-                if namespace.get(name) is func:
-                    setattr(module, name, tracked)
-                    _installed.append((module, name, func, tracked))
+        plans = [(module, _plan(c10d, module)) for module in (c10d, dist)]
+        for module, (wrappers, originals) in plans:
+            vars(module).update(wrappers)
+            _installed.append((module, wrappers, originals))
     done = [False]
 
     def undo() -> None:
@@ -557,11 +544,41 @@ def install_tracking() -> Callable[[], None]:
         _users[0] -= 1
         if _users[0] == 0:
             while _installed:
-                module, name, func, tracked = _installed.pop()
-                if vars(module).get(name) is tracked:  # not if someone replaced it since
-                    setattr(module, name, func)
+                module, wrappers, originals = _installed.pop()
+                namespace = vars(module)
+                if tuple(map(namespace.get, wrappers)) == tuple(wrappers.values()):
+                    namespace.update(originals)
+                    continue
+                for name, tracked in wrappers.items():
+                    if namespace.get(name) is tracked:  # not if someone replaced it since
+                        setattr(module, name, originals[name])
 
     return undo
+
+
+def _plan(c10d: Any, module: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The functions of ``module`` to wrap (those it holds as c10d does):
+    ``({name: wrapper}, {name: function})``. NB: a threaded test installs
+    and removes tracking every time: wrappers are made once per function
+    (inspect.signature is slow) and the plan is reused while c10d and the
+    module hold the same functions."""
+    import torch.distributed as dist
+
+    originals = tuple(map(vars(c10d).get, _TRACKED))
+    now = tuple(map(vars(module).get, _TRACKED))
+    cached = _plans.get(id(module))
+    if cached is not None and cached[0] == (originals, now):
+        return cached[1]
+    wrappers, funcs = {}, {}
+    for name, func, c10d_func in zip(_TRACKED, now, originals, strict=True):
+        if func is None or func is not c10d_func or getattr(func, "__disttest_tracked__", False):
+            continue
+        wrapper = _wrappers.get(name)
+        if wrapper is None or wrapper[0] is not func:
+            wrapper = _wrappers[name] = (func, _wrap(dist, name, func))
+        wrappers[name], funcs[name] = wrapper[1], func
+    _plans[id(module)] = ((originals, now), (wrappers, funcs))
+    return wrappers, funcs
 
 
 #: Seconds between the flight-recorder watcher's looks (a rank waiting in a
