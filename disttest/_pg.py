@@ -16,7 +16,7 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "PythonGroup", "ThreadedWork", "completed_work"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "PythonGroup", "completed_work"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, the group's timeout (disttest): {why}"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
@@ -73,11 +73,14 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
     def wait(self, timeout: Any = None) -> bool:
         limit = seconds(timeout) or self._limit
         if limit is not None and not self._opened(limit):
-            why = self._on_timeout() if self._on_timeout is not None else "it never completed"
-            raise CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
-                                    self.op, limit)
+            raise self._timed_out(limit)
         self._future.wait()
         return True
+
+    def _timed_out(self, limit: float) -> CollectiveTimeout:
+        why = self._on_timeout() if self._on_timeout is not None else "it never completed"
+        return CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
+                                 self.op, limit)
 
     def _opened(self, limit: float) -> bool:
         if not self._done.acquire(timeout=limit):
@@ -118,8 +121,6 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
     def synchronize(self) -> None:
         self.wait()
 
-
-ThreadedWork = FutureWork
 
 
 class PythonGroup(dist.ProcessGroup):

@@ -55,6 +55,7 @@ class _ThreadRun:
 
     def __init__(self, world_size: int, body: Callable[[int], None], test: str,
                  test_cls: type | None = None) -> None:
+        turns = settings.thread_scheduling(test_cls) == "turns"
         # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
         # restored after each test, or 10,000 tests nest 20,000 hooks.
         self.hooks = (sys.excepthook, threading.excepthook)
@@ -62,7 +63,7 @@ class _ThreadRun:
         self.injection = Injection.for_test(test_cls, test, self.world) if test_cls else None
         self.autograd = torch.autograd.set_multithreading_enabled(False)
         self.test = test
-        self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank")
+        self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank", turns=turns)
         self.launcher.start()
 
     def join(self, timeout: float) -> list[Outcome]:
@@ -132,6 +133,10 @@ class MultiThreadedTestCase(RankDispatch):
 
     MAIN_THREAD_RANK = -1
     timeout: float | None = None
+    #: "turns" (default) or "free": whether the rank threads run one at a
+    #: time, handing on at collectives (see ``DISTTEST_THREAD_SCHEDULING``
+    #: in the README).
+    thread_scheduling: str = "turns"
 
     @property
     def world_size(self) -> int:

@@ -29,12 +29,12 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from disttest import _compat
+from disttest._baton import Baton
 from disttest._pg import (
     CollectiveMismatch,
     CollectiveTimeout,
     FutureWork,
     PythonGroup,
-    ThreadedWork,
     _copy,
     _copyable,
     _one_dtype,
@@ -83,6 +83,20 @@ class CollectiveAborted(RuntimeError):
 # --- the per-test world ---------------------------------------------------------
 
 
+class ThreadedWork(FutureWork):
+    """A threaded group's Work: in a rank thread whose turn it is
+    (:mod:`disttest._baton`), ``wait()`` hands the turn on while it waits."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        world = getattr(_thread_world, "world", None)
+        if world is not None and not self._future.done() and world.baton.holds():
+            limit = seconds(timeout) or self._limit
+            if not world.baton.wait_for(self._future, limit):
+                assert limit is not None  # only a limited wait ends undone
+                raise self._timed_out(limit)
+        return super().wait(timeout)
+
+
 class _Call:
     __slots__ = ("op", "payload", "future", "agree", "thread", "since")
 
@@ -121,6 +135,8 @@ class ThreadedWorld:
         self._sizes: dict[str, int] = {}  # group name -> size
         self.abort_reason: str | None = None
         self.store = dist.HashStore()
+        #: Whose turn it is among the rank threads (:mod:`disttest._baton`).
+        self.baton = Baton()
 
     # -- what the harness asks (desync judgement) --
     def pending(self) -> list[PendingCall]:
@@ -140,6 +156,7 @@ class ThreadedWorld:
     def abort(self, reason: str) -> None:
         """Release every rank waiting in this world, now and later, with a
         :class:`CollectiveAborted` that gives ``reason``."""
+        self.baton.go_free()  # before the waits are released: they must not wait for a turn
         with self._lock:
             if self.abort_reason is None:
                 self.abort_reason = reason

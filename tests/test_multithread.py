@@ -3,15 +3,17 @@ the decorator's skip and failure types, upstream's hook names."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import unittest
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 import disttest
-from disttest import RankFailure, _compat, spawn_threads_and_init_comms
+from disttest import RankFailure, _baton, _compat, spawn_threads_and_init_comms
 
 
 def run(case: unittest.TestCase) -> unittest.TestResult:
@@ -210,6 +212,94 @@ class RankThreadReuseTest(unittest.TestCase):
         self.assertTrue(all(t.is_alive() for t in seen["test_first"]))
         thread_pool.release_idle(wait=2)
         self.assertFalse([t.name for t in seen["test_first"] if t.is_alive()])
+
+
+class ThreadSchedulingTest(unittest.TestCase):
+    """``thread_scheduling`` / DISTTEST_THREAD_SCHEDULING: rank threads take
+    turns (disttest._baton) unless set free."""
+
+    def make_case(self, scheduling: str | None, body) -> type:
+        attrs = {} if scheduling is None else {"thread_scheduling": scheduling}
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 4
+            timeout = 30
+            locals().update(attrs)
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_body(self):
+                body(self)
+
+        return Case
+
+    def ranks_meet_outside_disttest(self, barrier: threading.Barrier):
+        def body(case):
+            barrier.wait()  # every rank thread must be running at once
+            dist.all_reduce(torch.ones(1))
+        return body
+
+    def test_with_turns_one_rank_thread_runs_between_collectives(self):
+        lock = threading.Lock()
+        running, most = [0], [0]
+
+        def body(case):
+            for _ in range(3):
+                with lock:
+                    running[0] += 1
+                    most[0] = max(most[0], running[0])
+                for _ in range(5):
+                    torch.ones(4).add_(1)  # releases the GIL: a free peer would run now
+                    time.sleep(0.001)
+                with lock:
+                    running[0] -= 1
+                dist.all_reduce(torch.ones(1))
+
+        with mock.patch.object(_baton, "HOLD_LIMIT", 60.0):  # never set free here
+            result = run(self.make_case(None, body)("test_body"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(most[0], 1)
+
+    def test_a_rank_blocked_outside_disttest_sets_the_threads_free(self):
+        barrier = threading.Barrier(4, timeout=20)
+        start = time.monotonic()
+        result = run(self.make_case(None, self.ranks_meet_outside_disttest(barrier))("test_body"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertLess(time.monotonic() - start, 5)
+
+    def test_free_threads_run_at_once_from_the_start(self):
+        for how in ("class", "env"):
+            with self.subTest(how=how):
+                barrier = threading.Barrier(4, timeout=5)
+                case = self.make_case("free" if how == "class" else "turns",
+                                      self.ranks_meet_outside_disttest(barrier))
+                env = {"DISTTEST_THREAD_SCHEDULING": " Free"} if how == "env" else {}
+                with mock.patch.object(_baton, "HOLD_LIMIT", 60.0), mock.patch.dict(os.environ, env):
+                    result = run(case("test_body"))
+                self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_the_decorator_reads_the_variable(self):
+        barrier = threading.Barrier(2, timeout=5)
+
+        class Case(unittest.TestCase):
+            @spawn_threads_and_init_comms(world_size=2, timeout=30)
+            def test_meet(self):
+                barrier.wait()
+
+        with mock.patch.object(_baton, "HOLD_LIMIT", 60.0), \
+                mock.patch.dict(os.environ, {"DISTTEST_THREAD_SCHEDULING": "free"}):
+            Case("test_meet").test_meet()
+
+    def test_a_bad_value_is_named_with_its_source(self):
+        result = run(self.make_case("parallel", lambda case: None)("test_body"))
+        self.assertEqual(len(result.errors), 1)
+        self.assertRegex(result.errors[0][1], r"'parallel'.*Case\.thread_scheduling")
+        with mock.patch.dict(os.environ, {"DISTTEST_THREAD_SCHEDULING": "gil"}):
+            result = run(self.make_case(None, lambda case: None)("test_body"))
+        self.assertRegex(result.errors[0][1], r"'gil'.*environment variable DISTTEST_THREAD_SCHEDULING")
+        self.assertFalse(dist.is_initialized())
 
 
 class DecoratorTest(unittest.TestCase):

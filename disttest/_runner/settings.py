@@ -1,4 +1,4 @@
-"""One run configuration for every runner: world size, timeout, start method.
+"""One run configuration for every runner: world size, timeout, start method, scheduling.
 
 Resolved here, once, for the three test-case classes:
 
@@ -27,7 +27,13 @@ Resolved here, once, for the three test-case classes:
   all_reduce in about 0.5 ms instead of 3 ms; ``benchmarks/bench_continuous.py``),
   and the test process, which is not batch, stays responsive (a run started
   under another policy than the normal one keeps it); ``normal`` leaves the
-  ranks under the default policy.
+  ranks under the default policy;
+- thread scheduling: ``DISTTEST_THREAD_SCHEDULING``, else the class's
+  ``thread_scheduling``: ``turns`` (the default) runs one rank thread at a
+  time, each until it waits for its peers in a collective
+  (:mod:`disttest._baton`: far fewer context switches; a thread that blocks
+  elsewhere frees them all after a few milliseconds); ``free`` lets them
+  all run at once from the start.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ __all__ = [
     "OUTPUT_MODES",
     "START_METHODS",
     "START_METHOD_ENV",
+    "THREAD_SCHEDULINGS",
+    "THREAD_SCHEDULING_ENV",
     "keep_logs",
     "outer_limit",
     "output_mode",
@@ -59,6 +67,7 @@ __all__ = [
     "rank_scheduling",
     "start_method",
     "test_timeout",
+    "thread_scheduling",
     "world_size",
 ]
 
@@ -69,6 +78,8 @@ START_METHODS = ("zygote", "fork", "spawn")
 START_METHOD_ENV = "DISTTEST_START_METHOD"
 SCHEDULING_ENV = "DISTTEST_RANK_SCHEDULING"
 SCHEDULINGS = ("batch", "normal")
+THREAD_SCHEDULING_ENV = "DISTTEST_THREAD_SCHEDULING"
+THREAD_SCHEDULINGS = ("turns", "free")
 #: Of an outer limit (pytest-timeout's), the share disttest may use; the
 #: rest is for collecting stacks, stopping ranks and reporting.
 OUTER_SHARE = 0.7
@@ -189,8 +200,22 @@ def keep_logs() -> bool:
 
 def rank_scheduling(cls: type) -> str:
     """``batch`` or ``normal`` (see the module docstring), validated."""
-    raw, where = _env_or_class(SCHEDULING_ENV, cls, "rank_scheduling", "batch")
+    return _choice("rank scheduling", SCHEDULING_ENV, cls, "rank_scheduling", SCHEDULINGS)
+
+
+def thread_scheduling(cls: type | None) -> str:
+    """``turns`` or ``free`` (see the module docstring), validated; without
+    a class (``spawn_threads_and_init_comms``), from the environment only."""
+    return _choice("thread scheduling", THREAD_SCHEDULING_ENV, cls, "thread_scheduling", THREAD_SCHEDULINGS)
+
+
+def _choice(what: str, env: str, cls: type | None, attr: str, choices: tuple[str, ...]) -> str:
+    # The variable, else the class attribute, else the first choice.
+    if cls is None:
+        raw, where = os.environ.get(env, "").strip() or choices[0], f"environment variable {env}"
+    else:
+        raw, where = _env_or_class(env, cls, attr, choices[0])
     value = raw.strip().lower() if isinstance(raw, str) else raw
-    if value not in SCHEDULINGS:
-        raise ConfigError("rank scheduling", raw, where, f"expected one of {SCHEDULINGS}")
+    if value not in choices:
+        raise ConfigError(what, raw, where, f"expected one of {choices}")
     return str(value)

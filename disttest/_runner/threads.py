@@ -87,11 +87,14 @@ class _Tee:
 
 
 class ThreadLauncher:
-    """Runs ``body(rank)`` in one daemon rank thread per rank, all in ``world``."""
+    """Runs ``body(rank)`` in one daemon rank thread per rank, all in
+    ``world``; with ``turns``, one at a time (:mod:`disttest._baton`)."""
 
     def __init__(self, world_size: int, world: ThreadedWorld, body: Callable[[int], None],
-                 name: str = "rank") -> None:
+                 name: str = "rank", turns: bool = True) -> None:
         self.world_size = world_size
+        if not turns:
+            world.baton.go_free()
         self.world = world
         self._body = body
         self._name = name
@@ -122,8 +125,12 @@ class ThreadLauncher:
             worker.thread.name = f"{self._name} {rank}"
             self.threads.append(worker.thread)
             self._idents[worker.thread.ident or 0] = rank
-        for rank, worker in enumerate(self._workers):
-            worker.run(functools.partial(self._main, rank), functools.partial(self._finished, rank))
+        # One rank thread runs at a time, each until it waits for its peers
+        # (disttest._baton): they start in turn.
+        self.world.baton.begin([
+            (worker.thread.ident or 0, functools.partial(
+                worker.run, functools.partial(self._main, rank), functools.partial(self._finished, rank)))
+            for rank, worker in enumerate(self._workers)])
 
     def _main(self, rank: int) -> None:
         _bind_thread(self.world)
@@ -144,6 +151,7 @@ class ThreadLauncher:
         outcome.output_tail = self.output(rank)
         outcome.exit = _DONE
         self._outcomes[rank] = outcome
+        self.world.baton.leave()
 
     def _finished(self, rank: int) -> None:
         # The rank's thread is done with this test (it may run another now).
@@ -156,6 +164,7 @@ class ThreadLauncher:
 
     # -- Launcher --
     def poll(self) -> dict[int, ExitStatus]:
+        self.world.baton.watch()
         return {r: _DONE for r in self._done if r in self._outcomes}
 
     def outcome(self, rank: int) -> Outcome | None:

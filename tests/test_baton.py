@@ -1,0 +1,162 @@
+"""The turns of rank threads (disttest._baton), on plain threads and futures."""
+
+from __future__ import annotations
+
+import threading
+import time
+import unittest
+
+from torch.futures import Future
+
+from disttest import _baton
+from disttest._baton import HOLD_LIMIT, Baton
+
+
+class _Threads:
+    """Threads started through a baton: each runs ``jobs[i]`` when started."""
+
+    def __init__(self, baton: Baton, jobs: list) -> None:
+        self.inboxes = [threading.Semaphore(0) for _ in jobs]
+        self.threads = [threading.Thread(target=self._run, args=(i, job), daemon=True)
+                        for i, job in enumerate(jobs)]
+        for t in self.threads:
+            t.start()
+        baton.begin([(t.ident, self.inboxes[i].release) for i, t in enumerate(self.threads)])
+
+    def _run(self, i: int, job) -> None:
+        self.inboxes[i].acquire()
+        job()
+
+    def join(self, timeout: float = 5.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+            assert not t.is_alive(), "a thread did not end"
+
+
+class BatonTest(unittest.TestCase):
+    def test_threads_start_one_at_a_time_each_after_the_previous_one_leaves(self):
+        baton, log = Baton(), []
+
+        def job(i):
+            def run():
+                log.append(("start", i, baton.holds()))
+                time.sleep(0.02)  # the next must not start meanwhile
+                log.append(("end", i))
+                baton.leave()
+            return run
+
+        _Threads(baton, [job(i) for i in range(3)]).join()
+        self.assertEqual(log, [("start", 0, True), ("end", 0), ("start", 1, True), ("end", 1),
+                               ("start", 2, True), ("end", 2)])
+        self.assertFalse(baton.free)
+
+    def test_a_wait_hands_the_turn_on_and_resumes_in_order_once_done(self):
+        baton, log = Baton(), []
+        futures = [Future() for _ in range(3)]
+
+        def job(i):
+            def run():
+                log.append(("before", i))
+                if i == 2:  # the last completes everyone's future and keeps its turn
+                    for f in futures:
+                        f.set_result(None)
+                    log.append(("completed", i))
+                else:
+                    self.assertTrue(baton.wait_for(futures[i], limit=5.0))
+                    log.append(("after", i, baton.holds()))
+                baton.leave()
+            return run
+
+        _Threads(baton, [job(i) for i in range(3)]).join()
+        self.assertEqual(log, [("before", 0), ("before", 1), ("before", 2), ("completed", 2),
+                               ("after", 0, True), ("after", 1, True)])
+
+    def test_a_thread_that_holds_the_turn_too_long_sets_everyone_free(self):
+        baton, log = Baton(), []
+        release = threading.Event()
+
+        def blocked():  # blocks where the baton cannot see, holding the turn
+            log.append("blocked")
+            self.assertTrue(release.wait(5))
+            baton.leave()
+
+        def other():
+            log.append("other")
+            release.set()
+
+        threads = _Threads(baton, [blocked, other])
+        time.sleep(HOLD_LIMIT * 4)
+        self.assertEqual(log, ["blocked"])  # not started while the turn is held...
+        self.assertTrue(baton.watch())  # ...until the launcher's watch finds it held too long
+        threads.join()
+        self.assertEqual(log, ["blocked", "other"])
+        self.assertFalse(baton.holds())
+
+    def test_a_short_turn_is_not_taken_for_a_stuck_one(self):
+        baton = Baton()
+        started = threading.Event()
+        handed = time.monotonic()  # at the latest
+        threads = _Threads(baton, [lambda: (started.wait(5), baton.leave()), lambda: None])
+        self.assertFalse(baton.watch(now=handed + HOLD_LIMIT / 2))  # held for less than the limit
+        started.set()
+        threads.join()
+        self.assertFalse(baton.watch())  # nobody waits: nothing to free
+
+    def test_free_wakes_the_waiting_and_later_waits_are_plain(self):
+        baton = Baton()
+        done = Future()
+        resumed = []
+
+        def waiter():
+            self.assertTrue(baton.wait_for(done, limit=5.0))
+            resumed.append(baton.holds())
+
+        def holder():
+            done.set_result(None)  # the waiter is ready now, but it is this thread's turn
+            time.sleep(0.05)
+            self.assertEqual(resumed, [])
+            baton.go_free()  # an abort: everyone runs
+            deadline = time.monotonic() + 5
+            while not resumed and time.monotonic() < deadline:
+                time.sleep(0.001)
+            self.assertEqual(resumed, [False])  # it ran without a turn, and before this one left
+
+        _Threads(baton, [waiter, holder]).join()
+        self.assertTrue(baton.free)
+        self.assertFalse(baton.holds())
+        baton.leave()  # nothing to pass on: a no-op
+
+    def test_a_free_baton_starts_every_thread_at_once(self):
+        baton = Baton()
+        baton.go_free()
+        barrier = threading.Barrier(3, timeout=5)  # passes only if all three run at once
+        _Threads(baton, [barrier.wait] * 3).join()
+
+    def test_a_wait_with_a_limit_gives_up_and_leaves_the_queue(self):
+        baton, log = Baton(), []
+        never = Future()
+
+        def waiter():
+            start = time.monotonic()
+            log.append(("waited", baton.wait_for(never, limit=0.1), time.monotonic() - start >= 0.1))
+            baton.leave()
+
+        def other():
+            log.append("other")
+            baton.leave()
+
+        _Threads(baton, [waiter, other]).join()
+        self.assertEqual(log, ["other", ("waited", False, True)])
+        never.set_result(None)  # its done-callback must not hand the turn to a thread that left
+        self.assertFalse(baton.holds())
+        self.assertFalse(baton.watch())
+
+    def test_the_hold_limit_is_a_few_milliseconds(self):
+        # Long enough for a turn between two collectives, short enough that a
+        # thread blocked outside disttest costs a test little.
+        self.assertLessEqual(_baton.HOLD_LIMIT, 0.02)
+        self.assertGreaterEqual(_baton.HOLD_LIMIT, 0.001)
+
+
+if __name__ == "__main__":
+    unittest.main()
