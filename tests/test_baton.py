@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import unittest
@@ -16,15 +17,17 @@ class _Threads:
     """Threads started through a baton: each runs ``jobs[i]`` when started."""
 
     def __init__(self, baton: Baton, jobs: list) -> None:
+        self.baton = baton
         self.inboxes = [threading.Semaphore(0) for _ in jobs]
         self.threads = [threading.Thread(target=self._run, args=(i, job), daemon=True)
                         for i, job in enumerate(jobs)]
         for t in self.threads:
             t.start()
-        baton.begin([(t.ident, self.inboxes[i].release) for i, t in enumerate(self.threads)])
+        baton.begin([(t, self.inboxes[i].release) for i, t in enumerate(self.threads)])
 
     def _run(self, i: int, job) -> None:
         self.inboxes[i].acquire()
+        self.baton.resume()
         job()
 
     def join(self, timeout: float = 5.0) -> None:
@@ -150,6 +153,30 @@ class BatonTest(unittest.TestCase):
         never.set_result(None)  # its done-callback must not hand the turn to a thread that left
         self.assertFalse(baton.holds())
         self.assertFalse(baton.watch())
+
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
+                         "needs CPU affinity (Linux) and two CPUs")
+    def test_a_thread_moved_to_its_wakers_cpu_gets_its_cpus_back(self):
+        cpus = os.sched_getaffinity(0)
+        go, seen = threading.Event(), []
+
+        def sleeper():
+            go.wait(5)
+            seen.append(os.sched_getaffinity(0))  # where it was woken
+            _baton.give_back_cpus(had)
+            seen.append(os.sched_getaffinity(0))
+
+        t = threading.Thread(target=sleeper)
+        t.start()
+        had = _baton.move_here(t.native_id)
+        self.assertEqual(had, cpus)
+        self.assertEqual(len(os.sched_getaffinity(t.native_id)), 1)
+        go.set()
+        t.join(5)
+        self.assertEqual(len(seen[0]), 1)
+        self.assertEqual(seen[1], cpus)
+        self.assertEqual(os.sched_getaffinity(0), cpus)  # the mover's own CPUs untouched
+        self.assertIsNone(_baton.move_here(None))
 
     def test_the_hold_limit_is_a_few_milliseconds(self):
         # Long enough for a turn between two collectives, short enough that a

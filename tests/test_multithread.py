@@ -262,6 +262,31 @@ class ThreadSchedulingTest(unittest.TestCase):
         self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
         self.assertEqual(most[0], 1)
 
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity"), "needs CPU affinity (Linux)")
+    def test_threads_woken_on_their_wakers_cpu_get_their_cpus_back(self):
+        # A hand-off moves the woken thread (a rank, or the joining thread)
+        # to the waker's CPU for the wake-up only: whatever a rank starts
+        # after it, and the test process after the test, may use every CPU.
+        cpus = os.sched_getaffinity(0)
+        seen = []
+        lock = threading.Lock()
+
+        def body(case):
+            for _ in range(3):
+                with lock:
+                    seen.append(os.sched_getaffinity(0))
+                dist.all_reduce(torch.ones(1))
+            with lock:
+                seen.append(os.sched_getaffinity(0))
+
+        case = self.make_case(None, body)
+        for _ in range(3):
+            result = run(case("test_body"))
+            self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+            self.assertEqual(os.sched_getaffinity(0), cpus)
+        self.assertEqual(len(seen), 3 * 4 * 4)
+        self.assertTrue(all(s == cpus for s in seen), [s for s in seen if s != cpus][:3])
+
     def test_a_rank_blocked_outside_disttest_sets_the_threads_free(self):
         barrier = threading.Barrier(4, timeout=20)
         start = time.monotonic()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from disttest._baton import give_back_cpus, move_here
 from disttest._runner import thread_pool
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import (
@@ -108,6 +109,9 @@ class ThreadLauncher:
         self._workers: list[thread_pool.RankThread] = []
         self._given_back = False
         self._ended = threading.Event()
+        self._main_tid: int | None = None  # the thread that joins (its native id)
+        self._main_had: list[set[int]] = []  # its CPUs, while a rank moved it to wake it
+        self._main_lock = threading.Lock()
 
     def start(self) -> None:
         # NB: torch.testing.assert_close imports torch.distributed.tensor on
@@ -115,6 +119,7 @@ class ThreadLauncher:
         # twice ("Tried to register an operator ... multiple times").
         import torch.distributed.tensor  # noqa: F401
 
+        self._main_tid = threading.get_native_id()
         self._untrack = install_tracking()
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
@@ -128,11 +133,12 @@ class ThreadLauncher:
         # One rank thread runs at a time, each until it waits for its peers
         # (disttest._baton): they start in turn.
         self.world.baton.begin([
-            (worker.thread.ident or 0, functools.partial(
+            (worker.thread, functools.partial(
                 worker.run, functools.partial(self._main, rank), functools.partial(self._finished, rank)))
             for rank, worker in enumerate(self._workers)])
 
     def _main(self, rank: int) -> None:
+        self.world.baton.resume()
         _bind_thread(self.world)
         track_into(self.board, rank, per_thread=True)
         exc: BaseException | None = None
@@ -160,6 +166,13 @@ class ThreadLauncher:
         # The join loop wakes when every rank is done, or at once for a
         # failure (peers stopped, fail fast); a pass is seen at its next poll.
         if len(self._done) == self.world_size or outcome is None or outcome.kind.is_cause:
+            # The joining thread wakes on this CPU (disttest._baton); NB:
+            # under the lock, so not after stop() gave it its CPUs back.
+            with self._main_lock:
+                if not self.world.baton.free:
+                    had = move_here(self._main_tid)
+                    if had is not None and not self._main_had:
+                        self._main_had.append(had)
             self._ended.set()
 
     # -- Launcher --
@@ -225,13 +238,23 @@ class ThreadLauncher:
         return stacks
 
     def wait(self, seconds: float) -> None:
-        if self._ended.wait(seconds):
-            self._ended.clear()
+        try:
+            if self._ended.wait(seconds):
+                self._ended.clear()
+        finally:
+            self._main_cpus()
+
+    def _main_cpus(self) -> None:
+        # In the joining thread: the CPUs it had before a rank moved it.
+        with self._main_lock:
+            had = self._main_had.pop() if self._main_had else None
+        give_back_cpus(had)
 
     def stop(self) -> None:
         """Release and end every live rank thread, bounded by
         :data:`STOP_WAIT`; ``self.unstoppable`` lists those still running."""
-        self.world.abort("the test is being stopped")
+        self.world.abort("the test is being stopped")  # no rank moves this thread after it
+        self._main_cpus()
         start = time.monotonic()
         raised: set[int] = set()
         while time.monotonic() - start < STOP_WAIT:
