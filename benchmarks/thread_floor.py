@@ -6,7 +6,8 @@ line runs N rounds of four rank threads and prints the mean wall and CPU
 time (all threads) per round:
 
 - kept threads, new world: what disttest's thread runner does per test
-  (fresh threaded world and default group, one all_reduce, destroy);
+  with ``DISTTEST_THREAD_SCHEDULING=free`` (fresh threaded world and
+  default group, one all_reduce, destroy; the rank threads run at once);
 - kept threads, kept group: one all_reduce alone;
 - an empty job: handing work to four kept threads and collecting it;
 - new threads: the same as the first line in four new threads per round
@@ -18,7 +19,8 @@ time (all threads) per round:
 NB: the rank threads hand the GIL to one another many times per test (each
 torch op releases it); across two cores each hand-off costs far more CPU
 than on one, so the same work takes about twice the time when the
-scheduler spreads the threads.
+scheduler spreads the threads. That is what disttest's default, turns
+(``disttest/_baton.py``), avoids; ``bench_multithread.py`` measures it.
 """
 
 from __future__ import annotations
