@@ -142,6 +142,8 @@ class BatonTest(unittest.TestCase):
         def waiter():
             start = time.monotonic()
             log.append(("waited", baton.wait_for(never, limit=0.1), time.monotonic() - start >= 0.1))
+            never.set_result(None)  # its done-callback must not hand the turn to the wait that left
+            log.append(("late", baton.holds()))
             baton.leave()
 
         def other():
@@ -149,10 +151,27 @@ class BatonTest(unittest.TestCase):
             baton.leave()
 
         _Threads(baton, [waiter, other]).join()
-        self.assertEqual(log, ["other", ("waited", False, True)])
-        never.set_result(None)  # its done-callback must not hand the turn to a thread that left
-        self.assertFalse(baton.holds())
+        self.assertEqual(log, ["other", ("waited", False, True), ("late", False)])
         self.assertFalse(baton.watch())
+
+    def test_a_future_done_within_the_limit_is_no_timeout_while_another_keeps_the_turn(self):
+        # As without turns: the limit is the collective's, not the turn's.
+        baton, log = Baton(), []
+        done = Future()
+
+        def waiter():
+            log.append(("waited", baton.wait_for(done, limit=0.1), baton.holds()))
+            baton.leave()
+
+        def holder():
+            done.set_result(None)  # within the waiter's limit...
+            time.sleep(0.3)  # ...but this thread keeps the turn past it (nobody watches here)
+            # The waiter runs on without a turn, out of the queue: nobody waits for this one.
+            log.append(("holder", baton.holds(), baton.watch(now=time.monotonic() + 60)))
+            baton.leave()
+
+        _Threads(baton, [waiter, holder]).join()
+        self.assertEqual(log, [("waited", True, False), ("holder", True, False)])
 
     @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
                          "needs CPU affinity (Linux) and two CPUs")
