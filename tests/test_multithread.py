@@ -303,6 +303,45 @@ class ThreadSchedulingTest(unittest.TestCase):
             result = run(self.make_case(None, body)("test_body"))
         self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
 
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
+                         "needs CPU affinity (Linux) and two CPUs")
+    def test_the_test_thread_is_moved_only_while_it_waits_for_the_ranks(self):
+        # Ranks that end (or fail) before the join waits must not leave the
+        # test's thread on one CPU: what setUp starts next would inherit it.
+        cpus = os.sched_getaffinity(0)
+        seen: dict[str, list] = {}
+
+        def body(case):
+            if case.rank == 0 and case.how == "fail":
+                raise ValueError("fails at once")
+            if case.rank == 1 and case.how == "timeout":
+                time.sleep(0.6)
+            dist.all_reduce(torch.ones(1))
+
+        for how in ("pass", "fail", "timeout"):
+            case = self.make_case(None, body)
+            case.how = how
+
+            def setUp(self, how=how):
+                disttest.MultiThreadedTestCase.setUp(self)
+                self._spawn_threads()
+                if how != "timeout":
+                    self._run_state.launcher._ended.wait(10)  # every rank ended (the first failed)
+                started = []
+                t = threading.Thread(target=lambda: started.append(os.sched_getaffinity(0)))
+                t.start()
+                t.join()
+                seen[how] = [os.sched_getaffinity(0), *started]
+
+            case.setUp = setUp
+            if how == "timeout":
+                case.timeout = 0.3
+            with self.subTest(how=how):
+                result = run(case("test_body"))
+                self.assertEqual(len(result.errors), how != "pass")
+                self.assertEqual(seen[how], [cpus, cpus])
+                self.assertEqual(os.sched_getaffinity(0), cpus)
+
     def test_a_rank_blocked_outside_disttest_sets_the_threads_free(self):
         barrier = threading.Barrier(4, timeout=20)
         start = time.monotonic()
