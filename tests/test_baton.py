@@ -197,6 +197,28 @@ class BatonTest(unittest.TestCase):
         self.assertEqual(os.sched_getaffinity(0), cpus)  # the mover's own CPUs untouched
         self.assertIsNone(_baton.move_here(None))
 
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
+                         "needs CPU affinity (Linux) and two CPUs")
+    def test_a_thread_handed_the_turn_wakes_on_its_wakers_cpu_and_takes_its_cpus_back(self):
+        cpus = os.sched_getaffinity(0)
+        baton, seen = Baton(), []
+        inboxes = [threading.Semaphore(0) for _ in range(3)]
+
+        def run(i):
+            inboxes[i].acquire()
+            woken = os.sched_getaffinity(0)  # as handed the turn (by the test's thread, or the previous one)
+            baton.resume()
+            seen.append((i, len(woken), os.sched_getaffinity(0) == cpus))
+            baton.leave()
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(3)]
+        for t in threads:
+            t.start()
+        baton.begin([(t, inboxes[i].release) for i, t in enumerate(threads)])
+        for t in threads:
+            t.join(5)
+        self.assertEqual(seen, [(0, 1, True), (1, 1, True), (2, 1, True)])
+
     def test_the_hold_limit_is_a_few_milliseconds(self):
         # Long enough for a turn between two collectives, short enough that a
         # thread blocked outside disttest costs a test little.
