@@ -158,8 +158,9 @@ class Baton:
     def wait_for(self, future: Any, limit: float | None) -> bool:
         """In the thread whose turn it is: pass the turn on and sleep until
         ``future`` (a ``torch.futures.Future``) is done and the turn comes
-        back. False if ``limit`` seconds passed first (the thread may then
-        hold the turn or not)."""
+        back. False if ``limit`` seconds passed with ``future`` not done;
+        True once they passed with it done (the thread may then hold the
+        turn or not: the limit is the future's, as without turns)."""
         woken = threading.Lock()
         woken.acquire()
         waiter = _Waiter(threading.current_thread(), woken.release)
@@ -173,7 +174,7 @@ class Baton:
             if waiter in self._queue:
                 self._queue.remove(waiter)
         self.resume()  # NB: after the lock: a hand-off to it that came first has pinned it
-        return False
+        return future.done()
 
     # -- hand-offs --
     def _ready(self, waiter: _Waiter) -> None:

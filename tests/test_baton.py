@@ -142,6 +142,8 @@ class BatonTest(unittest.TestCase):
         def waiter():
             start = time.monotonic()
             log.append(("waited", baton.wait_for(never, limit=0.1), time.monotonic() - start >= 0.1))
+            never.set_result(None)  # its done-callback must not hand the turn to the wait that left
+            log.append(("late", baton.holds()))
             baton.leave()
 
         def other():
@@ -149,10 +151,27 @@ class BatonTest(unittest.TestCase):
             baton.leave()
 
         _Threads(baton, [waiter, other]).join()
-        self.assertEqual(log, ["other", ("waited", False, True)])
-        never.set_result(None)  # its done-callback must not hand the turn to a thread that left
-        self.assertFalse(baton.holds())
+        self.assertEqual(log, ["other", ("waited", False, True), ("late", False)])
         self.assertFalse(baton.watch())
+
+    def test_a_future_done_within_the_limit_is_no_timeout_while_another_keeps_the_turn(self):
+        # As without turns: the limit is the collective's, not the turn's.
+        baton, log = Baton(), []
+        done = Future()
+
+        def waiter():
+            log.append(("waited", baton.wait_for(done, limit=0.1), baton.holds()))
+            baton.leave()
+
+        def holder():
+            done.set_result(None)  # within the waiter's limit...
+            time.sleep(0.3)  # ...but this thread keeps the turn past it (nobody watches here)
+            # The waiter runs on without a turn, out of the queue: nobody waits for this one.
+            log.append(("holder", baton.holds(), baton.watch(now=time.monotonic() + 60)))
+            baton.leave()
+
+        _Threads(baton, [waiter, holder]).join()
+        self.assertEqual(log, [("waited", True, False), ("holder", True, False)])
 
     @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
                          "needs CPU affinity (Linux) and two CPUs")
@@ -177,6 +196,28 @@ class BatonTest(unittest.TestCase):
         self.assertEqual(seen[1], cpus)
         self.assertEqual(os.sched_getaffinity(0), cpus)  # the mover's own CPUs untouched
         self.assertIsNone(_baton.move_here(None))
+
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
+                         "needs CPU affinity (Linux) and two CPUs")
+    def test_a_thread_handed_the_turn_wakes_on_its_wakers_cpu_and_takes_its_cpus_back(self):
+        cpus = os.sched_getaffinity(0)
+        baton, seen = Baton(), []
+        inboxes = [threading.Semaphore(0) for _ in range(3)]
+
+        def run(i):
+            inboxes[i].acquire()
+            woken = os.sched_getaffinity(0)  # as handed the turn (by the test's thread, or the previous one)
+            baton.resume()
+            seen.append((i, len(woken), os.sched_getaffinity(0) == cpus))
+            baton.leave()
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(3)]
+        for t in threads:
+            t.start()
+        baton.begin([(t, inboxes[i].release) for i, t in enumerate(threads)])
+        for t in threads:
+            t.join(5)
+        self.assertEqual(seen, [(0, 1, True), (1, 1, True), (2, 1, True)])
 
     def test_the_hold_limit_is_a_few_milliseconds(self):
         # Long enough for a turn between two collectives, short enough that a

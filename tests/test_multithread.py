@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import unittest
+from datetime import timedelta
 from unittest import mock
 
 import torch
@@ -286,6 +287,60 @@ class ThreadSchedulingTest(unittest.TestCase):
             self.assertEqual(os.sched_getaffinity(0), cpus)
         self.assertEqual(len(seen), 3 * 4 * 4)
         self.assertTrue(all(s == cpus for s in seen), [s for s in seen if s != cpus][:3])
+
+    def test_a_collective_done_within_its_timeout_does_not_time_out_waiting_for_the_turn(self):
+        def body(case):
+            if case.rank > 1:
+                return
+            group = dist.new_group([0, 1], timeout=timedelta(seconds=0.3))
+            if case.rank == 1:
+                time.sleep(0.1)
+            dist.all_reduce(torch.ones(1), group=group)  # rank 1 completes rank 0's at 0.1 s of 0.3
+            if case.rank == 1:
+                time.sleep(0.4)  # and keeps the turn past rank 0's limit (as until a watch frees it)
+
+        with mock.patch.object(_baton, "HOLD_LIMIT", 60.0):  # the watch comes too late
+            result = run(self.make_case(None, body)("test_body"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
+                         "needs CPU affinity (Linux) and two CPUs")
+    def test_the_test_thread_is_moved_only_while_it_waits_for_the_ranks(self):
+        # Ranks that end (or fail) before the join waits must not leave the
+        # test's thread on one CPU: what setUp starts next would inherit it.
+        cpus = os.sched_getaffinity(0)
+        seen: dict[str, list] = {}
+
+        def body(case):
+            if case.rank == 0 and case.how == "fail":
+                raise ValueError("fails at once")
+            if case.rank == 1 and case.how == "timeout":
+                time.sleep(0.6)
+            dist.all_reduce(torch.ones(1))
+
+        for how in ("pass", "fail", "timeout"):
+            case = self.make_case(None, body)
+            case.how = how
+
+            def setUp(self, how=how):
+                disttest.MultiThreadedTestCase.setUp(self)
+                self._spawn_threads()
+                if how != "timeout":
+                    self._run_state.launcher._ended.wait(10)  # every rank ended (the first failed)
+                started = []
+                t = threading.Thread(target=lambda: started.append(os.sched_getaffinity(0)))
+                t.start()
+                t.join()
+                seen[how] = [os.sched_getaffinity(0), *started]
+
+            case.setUp = setUp
+            if how == "timeout":
+                case.timeout = 0.3
+            with self.subTest(how=how):
+                result = run(case("test_body"))
+                self.assertEqual(len(result.errors), how != "pass")
+                self.assertEqual(seen[how], [cpus, cpus])
+                self.assertEqual(os.sched_getaffinity(0), cpus)
 
     def test_a_rank_blocked_outside_disttest_sets_the_threads_free(self):
         barrier = threading.Barrier(4, timeout=20)

@@ -111,6 +111,7 @@ class ThreadLauncher:
         self._ended = threading.Event()
         self._main_tid: int | None = None  # the thread that joins (its native id)
         self._main_had: list[set[int]] = []  # its CPUs, while a rank moved it to wake it
+        self._main_waiting = False  # whether it waits in wait() (moved only then)
         self._main_lock = threading.Lock()
 
     def start(self) -> None:
@@ -167,9 +168,10 @@ class ThreadLauncher:
         # failure (peers stopped, fail fast); a pass is seen at its next poll.
         if len(self._done) == self.world_size or outcome is None or outcome.kind.is_cause:
             # The joining thread wakes on this CPU (disttest._baton); NB:
-            # under the lock, so not after stop() gave it its CPUs back.
+            # under the lock, so not after stop() gave it its CPUs back, and
+            # only while it waits: what it starts elsewhere must not inherit it.
             with self._main_lock:
-                if not self.world.baton.free:
+                if self._main_waiting and not self.world.baton.free:
                     had = move_here(self._main_tid)
                     if had is not None and not self._main_had:
                         self._main_had.append(had)
@@ -238,6 +240,7 @@ class ThreadLauncher:
         return stacks
 
     def wait(self, seconds: float) -> None:
+        self._main_waiting = True
         try:
             if self._ended.wait(seconds):
                 self._ended.clear()
@@ -247,6 +250,7 @@ class ThreadLauncher:
     def _main_cpus(self) -> None:
         # In the joining thread: the CPUs it had before a rank moved it.
         with self._main_lock:
+            self._main_waiting = False
             had = self._main_had.pop() if self._main_had else None
         give_back_cpus(had)
 
