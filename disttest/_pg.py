@@ -122,7 +122,6 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
         self.wait()
 
 
-
 class PythonGroup(dist.ProcessGroup):
     """A process group written in Python (disttest's threaded and fake
     groups): its name, its backend's name (``BACKEND_NAME``), and the
