@@ -103,6 +103,7 @@ class Baton:
         self._holder: int | None = None  # the thread ident whose turn it is
         self._since = 0.0  # when the turn last changed hands
         self._pinned: dict[int | None, set[int]] = {}  # thread ident -> the CPUs to give back
+        self._joiner: tuple[int, int] | None = None  # (ident, native id) of the thread waiting for the ranks
         #: True once every thread runs freely (for the rest of the world's life).
         self.free = False
 
@@ -138,6 +139,32 @@ class Baton:
             self._holder = None
         for w in waiting:
             w.wake()
+
+    # -- the joining thread (the test's own) --
+    def joiner_waits(self) -> None:
+        """The calling thread waits for the ranks: a rank that ends may move
+        it to its CPU to wake it (:meth:`wake_joiner_here`)."""
+        with self._lock:
+            self._joiner = (threading.get_ident(), threading.get_native_id())
+
+    def joiner_resumes(self) -> None:
+        """The joining thread is done waiting: it gets its CPUs back, and no
+        rank moves it until it waits again."""
+        with self._lock:
+            self._joiner = None
+        self.resume()
+
+    def wake_joiner_here(self) -> None:
+        """In a rank about to wake the joining thread: move it to this CPU if
+        it is waiting (never once the world is free: a stop gave it its CPUs
+        back). What it had before the first move is what it gets back."""
+        with self._lock:
+            if self.free or self._joiner is None:
+                return
+            ident, tid = self._joiner
+            had = move_here(tid)
+            if had is not None:
+                self._pinned.setdefault(ident, had)
 
     # -- a rank thread's side --
     def holds(self) -> bool:

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from disttest._baton import give_back_cpus, move_here
 from disttest._runner import thread_pool
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import (
@@ -109,10 +108,6 @@ class ThreadLauncher:
         self._workers: list[thread_pool.RankThread] = []
         self._given_back = False
         self._ended = threading.Event()
-        self._main_tid: int | None = None  # the thread that joins (its native id)
-        self._main_had: list[set[int]] = []  # its CPUs, while a rank moved it to wake it
-        self._main_waiting = False  # whether it waits in wait() (moved only then)
-        self._main_lock = threading.Lock()
 
     def start(self) -> None:
         # NB: torch.testing.assert_close imports torch.distributed.tensor on
@@ -120,7 +115,6 @@ class ThreadLauncher:
         # twice ("Tried to register an operator ... multiple times").
         import torch.distributed.tensor  # noqa: F401
 
-        self._main_tid = threading.get_native_id()
         self._untrack = install_tracking()
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
@@ -167,14 +161,9 @@ class ThreadLauncher:
         # The join loop wakes when every rank is done, or at once for a
         # failure (peers stopped, fail fast); a pass is seen at its next poll.
         if len(self._done) == self.world_size or outcome is None or outcome.kind.is_cause:
-            # The joining thread wakes on this CPU (disttest._baton); NB:
-            # under the lock, so not after stop() gave it its CPUs back, and
-            # only while it waits: what it starts elsewhere must not inherit it.
-            with self._main_lock:
-                if self._main_waiting and not self.world.baton.free:
-                    had = move_here(self._main_tid)
-                    if had is not None and not self._main_had:
-                        self._main_had.append(had)
+            # The joining thread wakes on this CPU (disttest._baton), only
+            # while it waits: what it starts elsewhere must not inherit it.
+            self.world.baton.wake_joiner_here()
             self._ended.set()
 
     # -- Launcher --
@@ -240,25 +229,18 @@ class ThreadLauncher:
         return stacks
 
     def wait(self, seconds: float) -> None:
-        self._main_waiting = True
+        self.world.baton.joiner_waits()
         try:
             if self._ended.wait(seconds):
                 self._ended.clear()
         finally:
-            self._main_cpus()
-
-    def _main_cpus(self) -> None:
-        # In the joining thread: the CPUs it had before a rank moved it.
-        with self._main_lock:
-            self._main_waiting = False
-            had = self._main_had.pop() if self._main_had else None
-        give_back_cpus(had)
+            self.world.baton.joiner_resumes()
 
     def stop(self) -> None:
         """Release and end every live rank thread, bounded by
         :data:`STOP_WAIT`; ``self.unstoppable`` lists those still running."""
         self.world.abort("the test is being stopped")  # no rank moves this thread after it
-        self._main_cpus()
+        self.world.baton.joiner_resumes()
         start = time.monotonic()
         raised: set[int] = set()
         while time.monotonic() - start < STOP_WAIT:
