@@ -159,11 +159,13 @@ def test_timeout(owner: Any, test_id: str | None) -> float | None:
     return limit
 
 
-def _env_or_class(env: str, cls: type, attr: str, default: Any) -> tuple[Any, str]:
+def _env_or_class(env: str, cls: type | None, attr: str, default: Any) -> tuple[Any, str]:
     """(value, where it came from): the variable ``env`` if set, else the
-    class attribute ``attr`` (else ``default``)."""
+    class attribute ``attr`` (else, or without a class, ``default``)."""
     if os.environ.get(env, "").strip():
         return os.environ[env], f"environment variable {env}"
+    if cls is None:
+        return default, "the default"
     return getattr(cls, attr, default), f"{cls.__name__}.{attr}"
 
 
@@ -211,10 +213,7 @@ def thread_scheduling(cls: type | None) -> str:
 
 def _choice(what: str, env: str, cls: type | None, attr: str, choices: tuple[str, ...]) -> str:
     # The variable, else the class attribute, else the first choice.
-    if cls is None:
-        raw, where = os.environ.get(env, "").strip() or choices[0], f"environment variable {env}"
-    else:
-        raw, where = _env_or_class(env, cls, attr, choices[0])
+    raw, where = _env_or_class(env, cls, attr, choices[0])
     value = raw.strip().lower() if isinstance(raw, str) else raw
     if value not in choices:
         raise ConfigError(what, raw, where, f"expected one of {choices}")
