@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.disttest-installed
 
-.PHONY: install test examples lint backend-suite stress clean test-torch
+.PHONY: install test examples docs lint backend-suite stress clean test-torch
 
 # `make test-torch TORCH=2.8.0`: the suite and the examples on another torch,
 # in its own venv (.venv-torch-2.8.0). NB: any torch but the local 2.13.0 CPU
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 examples: $(STAMP)
 	$(PY) examples/run_all.py
+
+# The Sphinx site (docs/), warnings as errors; tests/test_docs.py runs its code.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 $(TVENV)/.disttest-installed: setup.cfg setup.py
 	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.8.0 [TORCH_TESTS=tests/test_x.py]"; exit 2; }
