@@ -402,15 +402,16 @@ def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
                               cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
 
 
-class ReadmeTest(unittest.TestCase):
-    def test_the_readme_example_runs_and_passes(self):
-        readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.rst")
-        with open(readme) as f:
+class DocsExampleTest(unittest.TestCase):
+    def test_the_guides_example_runs_and_passes(self):
+        guide = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "docs", "howto", "faults.rst")
+        with open(guide) as f:
             text = f.read()
-        block = text.split("Fault injection and schedule fuzzing\n---", 1)[1]
+        block = text.split("Declare a fault on a test\n---", 1)[1]
         block = block.split(".. code-block:: python\n", 1)[1].split("``disttest.inject_fault(*", 1)[0]
-        namespace: dict = {"__name__": "readme_faults"}
-        exec(compile(textwrap.dedent(block), "README.rst", "exec"), namespace)
+        namespace: dict = {"__name__": "docs_faults"}
+        exec(compile(textwrap.dedent(block), guide, "exec"), namespace)
         result, _ = run(namespace["Survivors"], "test_survivors_see_the_peer_die")
         self.assertEqual(result.errors + result.failures, [])
         self.assertEqual(result.testsRun, 1)
