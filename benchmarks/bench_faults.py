@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 import disttest
-from disttest import _faults_judge
 from disttest._runner import progress
+from disttest.faults import judge as _faults_judge
 
 CALLS = 200
 
@@ -82,8 +82,8 @@ def disabled() -> Iterator[None]:
 
     with mock.patch.object(progress, "before_collective", lambda op, rank: None), \
             mock.patch.object(_faults_judge.Injection, "for_test", lambda *a: _Inactive()), \
-            mock.patch("disttest.multiprocess.armed", unarmed), \
-            mock.patch("disttest.multithread.armed", unarmed):
+            mock.patch("disttest.runners.multiprocess.armed", unarmed), \
+            mock.patch("disttest.runners.multithread.armed", unarmed):
         yield
 
 

@@ -20,7 +20,7 @@ NB: the rank threads hand the GIL to one another many times per test (each
 torch op releases it); across two cores each hand-off costs far more CPU
 than on one, so the same work takes about twice the time when the
 scheduler spreads the threads. That is what disttest's default, turns
-(``disttest/_baton.py``), avoids; ``bench_multithread.py`` measures it.
+(``disttest/pg/_baton.py``), avoids; ``bench_multithread.py`` measures it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from disttest.threaded_pg import BACKEND, _bind_thread, install_threaded_pg, uninstall_threaded_pg
+from disttest.pg.threaded import BACKEND, _bind_thread, install_threaded_pg, uninstall_threaded_pg
 
 
 def main() -> None:

@@ -10,24 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from disttest import backend, skips
+from disttest import _moved
 from disttest._runner.report import RankError, RankFailure, RankReport
-from disttest.backend import *  # noqa: F403  (backend.__all__)
-from disttest.backend import _create_autograd_profiler, _create_torch_profiler
-from disttest.barrier import Barrier, BarrierTimeout, lock
-from disttest.case import TestCase, assert_equal, set_rng_seed
+from disttest.bases import backend
+from disttest.bases.backend import *  # noqa: F403  (backend.__all__)
+from disttest.bases.backend import _create_autograd_profiler, _create_torch_profiler
 from disttest.config import DEFAULT_WORLD_SIZE, TIMEOUT_OVERRIDE, ConfigError, get_timeout
-from disttest.continuous import MultiProcContinousTest, MultiProcContinuousTest
-from disttest.devices import (
-    ACCELERATOR_DIST_BACKENDS,
-    HAS_ACCELERATOR,
-    at_least_x_gpu,
-    create_device,
-    has_efa,
-    init_multigpu_helper,
-    tp_transports,
-)
-from disttest.fake import (
+from disttest.faults import InjectedFault, inject_fault
+from disttest.pg.fake import (
     AlreadyInitialized,
     FakeStore,
     MockProcessGroup,
@@ -37,15 +27,39 @@ from disttest.fake import (
     with_dist,
     with_fake_comms,
 )
-from disttest.faults import InjectedFault, inject_fault
-from disttest.helpers import (
+from disttest.pg.threaded import (
+    CollectiveAborted,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    ProcessLocalGroup,
+    ThreadedWorld,
+    _install_threaded_pg,
+    _uninstall_threaded_pg,
+)
+from disttest.runners.case import TestCase, assert_equal, set_rng_seed
+from disttest.runners.continuous import MultiProcContinousTest, MultiProcContinuousTest
+from disttest.runners.modes import MODE_ENV, MODES, run_in
+from disttest.runners.multiprocess import DistributedTestBase, MultiProcessTestCase
+from disttest.runners.multithread import MultiThreadedTestCase, spawn_threads_and_init_comms
+from disttest.support import skips
+from disttest.support.barrier import Barrier, BarrierTimeout, lock
+from disttest.support.devices import (
+    ACCELERATOR_DIST_BACKENDS,
+    HAS_ACCELERATOR,
+    at_least_x_gpu,
+    create_device,
+    has_efa,
+    init_multigpu_helper,
+    tp_transports,
+)
+from disttest.support.helpers import (
     captured_output,
     run_subtests,
     verify_ddp_error_logged,
     with_dist_debug_levels,
     with_nccl_blocking_wait,
 )
-from disttest.models import (
+from disttest.support.models import (
     EXPECTED_FIELDS,
     FC2,
     BatchNormNet,
@@ -66,22 +80,10 @@ from disttest.models import (
     UnusedParamTwoLinLayerNet,
     create_collectives_object_test_list,
 )
-from disttest.modes import MODE_ENV, MODES, run_in
-from disttest.multiprocess import DistributedTestBase, MultiProcessTestCase
-from disttest.multithread import MultiThreadedTestCase, spawn_threads_and_init_comms
-from disttest.skips import *  # noqa: F403  (skips.__all__)
-from disttest.stores import create_tcp_store, find_free_port, retry_on_connect_failures
-from disttest.tempdirs import cleanup_temp_dir, initialize_temp_directories, rank_temp_file
-from disttest.tensors import build_multidim_tensor, build_tensor, simple_sparse_reduce_tests
-from disttest.threaded_pg import (
-    CollectiveAborted,
-    CollectiveMismatch,
-    CollectiveTimeout,
-    ProcessLocalGroup,
-    ThreadedWorld,
-    _install_threaded_pg,
-    _uninstall_threaded_pg,
-)
+from disttest.support.skips import *  # noqa: F403  (skips.__all__)
+from disttest.support.stores import create_tcp_store, find_free_port, retry_on_connect_failures
+from disttest.support.tempdirs import cleanup_temp_dir, initialize_temp_directories, rank_temp_file
+from disttest.support.tensors import build_multidim_tensor, build_tensor, simple_sparse_reduce_tests
 
 # Upstream's underscored spellings.
 _FC2 = FC2
@@ -215,33 +217,38 @@ __all__.sort()
 # torch._dynamo (seconds to import) loads only for the dynamo test cases, and
 # torch.distributed.rpc only for the RPC helpers.
 _LAZY_FROM = {
-    "FaultyRpcAgentTestFixture": "disttest.rpc",
-    "FaultyRpcTestCase": "disttest.rpc",
-    "INIT_METHOD_TEMPLATE": "disttest.rpc",
-    "RpcAgentTestFixture": "disttest.rpc",
-    "RpcTestCase": "disttest.rpc",
-    "TensorPipeRpcAgentTestFixture": "disttest.rpc",
-    "WaitTimeout": "disttest.rpc",
-    "dist_init": "disttest.rpc",
-    "get_function_event": "disttest.rpc",
-    "get_num_owners_and_forks": "disttest.rpc",
-    "initialize_pg": "disttest.rpc",
-    "noop": "disttest.rpc",
-    "wait_until_node_failure": "disttest.rpc",
-    "wait_until_owners_and_forks_on_rank": "disttest.rpc",
-    "wait_until_pending_futures_and_users_flushed": "disttest.rpc",
-    "worker_name": "disttest.rpc",
-    "DynamoDistributedMultiProcTestCase": "disttest.dynamo",
-    "DynamoDistributedSingleProcTestCase": "disttest.dynamo",
-    "_dynamo_dist_per_rank_init": "disttest.dynamo",
-    "dynamo_dist_per_rank_init": "disttest.dynamo",
+    "FaultyRpcAgentTestFixture": "disttest.bases.rpc",
+    "FaultyRpcTestCase": "disttest.bases.rpc",
+    "INIT_METHOD_TEMPLATE": "disttest.bases.rpc",
+    "RpcAgentTestFixture": "disttest.bases.rpc",
+    "RpcTestCase": "disttest.bases.rpc",
+    "TensorPipeRpcAgentTestFixture": "disttest.bases.rpc",
+    "WaitTimeout": "disttest.bases.rpc",
+    "dist_init": "disttest.bases.rpc",
+    "get_function_event": "disttest.bases.rpc",
+    "get_num_owners_and_forks": "disttest.bases.rpc",
+    "initialize_pg": "disttest.bases.rpc",
+    "noop": "disttest.bases.rpc",
+    "wait_until_node_failure": "disttest.bases.rpc",
+    "wait_until_owners_and_forks_on_rank": "disttest.bases.rpc",
+    "wait_until_pending_futures_and_users_flushed": "disttest.bases.rpc",
+    "worker_name": "disttest.bases.rpc",
+    "DynamoDistributedMultiProcTestCase": "disttest.bases.dynamo",
+    "DynamoDistributedSingleProcTestCase": "disttest.bases.dynamo",
+    "_dynamo_dist_per_rank_init": "disttest.bases.dynamo",
+    "dynamo_dist_per_rank_init": "disttest.bases.dynamo",
     "TIMEOUT_DEFAULT": "disttest.config",
-    "BN_NET": "disttest.models",
-    "BN_NET_NO_AFFINE": "disttest.models",
-    "COLLECTIVES_OBJECT_TEST_LIST": "disttest.models",
-    "DDP_NET": "disttest.models",
-    "ONLY_SBN_NET": "disttest.models",
+    "BN_NET": "disttest.support.models",
+    "BN_NET_NO_AFFINE": "disttest.support.models",
+    "COLLECTIVES_OBJECT_TEST_LIST": "disttest.support.models",
+    "DDP_NET": "disttest.support.models",
+    "ONLY_SBN_NET": "disttest.support.models",
 }
+
+
+# The flat module paths of 0.1 (``disttest.fake``, ``disttest.multiprocess``...)
+# import as the modules that moved into packages (see disttest/_moved.py).
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:
@@ -249,4 +256,8 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY_FROM[name]), name)
+    if name in _moved.MOVED:
+        import importlib
+
+        return importlib.import_module(f"disttest.{name}")
     raise AttributeError(f"module 'disttest' has no attribute {name!r}")

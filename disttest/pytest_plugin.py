@@ -5,12 +5,12 @@
 - ``--disttest-mode=threads|processes|pool``: run tests made with
   ``disttest.run_in`` in that mode only (as ``DISTTEST_MODE``).
 - ``--disttest-fault``, ``--disttest-chaos``, ``--disttest-repeat``: fault
-  injection and schedule fuzzing (:mod:`disttest._faults_pytest`).
+  injection and schedule fuzzing (:mod:`disttest.faults.pytest_options`).
 - ``@pytest.mark.world_size(n)``: run a disttest test (or every test of a
   class) with ``n`` ranks; ``self.world_size`` reads ``n`` in every runner;
   on a plain test function, run the function in ``n`` ranks
   (``mode="threads"`` or ``"processes"``), with the fixtures ``rank`` and
-  ``world_size`` (``disttest._pytest_support``).
+  ``world_size`` (``disttest.runners._pytest``).
 - Under pytest-timeout (``--timeout``, ``@pytest.mark.timeout``), disttest's
   own limit for a test stays below pytest-timeout's, so that a hang is
   reported by disttest, with every rank's stack, before pytest-timeout
@@ -25,11 +25,12 @@ from typing import Any
 
 import pytest
 
-from disttest import _faults_pytest, _pytest_support
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, rank_section
 from disttest.config import ConfigError, parse_timeout, parse_world_size
-from disttest.modes import MODE_ENV, MODES
+from disttest.faults import pytest_options as _faults_pytest
+from disttest.runners import _pytest as _pytest_support
+from disttest.runners.modes import MODE_ENV, MODES
 
 __all__ = [
     "pytest_addoption",

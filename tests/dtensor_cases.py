@@ -10,13 +10,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from disttest.dtensor import (
+from disttest.bases.dtensor import (
     DTensorContinuousTestBase,
     DTensorOpTestBase,
     DTensorTestBase,
     with_comms,
 )
-from disttest.fsdp import (
+from disttest.bases.fsdp import (
     MLP,
     FSDPTest,
     FSDPTestContinuous,
@@ -80,7 +80,7 @@ class Processes(DTensorTestBase):
 
     @with_comms
     def test_transformer_parallel_matches(self):
-        from disttest.dtensor import ModelArgs, Transformer
+        from disttest.bases.dtensor import ModelArgs, Transformer
 
         for seq in (False, True):
             torch.manual_seed(0)

@@ -63,7 +63,7 @@ class TestDistBackendTest(unittest.TestCase):
 
     def test_config_error_type(self):
         with mock.patch.dict(os.environ, {"BACKEND": ""}), self.assertRaises(ConfigError):
-            disttest.backend.backend_from_env()
+            disttest.bases.backend.backend_from_env()
 
 
 class UpstreamSuiteSubsetTest(unittest.TestCase):

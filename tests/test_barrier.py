@@ -10,7 +10,7 @@ from unittest import mock
 
 import disttest
 from disttest import Barrier, BarrierTimeout, cleanup_temp_dir, initialize_temp_directories
-from disttest.barrier import NO_TEMP_DIR
+from disttest.support.barrier import NO_TEMP_DIR
 
 
 def _arrive(delay: float, wait_for: int, timeout: float, out) -> None:

@@ -1,4 +1,4 @@
-"""The turns of rank threads (disttest._baton), on plain threads and futures."""
+"""The turns of rank threads (disttest.pg._baton), on plain threads and futures."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import unittest
 
 from torch.futures import Future
 
-from disttest import _baton
-from disttest._baton import HOLD_LIMIT, Baton
+from disttest.pg import _baton
+from disttest.pg._baton import HOLD_LIMIT, Baton
 
 
 class _Threads:

@@ -13,10 +13,10 @@ import unittest
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest.fake import BACKEND as MOCK_BACKEND
-from disttest.fake import with_dist
-from disttest.threaded_pg import BACKEND as THREADED_BACKEND
-from disttest.threaded_pg import install_threaded_pg, uninstall_threaded_pg
+from disttest.pg.fake import BACKEND as MOCK_BACKEND
+from disttest.pg.fake import with_dist
+from disttest.pg.threaded import BACKEND as THREADED_BACKEND
+from disttest.pg.threaded import install_threaded_pg, uninstall_threaded_pg
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "disttest"
 
@@ -110,7 +110,7 @@ class CompatFunctionsTest(unittest.TestCase):
             first()
 
     def test_threaded_backend_exists_only_while_a_world_is_installed(self):
-        from disttest.threaded_pg import _create
+        from disttest.pg.threaded import _create
 
         # (torch's own multi_threaded_pg, if a test imported it, registers "threaded" too)
         before = (THREADED_BACKEND in dist.Backend.backend_list, _compat.backend_creator(THREADED_BACKEND))

@@ -92,7 +92,7 @@ class PoolTest(unittest.TestCase):
 
     def test_unavailable_backend_skips_the_class(self):
         result, _ = run_class(cases.NoBackend)
-        reason = disttest.skips.nccl_skip_reason()  # CPU-only build or no GPU: tests/test_cuda_build.py
+        reason = disttest.support.skips.nccl_skip_reason()  # CPU-only build or no GPU: tests/test_cuda_build.py
         self.assertEqual(by_name(result.skipped), {"test_never_runs": f"Backend 'nccl' is not available: {reason}"})
 
     def test_group_that_cannot_be_made_is_an_error(self):

@@ -18,8 +18,13 @@ import torch
 import torch.distributed as dist
 
 import disttest
-from disttest.backend import backend_available
-from disttest.skips import NCCL_NO_GPU, NCCL_NOT_BUILT, backend_skip_reason, nccl_skip_reason
+from disttest.bases.backend import backend_available
+from disttest.support.skips import (
+    NCCL_NO_GPU,
+    NCCL_NOT_BUILT,
+    backend_skip_reason,
+    nccl_skip_reason,
+)
 
 
 @contextlib.contextmanager
@@ -120,7 +125,7 @@ class ForkedNccl(disttest.DistributedTestBase):
 
 class RunnersTest(unittest.TestCase):
     def test_pooled_class_with_nccl_skips_before_starting_ranks(self):
-        with cuda_build_without_gpus(), mock.patch("disttest.continuous.Pool") as pool:
+        with cuda_build_without_gpus(), mock.patch("disttest.runners.continuous.Pool") as pool:
             reasons = skip_reasons(PooledNccl, "*")
         pool.assert_not_called()
         self.assertEqual(reasons, [f"Backend 'nccl' is not available: {NCCL_NO_GPU}"])

@@ -1,4 +1,4 @@
-"""disttest.dtensor: each DTensor base runs its tests under its runner with
+"""disttest.bases.dtensor: each DTensor base runs its tests under its runner with
 disttest's reports; with_comms in each form; the local-tensor bases."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import dtensor_cases as cases
 import torch
 import torch.distributed as dist
 
-import disttest.dtensor as dt
+import disttest.bases.dtensor as dt
 from disttest import ConfigError
-from disttest.skips import TEST_SKIPS
+from disttest.support.skips import TEST_SKIPS
 
 
 def run(case: unittest.TestCase) -> unittest.TestResult:
@@ -138,7 +138,7 @@ class ProcessesTest(unittest.TestCase):
 
 class SkipTest(unittest.TestCase):
     def test_skip_unless_torch_gpu_is_decided_in_the_parent(self):
-        from disttest.skips import precheck_skip
+        from disttest.support.skips import precheck_skip
 
         @dt.skip_unless_torch_gpu
         def test_x(self):
@@ -245,7 +245,7 @@ class ImportTest(unittest.TestCase):
             "    return ({k: id(getattr(dist, k)) for k in dir(dist)},\n"
             "            tuple(dist.Backend.backend_list), tuple(sorted(dist.Backend._plugins)))\n"
             "before = snap()\n"
-            "import disttest.dtensor, disttest.fsdp, disttest.fsdp_models\n"
+            "import disttest.bases.dtensor, disttest.bases.fsdp, disttest.bases.fsdp_models\n"
             "print(snap() == before)\n"
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -15,17 +15,7 @@ import fault_cases as cases
 import torch
 from runner_cases import live_ranks
 
-from disttest import ConfigError, InjectedFault, _faults_rank, inject_fault
-from disttest._faults_judge import INJECTED, judge_injected
-from disttest._faults_rank import (
-    CHAOS_LONG,
-    _local,
-    _process,
-    before_collective,
-    chaos_delay,
-    chaos_delays,
-    corrupt_,
-)
+from disttest import ConfigError, InjectedFault, inject_fault
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest.faults import (
     CHAOS_ENV,
@@ -35,6 +25,17 @@ from disttest.faults import (
     declared_faults,
     env_faults,
     parse_fault_spec,
+)
+from disttest.faults import rank as _faults_rank
+from disttest.faults.judge import INJECTED, judge_injected
+from disttest.faults.rank import (
+    CHAOS_LONG,
+    _local,
+    _process,
+    before_collective,
+    chaos_delay,
+    chaos_delays,
+    corrupt_,
 )
 
 PROCESS_AND_POOL_AND_THREADS = (cases.ProcessFaults, cases.PoolFaults, cases.ThreadFaults)

@@ -1,4 +1,4 @@
-"""disttest.fsdp: the FSDP bases run their tests (run_subtests included)
+"""disttest.bases.fsdp: the FSDP bases run their tests (run_subtests included)
 under their runners with disttest's reports; parity checks, patches, models."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from unittest import mock
 import dtensor_cases as cases
 import torch
 
-import disttest.fsdp as fsdp
-from disttest.skips import TEST_SKIPS
+import disttest.bases.fsdp as fsdp
+from disttest.support.skips import TEST_SKIPS
 
 
 def run(case: unittest.TestCase) -> unittest.TestResult:
@@ -102,7 +102,7 @@ class ModelsTest(unittest.TestCase):
             fsdp.NestedWrappedModule.init(Group(), "bogus", fsdp.DEVICEInitMode.DEVICE_NEVER)
 
     def test_import_builds_nothing(self):
-        code = ("import sys, torch; import disttest.fsdp; "
+        code = ("import sys, torch; import disttest.bases.fsdp; "
                 "print('torch.distributed.fsdp' in sys.modules, torch.nn.Linear.__init__.__name__)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         self.assertEqual(out.stdout.split(), ["False", "__init__"], out.stderr[-2000:])

@@ -96,9 +96,9 @@ class HelpersTest(disttest.TestCase):
             self.assertEqual(total.to_dense(), per_rank[0][case][1][0].to_dense())
 
     def test_multigpu_helper_and_transports(self):
-        with mock.patch("disttest.devices.accelerator_count", return_value=4):
+        with mock.patch("disttest.support.devices.accelerator_count", return_value=4):
             self.assertEqual(disttest.init_multigpu_helper(2, "nccl"), {0: [0], 1: [1]})
-        with mock.patch("disttest.devices.accelerator_count", return_value=8):
+        with mock.patch("disttest.support.devices.accelerator_count", return_value=8):
             self.assertEqual(disttest.init_multigpu_helper(4, "nccl")[3], [3])
         self.assertIn(disttest.tp_transports(), (None, ["shm", "uv"]))
         self.assertIsNotNone(disttest.create_device())

@@ -1,4 +1,4 @@
-"""disttest.launchers: torchrun, Slurm and Open MPI environments, read and
+"""disttest.support.launchers: torchrun, Slurm and Open MPI environments, read and
 checked; run_rank under each, simulated with local processes."""
 
 from __future__ import annotations
@@ -10,7 +10,13 @@ import unittest
 
 import disttest
 from disttest.config import ConfigError
-from disttest.launchers import DEFAULT_MASTER_PORT, LaunchEnv, detect, expand_hostlist, export
+from disttest.support.launchers import (
+    DEFAULT_MASTER_PORT,
+    LaunchEnv,
+    detect,
+    expand_hostlist,
+    export,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: Variables of any launcher, removed from the environment a simulated one gets.

@@ -11,7 +11,7 @@ import unittest
 import torch
 
 import disttest
-from disttest import models
+from disttest.support import models
 
 
 class ModelsTest(disttest.TestCase):
@@ -86,7 +86,7 @@ class ImportHygieneTest(unittest.TestCase):
         code = textwrap.dedent(
             """
             import os, sys
-            import disttest, disttest.models as m
+            import disttest, disttest.support.models as m
             assert m._built == {}, m._built
             pid = os.fork()
             if pid == 0:

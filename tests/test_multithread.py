@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 import disttest
-from disttest import RankFailure, _baton, _compat, spawn_threads_and_init_comms
+from disttest import RankFailure, _compat, spawn_threads_and_init_comms
+from disttest.pg import _baton
 
 
 def run(case: unittest.TestCase) -> unittest.TestResult:
@@ -111,7 +112,7 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertIn("call self._spawn_threads() in setUp", result.errors[0][1])
 
     def test_upstream_hook_names(self):
-        from disttest import threaded_pg
+        from disttest.pg import threaded as threaded_pg
 
         self.assertIs(disttest._install_threaded_pg, threaded_pg.install_threaded_pg)
         self.assertIs(disttest._uninstall_threaded_pg, threaded_pg.uninstall_threaded_pg)
@@ -217,7 +218,7 @@ class RankThreadReuseTest(unittest.TestCase):
 
 class ThreadSchedulingTest(unittest.TestCase):
     """``thread_scheduling`` / DISTTEST_THREAD_SCHEDULING: rank threads take
-    turns (disttest._baton) unless set free."""
+    turns (disttest.pg._baton) unless set free."""
 
     def make_case(self, scheduling: str | None, body) -> type:
         attrs = {} if scheduling is None else {"thread_scheduling": scheduling}
@@ -440,7 +441,7 @@ class CoexistenceTest(unittest.TestCase):
             "    def setUp(self):\n"
             "        super().setUp(); self._spawn_threads()\n"
             "    def test_ours(self):\n"
-            "        assert type(dist.group.WORLD).__module__ == 'disttest.threaded_pg'\n"
+            "        assert type(dist.group.WORLD).__module__ == 'disttest.pg.threaded'\n"
             "        t = torch.ones(1); dist.all_reduce(t); assert t.item() == 4\n"
             "unittest.main()\n"
         )

@@ -1,5 +1,5 @@
 """The plugin's function-style tests, report header and xdist GPU slicing
-(disttest._pytest_support), run through real pytest sessions."""
+(disttest.runners._pytest), run through real pytest sessions."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from unittest import mock
 
 import torch
 
-from disttest._pytest_support import (
+from disttest.config import ConfigError
+from disttest.runners._pytest import (
     apply_xdist_gpu_slice,
     header_line,
     xdist_device_slice,
     xdist_visible_devices,
 )
-from disttest.config import ConfigError
 
 FUNCTIONS = textwrap.dedent("""
     import os

@@ -66,7 +66,7 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(fixture.get_timeout_error_regex(), "RPC ran for more than")
 
     def test_fixture_without_an_agent_names_the_missing_hook(self):
-        from disttest.rpc import MISSING_HOOK, RpcAgentTestFixture
+        from disttest.bases.rpc import MISSING_HOOK, RpcAgentTestFixture
 
         fixture = RpcAgentTestFixture()
         hooks = {

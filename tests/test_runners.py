@@ -12,7 +12,7 @@ import runner_cases as cases
 
 import disttest
 from disttest import RankError, RankFailure
-from disttest.multiprocess import START_METHOD_ENV
+from disttest.runners.multiprocess import START_METHOD_ENV
 
 
 def run(cls: type[unittest.TestCase], name: str) -> tuple[unittest.TestResult, float]:

@@ -11,13 +11,13 @@ import torch
 import disttest
 from disttest import TEST_SKIPS, DistSkip, skip_for_exit_code
 from disttest.config import ConfigError
-from disttest.skips import precheck_skip
+from disttest.support.skips import precheck_skip
 
 SKIP, RUN = "skip", "run"
 ran: list[str] = []
 #: NCCL's skip reason on this build: a CPU-only torch lacks NCCL; a CUDA build
 #: on a host without GPUs has it but cannot use it (tests/test_cuda_build.py).
-NCCL_REASON = disttest.skips.NCCL_NOT_BUILT if not torch.distributed.is_nccl_available() else disttest.skips.NCCL_NO_GPU
+NCCL_REASON = disttest.support.skips.NCCL_NOT_BUILT if not torch.distributed.is_nccl_available() else disttest.support.skips.NCCL_NO_GPU
 
 # (decorator, world size of the test class, env, expected outcome, upstream key
 #  or message). This host has no accelerator and only gloo among the usable

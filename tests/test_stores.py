@@ -7,7 +7,7 @@ import unittest
 from datetime import timedelta
 
 from disttest import create_tcp_store, find_free_port, retry_on_connect_failures
-from disttest.stores import ADDRESS_IN_USE
+from disttest.support.stores import ADDRESS_IN_USE
 
 
 class StoresTest(unittest.TestCase):

@@ -34,7 +34,7 @@ def data(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
 
 def direct(op, tensors: list[torch.Tensor]) -> torch.Tensor:
     """``tensors`` reduced under ``op`` by numpy: independent of the
-    backend's own reduction code (disttest/_pg.py)."""
+    backend's own reduction code (disttest/pg/_local.py)."""
     name = str(tensors[0].dtype).removeprefix("torch.")
     result = expected_reduce(OP_NAMES[op], [t.numpy() for t in tensors], name)
     return torch.from_numpy(result).to(tensors[0].dtype)
@@ -521,11 +521,11 @@ class GroupTimeoutTest(unittest.TestCase):
                 start = time.monotonic()
                 try:
                     dist.all_reduce(torch.ones(1), group=group)
-                except disttest.threaded_pg.CollectiveTimeout as e:
+                except disttest.pg.threaded.CollectiveTimeout as e:
                     outcome = (str(e), e.timeout, time.monotonic() - start)
                 try:
                     dist.recv(torch.ones(1), 1, group=group)
-                except disttest.threaded_pg.CollectiveTimeout as e:
+                except disttest.pg.threaded.CollectiveTimeout as e:
                     outcome += (str(e),)
             dist.all_reduce(torch.ones(1))  # the others wait here, not finished
             return outcome
@@ -548,7 +548,7 @@ class WorldTest(unittest.TestCase):
         errors = []
 
         def rank0():
-            from disttest.threaded_pg import _bind_thread
+            from disttest.pg.threaded import _bind_thread
 
             _bind_thread(world)
             dist.init_process_group("threaded", rank=0, world_size=2, store=world.store)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from disttest.conformance import UNSUPPORTED
-from disttest.threaded_pg import completed_work
+from disttest.pg.threaded import completed_work
 
 
 class ToyBroken(dist.ProcessGroup):

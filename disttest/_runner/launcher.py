@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import psutil
@@ -335,14 +335,20 @@ def _subreaper() -> bool:
     return bool(flag.value)
 
 
+#: Sources of the pids of this process's helpers that outlive tests by
+#: design (the fork servers register theirs): a module above this one adds
+#: to it, so the launcher never imports its subclasses' modules.
+HELPER_PIDS: list[Callable[[], set[int]]] = []
+
+
 def _helpers() -> set[int]:
     """Children of the test process that outlive tests by design: fork
     servers, multiprocessing's resource tracker."""
     from multiprocessing import resource_tracker
 
-    from disttest._runner import zygote
-
-    pids = {c.proc.pid for c in zygote._clients.values()}
+    pids: set[int] = set()
+    for source in HELPER_PIDS:
+        pids |= source()
     tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
     return pids | ({tracker} if tracker else set())
 
@@ -384,9 +390,7 @@ class ForkLauncher(ProcessLauncher):
 
 
 def _spawn_entry(spec: rank_mod.RankSpec, rank: int, parent: int) -> None:
-    from disttest._runner.zygote import resolve_class
-
-    rank_mod.run_rank_process(resolve_class(spec), spec, rank, parent)
+    rank_mod.run_rank_process(rank_mod.resolve_class(spec), spec, rank, parent)
 
 
 class SpawnLauncher(ProcessLauncher):

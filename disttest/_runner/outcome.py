@@ -1,7 +1,7 @@
 """The per-rank outcome: what one rank did in one test, as picklable data.
 
 Shared by every runner and by the code inside ranks; depends only on the
-standard library and :mod:`disttest.skips` (for the exit-code mapping).
+standard library and :mod:`disttest.support.skips` (for the exit-code mapping).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from disttest.skips import skip_for_exit_code
+from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 

@@ -29,14 +29,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from disttest._faults_rank import before_collective
 from disttest._ops import COLLECTIVES, P2P_OPS
 
 __unittest = True
 
 __all__ = [
     "Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "install_tracking",
-    "restart_counts", "track_into",
+    "restart_counts", "set_collective_hook", "track_into",
 ]
 
 SLOT = 4096  # bytes per rank at least; more for wide worlds (slot_size)
@@ -402,6 +401,19 @@ class _Tracker:
 
 
 _TRACKED = (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS)
+
+#: What the tracking wrapper asks as a rank enters a collective: ``(op,
+#: rank) -> after or None``, where ``after(args, kwargs, result)`` runs once
+#: the collective returned. Fault injection (:mod:`disttest.faults.rank`, a
+#: layer above this core) sets it with :func:`set_collective_hook`.
+CollectiveHook = Callable[[str, int], Callable[[tuple[Any, ...], dict[str, Any], Any], None] | None]
+_hook: list[CollectiveHook] = []
+
+
+def set_collective_hook(hook: CollectiveHook | None) -> None:
+    """Make ``hook`` the one the tracking wrapper calls (None: no hook)."""
+    _hook[:] = [hook] if hook is not None else []
+
 _local = threading.local()
 _process_tracker: list[_Tracker] = []
 
@@ -477,7 +489,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         # Injected faults and schedule fuzzing (disttest.faults); before the
         # record, so that an injected raise is not counted as entered.
-        after = before_collective(name, tracker.rank)
+        after = _hook[0](name, tracker.rank) if _hook else None
         try:
             ranks: list[int] | None
             if name in _RENDEZVOUS:

@@ -19,6 +19,8 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import importlib
+import importlib.util
 import os
 import signal
 import sys
@@ -32,7 +34,7 @@ from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 
 __unittest = True
 
-__all__ = ["RankSpec", "current", "paths", "record_test_outcome", "run_rank_process"]
+__all__ = ["RankSpec", "current", "paths", "record_test_outcome", "resolve_class", "run_dir", "run_rank_process"]
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -124,6 +126,33 @@ def paths(run_dir: str, rank: int) -> dict[str, str]:
 def current() -> _Context | None:
     """This process's rank context, or None outside a rank."""
     return _context[0] if _context else None
+
+
+def run_dir() -> str | None:
+    """The run directory of this rank process's launcher, or None outside a rank."""
+    ctx = current()
+    return ctx.spec.run_dir if ctx is not None else None
+
+
+def resolve_class(spec: RankSpec) -> type:
+    """Import the test's module (by name, or ``__main__`` by file) and find
+    the class by its qualified name."""
+    if spec.module == "__main__":
+        module = sys.modules.get("__mp_main__")
+        if module is None or getattr(module, "__file__", None) != spec.module_file:
+            if not spec.module_file:
+                raise ImportError("the test's __main__ module has no file")
+            loader_spec = importlib.util.spec_from_file_location("__mp_main__", spec.module_file)
+            assert loader_spec is not None and loader_spec.loader is not None
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules["__mp_main__"] = module
+            loader_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(spec.module)
+    obj: Any = module
+    for part in spec.qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def record_test_outcome(outcome: Outcome) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "RankFailure",
     "RankReport",
     "format_report",
+    "injected_lines",
     "rank_section",
     "raise_for",
     "raise_for_outcomes",
@@ -47,6 +48,13 @@ TAIL_CHARS = 2000
 NO_USER_FRAME = "(no frame of the test: the rank was in disttest's own code)"
 LEFT_RUNNING = "{who} left processes running when its test ended; disttest killed them: {procs}"
 LOGS_KEPT = "the whole output of every rank is kept in {folder} (disttest, DISTTEST_KEEP_LOGS)"
+#: What disttest injected into a rank (``Outcome.faults_fired``, filled by
+#: :mod:`disttest.faults.judge`) is listed apart from the causes; entries with
+#: these marks are a schedule-fuzzing seed or a fault that never fired.
+CHAOS_MARK = "chaos: "
+NEVER_MARK = "never fired: "
+INJECTED = "injected by disttest (not causes): {faults}"
+CHAOS = "schedule fuzzing: {setting} (the same seed gives the same delays)"
 
 
 class RankReport(Exception):
@@ -217,8 +225,6 @@ def format_report(test: str, world_size: int, timeout: float | None,
             heads.setdefault(_short(g[0], "{who}", timeout), []).extend(o.rank for o in g)
     summary = "; ".join(_fill(text, _who(sorted(ranks), world_size)) for text, ranks in heads.items())
     lines = [HEADER.format(test=test, verdict=verdict, summary=summary)]
-    from disttest._faults_judge import injected_lines
-
     lines += injected_lines(outcomes)
     lines += left_running_lines(outcomes, world_size)
     for group in ordered:
@@ -273,3 +279,26 @@ def _rank_traceback(outcomes: Sequence[Outcome]) -> TracebackType | None:
             except Exception:  # noqa: BLE001 (the message has the text anyway)
                 return None
     return None
+
+
+def injected_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """The report's lines about what disttest injected (empty if nothing)."""
+    fired: list[str] = []
+    never: list[str] = []
+    seeds: list[str] = []
+    for o in outcomes:
+        for text in getattr(o, "faults_fired", ()) or ():
+            if text.startswith(CHAOS_MARK):
+                if text not in seeds:
+                    seeds.append(text)
+            elif text.startswith(NEVER_MARK):
+                never.append(text)
+            else:
+                fired.append(text)
+    lines = []
+    if fired:
+        lines.append(INJECTED.format(faults="; ".join(fired)))
+    lines += never
+    for text in seeds:
+        lines.append(CHAOS.format(setting=text[len(CHAOS_MARK):]))
+    return lines

@@ -31,7 +31,7 @@ Resolved here, once, for the three test-case classes:
 - thread scheduling: ``DISTTEST_THREAD_SCHEDULING``, else the class's
   ``thread_scheduling``: ``turns`` (the default) runs one rank thread at a
   time, each until it waits for its peers in a collective
-  (:mod:`disttest._baton`: far fewer context switches; a thread that blocks
+  (:mod:`disttest.pg._baton`: far fewer context switches; a thread that blocks
   elsewhere frees them all after a few milliseconds); ``free`` lets them
   all run at once from the start.
 """

@@ -35,7 +35,7 @@ from disttest._runner.progress import (
     untrack_thread,
 )
 from disttest._runner.verdict import reclassified
-from disttest.threaded_pg import CollectiveAborted, ThreadedWorld, _bind_thread
+from disttest.pg.threaded import CollectiveAborted, ThreadedWorld, _bind_thread
 
 __unittest = True
 
@@ -88,7 +88,7 @@ class _Tee:
 
 class ThreadLauncher:
     """Runs ``body(rank)`` in one daemon rank thread per rank, all in
-    ``world``; with ``turns``, one at a time (:mod:`disttest._baton`)."""
+    ``world``; with ``turns``, one at a time (:mod:`disttest.pg._baton`)."""
 
     def __init__(self, world_size: int, world: ThreadedWorld, body: Callable[[int], None],
                  name: str = "rank", turns: bool = True) -> None:
@@ -126,7 +126,7 @@ class ThreadLauncher:
             self.threads.append(worker.thread)
             self._idents[worker.thread.ident or 0] = rank
         # One rank thread runs at a time, each until it waits for its peers
-        # (disttest._baton): they start in turn.
+        # (disttest.pg._baton): they start in turn.
         self.world.baton.begin([
             (worker.thread, functools.partial(
                 worker.run, functools.partial(self._main, rank), functools.partial(self._finished, rank)))
@@ -161,7 +161,7 @@ class ThreadLauncher:
         # The join loop wakes when every rank is done, or at once for a
         # failure (peers stopped, fail fast); a pass is seen at its next poll.
         if len(self._done) == self.world_size or outcome is None or outcome.kind.is_cause:
-            # The joining thread wakes on this CPU (disttest._baton), only
+            # The joining thread wakes on this CPU (disttest.pg._baton), only
             # while it waits: what it starts elsewhere must not inherit it.
             self.world.baton.wake_joiner_here()
             self._ended.set()

@@ -27,9 +27,9 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
 
 from disttest import _compat
+from disttest._runner import launcher as launcher_mod
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import Exited, ServerReady, Start, Started, StartFailed, deliver
@@ -37,7 +37,7 @@ from disttest._runner.outcome import ExitStatus
 
 __unittest = True
 
-__all__ = ["ZygoteLauncher", "ZygoteUnavailable", "main", "resolve_class"]
+__all__ = ["ZygoteLauncher", "ZygoteUnavailable", "main"]
 
 START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
 SERVER_DIED = ("died with the fork server, which {how} (the next test starts a fresh one)")
@@ -45,27 +45,6 @@ SERVER_DIED = ("died with the fork server, which {how} (the next test starts a f
 
 class ZygoteUnavailable(RuntimeError):
     """The fork server could not run this test (it says why)."""
-
-
-def resolve_class(spec: rank_mod.RankSpec) -> type:
-    """Import the test's module (by name, or ``__main__`` by file) and find
-    the class by its qualified name."""
-    if spec.module == "__main__":
-        module = sys.modules.get("__mp_main__")
-        if module is None or getattr(module, "__file__", None) != spec.module_file:
-            if not spec.module_file:
-                raise ImportError("the test's __main__ module has no file")
-            loader_spec = importlib.util.spec_from_file_location("__mp_main__", spec.module_file)
-            assert loader_spec is not None and loader_spec.loader is not None
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules["__mp_main__"] = module
-            loader_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(spec.module)
-    obj: Any = module
-    for part in spec.qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 # --- server side ----------------------------------------------------------------
@@ -84,7 +63,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     import torch.distributed.tensor  # noqa: F401 (assert_close imports it lazily)
     import torch.testing  # noqa: F401
 
-    import disttest  # noqa: F401
+    importlib.import_module("disttest")  # the public API every test module imports
     from disttest._runner import progress
 
     progress.install_tracking()
@@ -115,8 +94,8 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         run_id, spec = message.run, message.spec
         try:
             sys.path[:] = spec.sys_path
-            cls = resolve_class(spec)
-            if "disttest.dynamo" in sys.modules:
+            cls = rank_mod.resolve_class(spec)
+            if "disttest.bases.dynamo" in sys.modules:
                 _compat.preload_dynamo()  # once here, not in every rank
             # Modules every rank of this class needs (imported once here).
             for name in getattr(cls, "rank_preload", ()):
@@ -240,6 +219,8 @@ class _Client:
 
 
 _clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its parent's
+# The launcher leaves the fork servers alone when it sweeps the test process's children.
+launcher_mod.HELPER_PIDS.append(lambda: {c.proc.pid for c in _clients.values()})
 
 
 def _client() -> _Client:

@@ -71,7 +71,7 @@ def module_declaration(module: Any, backend: str) -> Declaration:
 
 def _prepare_backend(backend: str) -> None:
     if backend == "fake":
-        from disttest.fake import register_fake_backend
+        from disttest.pg.fake import register_fake_backend
 
         register_fake_backend()
 
@@ -95,7 +95,7 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
     attrs: dict[str, Any] = {"conformance_backend": backend, "conformance_unsupported": declared,
                              "conformance_lenient": lenient, "world_size": world_size, "timeout": timeout}
     if backend == "threaded":
-        from disttest.multithread import MultiThreadedTestCase
+        from disttest.runners.multithread import MultiThreadedTestCase
 
         def setUp(self: Any) -> None:
             MultiThreadedTestCase.setUp(self)
@@ -103,7 +103,7 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
 
         attrs["setUp"] = setUp
         return type("ThreadedConformance", (CollectiveConformance, MultiThreadedTestCase), attrs)
-    from disttest.continuous import MultiProcContinousTest
+    from disttest.runners.continuous import MultiProcContinousTest
 
     attrs["backend_str"] = classmethod(lambda cls: backend)
     # Every case is judged on its own: a backend that breaks the pool in

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from disttest.conformance import collectives, semantics  # noqa: F401 (they register the cases)
 from disttest.conformance.cases import CASES, Case, Ctx, Declaration, torch_lacks
-from disttest.skips import TestSkip
+from disttest.support.skips import TestSkip
 
 __unittest = True
 

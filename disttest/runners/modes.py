@@ -54,13 +54,13 @@ def _per_test(body: type, base: type, spawn: Callable[[Any], None]) -> type:
 
 
 def _threads(body: type) -> type:
-    from disttest.multithread import MultiThreadedTestCase
+    from disttest.runners.multithread import MultiThreadedTestCase
 
     return _per_test(body, MultiThreadedTestCase, lambda case: case._spawn_threads())
 
 
 def _processes(body: type) -> type:
-    from disttest.multiprocess import MultiProcessTestCase
+    from disttest.runners.multiprocess import MultiProcessTestCase
 
     base: Any = _per_test(body, MultiProcessTestCase, lambda case: case._spawn_processes())
 
@@ -76,7 +76,7 @@ def _processes(body: type) -> type:
 
 
 def _pool(body: type) -> type:
-    from disttest.continuous import MultiProcContinousTest
+    from disttest.runners.continuous import MultiProcContinousTest
 
     class Pool(body, MultiProcContinousTest):
         @classmethod

@@ -1,6 +1,6 @@
 """A file-based barrier between rank processes, and its file lock.
 
-Works in ``TEMP_DIR`` (see :mod:`disttest.tempdirs`) without a process group,
+Works in ``TEMP_DIR`` (see :mod:`disttest.support.tempdirs`) without a process group,
 as upstream's ``Barrier`` does: each process writes the barrier's number to
 a file named by its pid and waits until enough files reach that number.
 """

@@ -2,7 +2,7 @@
 
 The fastest way to test collective logic: ``world_size`` threads of the test
 process, each with its own default group of the in-process ``threaded``
-backend (:mod:`disttest.threaded_pg`). The join, timeout, fail-fast, desync
+backend (:mod:`disttest.pg.threaded`). The join, timeout, fail-fast, desync
 and report are the shared core's, as for processes. NB: the CPU RNG is
 shared by the threads, so random values differ between ranks
 (``assertEqualOnRank`` checks on one rank only).
@@ -22,17 +22,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from disttest._faults_judge import Injection
-from disttest._faults_rank import armed
 from disttest._runner import janitor, settings, thread_pool
 from disttest._runner import rank as rank_mod
-from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.outcome import Outcome, in_phase
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
-from disttest.threaded_pg import BACKEND, install_threaded_pg, uninstall_threaded_pg
+from disttest.faults.judge import Injection
+from disttest.faults.rank import armed
+from disttest.pg.threaded import BACKEND, install_threaded_pg, uninstall_threaded_pg
+from disttest.runners._dispatch import RankDispatch
 
 __unittest = True
 
@@ -217,7 +217,7 @@ class MultiThreadedTestCase(RankDispatch):
     def run_test_with_threaded_pg(self, test_name: str, rank: int, world_size: int) -> None:
         """In a rank thread: init the default group, then perThreadSetUp, the
         test, perThreadTearDown; the group is destroyed whatever happens."""
-        from disttest.threaded_pg import _current_world
+        from disttest.pg.threaded import _current_world
 
         dist.init_process_group(backend=BACKEND, rank=rank, world_size=world_size,
                                 store=_current_world().store)
@@ -280,7 +280,7 @@ def spawn_threads_and_init_comms(
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        from disttest.threaded_pg import _current_world
+        from disttest.pg.threaded import _current_world
 
         def body(rank: int) -> None:
             dist.init_process_group(backend=BACKEND, rank=rank, world_size=size,

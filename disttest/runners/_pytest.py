@@ -112,7 +112,7 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
     """
     size = parse_world_size(size, f"@pytest.mark.world_size on {name}")
     if mode == "threads":
-        from disttest.multithread import spawn_threads_and_init_comms
+        from disttest.runners.multithread import spawn_threads_and_init_comms
 
         def body() -> None:
             _call(func, kwargs)
@@ -132,7 +132,7 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
 def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, name: str) -> unittest.TestCase:
     import torch.distributed as dist
 
-    from disttest.multiprocess import MultiProcessTestCase
+    from disttest.runners.multiprocess import MultiProcessTestCase
 
     class FunctionInProcesses(MultiProcessTestCase):
         # NB: forked, so the function, its fixtures' values and its module

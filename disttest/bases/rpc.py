@@ -25,9 +25,9 @@ import torch.distributed.rpc as rpc
 from disttest import _compat
 from disttest._typing import F
 from disttest.config import parse_timeout
-from disttest.devices import tp_transports
-from disttest.multiprocess import MultiProcessTestCase
-from disttest.tempdirs import FILE_SCHEMA
+from disttest.runners.multiprocess import MultiProcessTestCase
+from disttest.support.devices import tp_transports
+from disttest.support.tempdirs import FILE_SCHEMA
 
 __unittest = True
 

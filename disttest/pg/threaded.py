@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from disttest import _compat
-from disttest._baton import Baton
-from disttest._pg import (
+from disttest.pg._baton import Baton
+from disttest.pg._local import (
     CollectiveMismatch,
     CollectiveTimeout,
     FutureWork,
@@ -85,7 +85,7 @@ class CollectiveAborted(RuntimeError):
 
 class ThreadedWork(FutureWork):
     """A threaded group's Work: in a rank thread whose turn it is
-    (:mod:`disttest._baton`), ``wait()`` hands the turn on while it waits."""
+    (:mod:`disttest.pg._baton`), ``wait()`` hands the turn on while it waits."""
 
     def wait(self, timeout: Any = None) -> bool:
         world = getattr(_thread_world, "world", None)
@@ -135,7 +135,7 @@ class ThreadedWorld:
         self._sizes: dict[str, int] = {}  # group name -> size
         self.abort_reason: str | None = None
         self.store = dist.HashStore()
-        #: Whose turn it is among the rank threads (:mod:`disttest._baton`).
+        #: Whose turn it is among the rank threads (:mod:`disttest.pg._baton`).
         self.baton = Baton()
 
     # -- what the harness asks (desync judgement) --

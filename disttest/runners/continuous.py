@@ -27,20 +27,20 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._faults_judge import Injection
-from disttest._faults_rank import armed
-from disttest._runner import rank as rank_mod
 from disttest._runner import settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult
 from disttest._runner.pool import Pool, PoolUnavailable
+from disttest._runner.rank import run_dir as rank_run_dir
 from disttest._runner.report import raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher
-from disttest.case import TestCase, set_rng_seed
 from disttest.config import ConfigError, parse_world_size
-from disttest.launchers import resolve_rank
-from disttest.skips import backend_skip_reason, precheck_skip
+from disttest.faults.judge import Injection
+from disttest.faults.rank import armed
+from disttest.runners.case import TestCase, set_rng_seed
+from disttest.support.launchers import resolve_rank
+from disttest.support.skips import backend_skip_reason, precheck_skip
 
 __unittest = True
 
@@ -229,7 +229,7 @@ class MultiProcContinousTest(TestCase):
     def _callTestMethod(self, method: Any) -> None:
         if not self._dispatching():
             self._phase = "test"
-            with armed(type(self), self._testMethodName, self.rank):
+            with armed(type(self), self._testMethodName, self.rank, rank_run_dir()):
                 super()._callTestMethod(method)
             return
         pool = self._pool_in_use
@@ -314,7 +314,7 @@ class MultiProcContinousTest(TestCase):
 
         For external launchers: each process (torchrun's, srun's, mpirun's,
         on one node or several) calls it. Without ``rank``/``world_size``
-        they come from the launcher's environment (``disttest.launchers``).
+        they come from the launcher's environment (``disttest.support.launchers``).
         Rendezvous through ``rdvz_file`` if given, else ``env://``. Returns
         the unittest result; the caller decides the exit status
         (``sys.exit(not result.wasSuccessful())``).
@@ -339,4 +339,3 @@ class MultiProcContinousTest(TestCase):
 
 #: The corrected spelling.
 MultiProcContinuousTest = MultiProcContinousTest
-del rank_mod

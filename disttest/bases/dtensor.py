@@ -32,15 +32,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from disttest import _compat, dtensor_models
+from disttest import _compat
+from disttest.bases import dtensor_models
+from disttest.bases.dtensor_models import *  # noqa: F403  (dtensor_models.__all__)
 from disttest.config import ConfigError
-from disttest.continuous import MultiProcContinousTest
-from disttest.devices import ACCELERATOR_DIST_BACKENDS, accelerator_count, accelerator_type
-from disttest.dtensor_models import *  # noqa: F403  (dtensor_models.__all__)
-from disttest.helpers import run_subtests
-from disttest.multiprocess import MultiProcessTestCase
-from disttest.multithread import MultiThreadedTestCase
-from disttest.skips import DistSkip, TestSkip, _gpu_skip, skip_if_lt_x_gpu
+from disttest.runners.continuous import MultiProcContinousTest
+from disttest.runners.multiprocess import MultiProcessTestCase
+from disttest.runners.multithread import MultiThreadedTestCase
+from disttest.support.devices import ACCELERATOR_DIST_BACKENDS, accelerator_count, accelerator_type
+from disttest.support.helpers import run_subtests
+from disttest.support.skips import DistSkip, TestSkip, _gpu_skip, skip_if_lt_x_gpu
 
 __unittest = True
 
@@ -449,7 +450,7 @@ class _LocalMixin:
             return super().build_device_mesh()  # type: ignore[misc]
 
     def init_pg(self, eager_init: bool, backend: str | None = None) -> None:
-        from disttest.fake import FakeStore
+        from disttest.pg.fake import FakeStore
 
         _compat.ensure_fake_backend()
         dist.init_process_group("fake", rank=0, world_size=self.world_size, store=FakeStore())

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest.case import TestCase
 from disttest.config import ConfigError
-from disttest.devices import accelerator_count, accelerator_type
-from disttest.helpers import set_environ
-from disttest.multiprocess import DistributedTestBase
-from disttest.stores import LOOPBACK, find_free_port
+from disttest.runners.case import TestCase
+from disttest.runners.multiprocess import DistributedTestBase
+from disttest.support.devices import accelerator_count, accelerator_type
+from disttest.support.helpers import set_environ
+from disttest.support.stores import LOOPBACK, find_free_port
 
 __unittest = True
 

@@ -24,11 +24,8 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._faults_judge import Injection
-from disttest._faults_rank import armed
 from disttest._runner import janitor, settings
 from disttest._runner import rank as rank_mod
-from disttest._runner.dispatch import RankDispatch
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
@@ -38,8 +35,11 @@ from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
 )
-from disttest.helpers import set_environ
-from disttest.skips import backend_skip_reason
+from disttest.faults.judge import Injection
+from disttest.faults.rank import armed
+from disttest.runners._dispatch import RankDispatch
+from disttest.support.helpers import set_environ
+from disttest.support.skips import backend_skip_reason
 
 __unittest = True
 
@@ -232,13 +232,13 @@ class MultiProcessTestCase(RankDispatch):
         ``_run`` overrides rely on it); after a passing body the default group
         is destroyed if ``destroy_pg_upon_exit``.
         """
-        from disttest.case import set_rng_seed
+        from disttest.runners.case import set_rng_seed
 
         os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"
         set_rng_seed(self.seed)
         exc: BaseException | None = None
         try:
-            with armed(type(self), test_name, self.rank):
+            with armed(type(self), test_name, self.rank, rank_mod.run_dir()):
                 getattr(self, test_name)()
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e

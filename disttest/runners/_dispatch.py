@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from disttest._runner import settings
-from disttest.case import TestCase
-from disttest.skips import precheck_skip
+from disttest.runners.case import TestCase
+from disttest.support.skips import precheck_skip
 
 __unittest = True
 

@@ -9,7 +9,7 @@ by changing one import:
 - :class:`FSDPTestContinuous`: one pool of rank processes per class, a
   barrier around every test.
 - :func:`check_sharded_parity`, the ``patch_*`` context managers, and the
-  reference models (:mod:`disttest.fsdp_models`).
+  reference models (:mod:`disttest.bases.fsdp_models`).
 
 Unlike upstream, which skips every ``FSDPTest`` on a host without
 accelerators, the bases run on CPU with gloo there (2 ranks by default); a
@@ -31,11 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from disttest import _compat
-from disttest.case import set_rng_seed
-from disttest.continuous import MultiProcContinousTest
-from disttest.devices import accelerator_count
-from disttest.dtensor import _DTensorProcesses
-from disttest.fsdp_models import (
+from disttest.bases.dtensor import _DTensorProcesses
+from disttest.bases.fsdp_models import (
     DEVICE_TYPE,
     MLP,
     DEVICEInitMode,
@@ -47,9 +44,12 @@ from disttest.fsdp_models import (
     TransformerWithSharedParams,
     get_devtype,
 )
-from disttest.helpers import run_subtests, set_environ
-from disttest.multithread import MultiThreadedTestCase
-from disttest.skips import TEST_SKIPS, DistSkip, _gpu_skip
+from disttest.runners.case import set_rng_seed
+from disttest.runners.continuous import MultiProcContinousTest
+from disttest.runners.multithread import MultiThreadedTestCase
+from disttest.support.devices import accelerator_count
+from disttest.support.helpers import run_subtests, set_environ
+from disttest.support.skips import TEST_SKIPS, DistSkip, _gpu_skip
 
 __unittest = True
 
@@ -165,7 +165,7 @@ class FSDPTest(FSDPTestMixin, _DTensorProcesses):
         world_size = int(self.world_size)
         try:
             if kwargs.get("fake_pg", False):
-                from disttest.fake import FakeStore
+                from disttest.pg.fake import FakeStore
 
                 _compat.ensure_fake_backend()
                 dist.init_process_group("fake", world_size=world_size, rank=rank, store=FakeStore())

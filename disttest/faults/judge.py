@@ -23,19 +23,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from disttest._runner.outcome import Kind, Outcome
+from disttest._runner.report import CHAOS_MARK, INJECTED, NEVER_MARK, injected_lines
 from disttest.faults import CHAOS_ENV, Fault, chaos_seed, test_faults
 
 __unittest = True
 
 __all__ = ["INJECTED", "NEVER_FIRED", "NOT_SURVIVED", "Injection", "injected_lines", "judge_injected"]
 
-INJECTED = "injected by disttest (not causes): {faults}"
 NEVER_FIRED = "injected fault never fired: {fault}{why}"
 NOT_SURVIVED = "did not survive the injected fault ({faults}): {detail}"
-CHAOS = "schedule fuzzing: {env}={seed} (the same seed gives the same delays)"
 _DEATHS = ("kill", "exit")
-_CHAOS_PREFIX = CHAOS_ENV + "="
-_NEVER_PREFIX = "never fired: "
+_CHAOS_PREFIX = CHAOS_MARK + CHAOS_ENV + "="
 
 
 def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
@@ -84,7 +82,7 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
             target = out[rank] if rank < world else out[0]
             counts = next((r["counts"] for r in records if "counts" in r), None)
             message = NEVER_FIRED.format(fault=fault.describe(rank), why=_why(fault, rank, world, counts))
-            target.faults_fired = [*target.faults_fired, _NEVER_PREFIX + fault.describe(rank)]
+            target.faults_fired = [*target.faults_fired, NEVER_MARK + fault.describe(rank)]
             if target.kind is Kind.PASSED:
                 target.kind, target.exc_type, target.message = Kind.ERRORED, "UnfiredFault", message
                 target.detail = ""
@@ -99,29 +97,6 @@ def _why(fault: Fault, rank: int, world: int, counts: dict[str, int] | None) -> 
     made = sum(counts.values()) if fault.at == "any" else counts.get(fault.at, 0)
     name = "collective" if fault.at == "any" else fault.at
     return f": rank {rank} made {made} {name} call{'s' if made != 1 else ''} in the test"
-
-
-def injected_lines(outcomes: Sequence[Outcome]) -> list[str]:
-    """The report's lines about what disttest injected (empty if nothing)."""
-    fired: list[str] = []
-    never: list[str] = []
-    seeds: list[str] = []
-    for o in outcomes:
-        for text in getattr(o, "faults_fired", ()) or ():
-            if text.startswith(_CHAOS_PREFIX):
-                if text not in seeds:
-                    seeds.append(text)
-            elif text.startswith(_NEVER_PREFIX):
-                never.append(text)
-            else:
-                fired.append(text)
-    lines = []
-    if fired:
-        lines.append(INJECTED.format(faults="; ".join(fired)))
-    lines += never
-    for text in seeds:
-        lines.append(CHAOS.format(env=CHAOS_ENV, seed=text[len(_CHAOS_PREFIX):]))
-    return lines
 
 
 class Injection:
@@ -147,7 +122,7 @@ class Injection:
             return None
 
         def died_as_declared(rank: int) -> bool:
-            from disttest._faults_rank import read_fired
+            from disttest.faults.rank import read_fired
 
             records = read_fired(self.source, rank + 1).get(rank, [])
             return any(r.get("action") in _DEATHS for r in records)
@@ -157,6 +132,6 @@ class Injection:
     def judge(self, outcomes: Sequence[Outcome]) -> list[Outcome]:
         if not self.active:
             return list(outcomes)
-        from disttest._faults_rank import read_fired
+        from disttest.faults.rank import read_fired
 
         return judge_injected(outcomes, self.faults, read_fired(self.source, len(outcomes)))

@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._pg import FutureWork, PythonGroup, _copy, _splits, completed_work
 from disttest._typing import F
 from disttest.config import parse_world_size
+from disttest.pg._local import FutureWork, PythonGroup, _copy, _splits, completed_work
 
 __unittest = True
 

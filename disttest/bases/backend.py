@@ -28,12 +28,12 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest._typing import F
-from disttest.barrier import Barrier
 from disttest.config import ConfigError, parse_world_size
-from disttest.multiprocess import MultiProcessTestCase
-from disttest.skips import TEST_SKIPS, DistTestCases, TestSkip, _skip_when, nccl_skip_reason
-from disttest.stores import LOOPBACK
-from disttest.tempdirs import FILE_SCHEMA, cleanup_temp_dir, initialize_temp_directories
+from disttest.runners.multiprocess import MultiProcessTestCase
+from disttest.support.barrier import Barrier
+from disttest.support.skips import TEST_SKIPS, DistTestCases, TestSkip, _skip_when, nccl_skip_reason
+from disttest.support.stores import LOOPBACK
+from disttest.support.tempdirs import FILE_SCHEMA, cleanup_temp_dir, initialize_temp_directories
 
 __unittest = True
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from disttest import _compat
-from disttest.devices import accelerator_type
+from disttest.support.devices import accelerator_type
 
 __unittest = True
 

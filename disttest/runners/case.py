@@ -17,8 +17,8 @@ import expecttest
 import numpy as np
 import torch
 
-from disttest.devices import HAS_ACCELERATOR
-from disttest.skips import DistSkip, skip_for_exit_code
+from disttest.support.devices import HAS_ACCELERATOR
+from disttest.support.skips import DistSkip, skip_for_exit_code
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack is 3.11+

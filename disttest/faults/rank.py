@@ -10,8 +10,10 @@ Which faults fired is written as the rank goes, before a fault acts (a
 killed rank cannot report afterwards): to a JSON-lines file
 ``rank<r>.faults`` in the run directory of a rank process, or to an
 in-memory list of the threaded world for a rank thread. The parent reads it
-(:func:`read_fired`). Depends on the standard library and
-:mod:`disttest.faults`; torch is imported only when a fault corrupts values.
+(:func:`read_fired`). Depends on the standard library,
+:mod:`disttest.faults` and the core's collective tracking (it registers
+:func:`before_collective` there); torch is imported only when a fault
+corrupts values.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttest._runner import progress
 from disttest.faults import ANY, CHAOS_ENV, Fault, InjectedFault, chaos_seed, test_faults
 
 __unittest = True
@@ -90,7 +93,7 @@ def chaos_delay(rng: random.Random) -> float:
 
 def _bound_world() -> Any:
     try:
-        from disttest.threaded_pg import _thread_world
+        from disttest.pg.threaded import _thread_world
     except ImportError:  # pragma: no cover
         return None
     return getattr(_thread_world, "world", None)
@@ -112,9 +115,14 @@ def _file_writer(path: str) -> Callable[[dict[str, Any]], None]:
 
 
 @contextmanager
-def armed(cls: type, test_name: str, rank: int) -> Iterator[None]:
+def armed(cls: type, test_name: str, rank: int, run_dir: str | None = None) -> Iterator[None]:
     """Arm this rank for one test of ``cls`` (its declared faults, those of
-    ``DISTTEST_FAULT``, and ``DISTTEST_CHAOS``); disarm after."""
+    ``DISTTEST_FAULT``, and ``DISTTEST_CHAOS``); disarm after.
+
+    A rank thread records what fired in its threaded world; a rank process in
+    ``run_dir`` (the run directory of its launcher), where the parent reads
+    it; with neither (``run_rank`` under an external launcher) nothing reads
+    the records."""
     faults = [(i, f) for i, f in enumerate(test_faults(getattr(cls, test_name, None)))]
     seed = chaos_seed()
     if not faults and seed is None:
@@ -126,16 +134,12 @@ def armed(cls: type, test_name: str, rank: int) -> Iterator[None]:
         records = _thread_records.setdefault(world, {}).setdefault(rank, [])
         records.clear()
         write: Callable[[dict[str, Any]], None] = records.append
+    elif run_dir is not None:
+        write = _file_writer(records_path(run_dir, rank))
+        close = write.close  # type: ignore[attr-defined]
     else:
-        from disttest._runner import rank as rank_mod
-
-        ctx = rank_mod.current()
-        if ctx is not None:
-            write = _file_writer(records_path(ctx.spec.run_dir, rank))
-            close = write.close  # type: ignore[attr-defined]
-        else:
-            unread: list[dict[str, Any]] = []
-            write = unread.append  # run_rank under an external launcher: no parent reads it
+        unread: list[dict[str, Any]] = []
+        write = unread.append  # run_rank under an external launcher: no parent reads it
     state = _State(rank, [(i, f) for i, f in faults if rank in f.ranks], write, world,
                    chaos_delays(seed, test_name, rank) if seed is not None else None)
     if seed is not None:
@@ -283,3 +287,8 @@ def read_fired(source: Any, world_size: int) -> dict[int, list[dict[str, Any]]]:
             continue
         fired[rank] = [json.loads(line) for line in lines if line.strip()]
     return fired
+
+
+# The core's collective tracking calls into this module (it sits below fault
+# injection and never imports it). Only disttest's own hook slot is set here.
+progress.set_collective_hook(before_collective)

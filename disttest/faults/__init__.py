@@ -4,8 +4,8 @@
 declares that rank 1 dies as it enters its third ``all_reduce`` of the test.
 Declarations are plain data (:class:`Fault`) attached to the test method;
 nothing is installed at import or by the decorator. Inside a rank, the
-collective-tracking wrapper asks :mod:`disttest._faults_rank` what to do as
-the rank enters each collective; in the parent, :mod:`disttest._faults_judge`
+collective-tracking wrapper asks :mod:`disttest.faults.rank` what to do as
+the rank enters each collective; in the parent, :mod:`disttest.faults.judge`
 judges the outcomes (an injected death is expected; an unfired fault is an
 error) and names the injected faults in the report apart from the causes.
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._typing import F
 from disttest.config import ConfigError, parse_world_size
-from disttest.devices import (
+from disttest.support.devices import (
     ACCELERATOR_DIST_BACKENDS,
     HAS_ACCELERATOR,
     accelerator_count,

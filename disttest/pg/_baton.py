@@ -22,7 +22,7 @@ waiting for it; then the world goes *free* for the rest of the test: every
 waiting thread is woken and they run as plain threads (as without turns).
 An aborted world goes free at once.
 
-Self-contained: used by :mod:`disttest.threaded_pg` (its Work's ``wait``)
+Self-contained: used by :mod:`disttest.pg.threaded` (its Work's ``wait``)
 and the thread launcher.
 """
 
