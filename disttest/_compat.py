@@ -11,7 +11,7 @@ a test skips ("needs torch >= 2.10").
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 __unittest = True
 
@@ -451,7 +451,7 @@ def new_c10d_world(per_thread: bool = False) -> Any:
             return property(lambda self: self._own[name])
 
         def get_count(self: Any) -> int:
-            return self._own["group_count"]
+            return cast(int, self._own["group_count"])
 
         def set_count(self: Any, value: int) -> None:
             self._own["group_count"] = value

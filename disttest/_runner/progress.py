@@ -419,7 +419,7 @@ _process_tracker: list[_Tracker] = []
 
 
 def _current() -> _Tracker | None:
-    tracker = getattr(_local, "tracker", None)
+    tracker: _Tracker | None = getattr(_local, "tracker", None)
     if tracker is not None:
         return tracker
     return _process_tracker[0] if _process_tracker else None

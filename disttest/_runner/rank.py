@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from disttest._runner import progress
 from disttest._runner.channel import connect
@@ -152,7 +152,7 @@ def resolve_class(spec: RankSpec) -> type:
     obj: Any = module
     for part in spec.qualname.split("."):
         obj = getattr(obj, part)
-    return obj
+    return cast(type, obj)
 
 
 def record_test_outcome(outcome: Outcome) -> None:
@@ -374,7 +374,7 @@ class _PoolWorker:
     def run(self, test: str) -> Outcome:
         if self.failure is not None:
             return dataclasses.replace(self.failure)
-        return self.cls._pool_run_test(test, self.ctx.rank)
+        return cast(Outcome, self.cls._pool_run_test(test, self.ctx.rank))
 
     def shutdown(self) -> None:
         if self.failure is None:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 from disttest._runner import thread_pool
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
@@ -68,7 +68,7 @@ class _Tee:
     what a rank thread writes goes where it would have gone and is also
     kept, per rank (the last :data:`KEPT` characters), for the report."""
 
-    def __init__(self, stream: Any, ranks: dict[int, int], kept: dict[int, list[str]]) -> None:
+    def __init__(self, stream: TextIO, ranks: dict[int, int], kept: dict[int, list[str]]) -> None:
         self._stream = stream
         self._ranks = ranks  # thread ident -> rank
         self._kept = kept

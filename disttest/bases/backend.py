@@ -164,7 +164,7 @@ def get_profiling_event(event_name: str, profiler: Any, dedup_gpu_user_annotatio
     """The profiler's events whose name starts or ends with ``event_name``."""
     from torch.autograd import DeviceType
 
-    events = profiler.events() if isinstance(profiler, torch.profiler.profile) else profiler.function_events
+    events = profiler.events() if isinstance(profiler, torch.profiler.profile) else profiler.function_events  # type: ignore[no-untyped-call]  # torch: unannotated
     return [
         e for e in events
         if (e.name.endswith(event_name) or e.name.startswith(event_name))

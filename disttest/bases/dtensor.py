@@ -393,7 +393,7 @@ class DTensorConverter:
             self.hit += 1
             r = distribute_tensor(t, mesh, [Replicate()] * mesh.ndim if t.ndim == 0 else placements)
             return nn.Parameter(r, requires_grad=r.requires_grad) if isinstance(t, nn.Parameter) else r
-        if torch.overrides.is_tensor_like(t):
+        if torch.overrides.is_tensor_like(t):  # type: ignore[no-untyped-call]  # torch: unannotated
             self.miss += 1  # a tensor subclass: not converted
             return t
         raise TypeError(f"DTensorConverter: expected a tensor, got {type(t).__name__} {t!r} (disttest)")
@@ -430,7 +430,7 @@ class _LocalMixin:
     @property
     def rank(self) -> Any:
         lt = _local_tensor_module()
-        return torch.SymInt(lt.LocalIntNode({r: r for r in range(self.world_size)}))
+        return torch.SymInt(lt.LocalIntNode({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
 
     @rank.setter
     def rank(self, rank: Any) -> None:

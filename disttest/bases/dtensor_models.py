@@ -8,7 +8,7 @@ toy transformer are not carried over (``ModelArgs.num_experts`` must be 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,7 @@ class MLPModule(nn.Module):
         self.net2 = nn.Linear(16, 10, bias=bias, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net2(self.relu(self.net1(x)))
+        return cast(torch.Tensor, self.net2(self.relu(self.net1(x))))
 
     def reset_parameters(self) -> None:
         self.net1.reset_parameters()
@@ -117,7 +117,7 @@ class Attention(nn.Module):
             heads(self.wq(x)), heads(self.wk(x)), heads(self.wv(x)), None,
             self.dropout_p if self.training else 0, self.use_attn_mask,
         )
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1)))
+        return cast(torch.Tensor, self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))))
 
 
 class FeedForward(nn.Module):
@@ -131,7 +131,7 @@ class FeedForward(nn.Module):
         self.resid_dropout = nn.Dropout(dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.resid_dropout(self.w2(self.gelu(self.w1(x))))
+        return cast(torch.Tensor, self.resid_dropout(self.w2(self.gelu(self.w1(x)))))
 
 
 class TransformerBlock(nn.Module):
@@ -148,8 +148,8 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, hidden_dim=4 * args.dim, dropout_p=args.dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = x + cast(torch.Tensor, self.attention(self.attention_norm(x)))
+        return h + cast(torch.Tensor, self.feed_forward(self.ffn_norm(h)))
 
 
 class Transformer(nn.Module):
@@ -181,7 +181,7 @@ class Transformer(nn.Module):
                 h = torch.utils.checkpoint.checkpoint(layer, h, use_reentrant=False)
             else:
                 h = layer(h)
-        return self.output(self.norm(h)).float()
+        return cast(torch.Tensor, self.output(self.norm(h))).float()
 
     @staticmethod
     def parallelize(module: Transformer, tp_mesh: Any, use_seq_parallel: bool,

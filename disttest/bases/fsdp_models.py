@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from enum import Enum, auto
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -127,14 +127,14 @@ class TransformerWithSharedParams(FSDPTestModel):
         src = self.embed_tokens(src_ids)
         src = src + self.vocab_bias + self.long_buffer.type_as(src)  # type: ignore[operator]
         tgt = self.bn(self.embed_tokens(tgt_ids))
-        return self.output_proj(self.transformer(src, tgt))
+        return cast(torch.Tensor, self.output_proj(self.transformer(src, tgt)))
 
     def get_loss(self, input: Any, output: Any) -> torch.Tensor:
         _, tgt = input
         return F.cross_entropy(output.view(-1, output.size(-1)), tgt.view(-1), reduction="sum")
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
 
     @staticmethod
     def init(group: Any, fsdp_init_mode: FSDPInitMode, device_init_mode: DEVICEInitMode,
@@ -198,13 +198,13 @@ class NestedWrappedModule(FSDPTestModel):
         return (torch.rand(4, 8, device=device),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
+        return cast(torch.Tensor, self.module(x))
 
-    def get_loss(self, input: Any, output: Any) -> torch.Tensor:
+    def get_loss(self, input: Any, output: torch.Tensor) -> torch.Tensor:
         return output.sum()
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
 
     @staticmethod
     def init(group: Any, fsdp_init_mode: FSDPInitMode, device_init_mode: DEVICEInitMode,
@@ -305,5 +305,5 @@ class DoubleLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
         if self.use_second_linear:
-            return self.relu(self.lin1(x)), self.relu(self.lin2(x))
-        return self.relu(self.lin1(x))
+            return cast(torch.Tensor, self.relu(self.lin1(x))), cast(torch.Tensor, self.relu(self.lin2(x)))
+        return cast(torch.Tensor, self.relu(self.lin1(x)))

@@ -112,7 +112,7 @@ def dist_init(
         self.setup_fault_injection(faulty_messages, messages_to_delay)
         if not setup_rpc:
             return old_test_method(self, *args, **kwargs)
-        rpc.init_rpc(name=worker_name(self.rank), backend=self.rpc_backend, rank=self.rank,
+        rpc.init_rpc(name=worker_name(self.rank), backend=self.rpc_backend, rank=self.rank,  # type: ignore[no-untyped-call]  # torch: unannotated
                      world_size=self.world_size, rpc_backend_options=self.rpc_backend_options)
         failed = True
         try:
@@ -246,7 +246,7 @@ class TensorPipeRpcAgentTestFixture(RpcAgentTestFixture):
 
     @property
     def rpc_backend_options(self) -> Any:
-        return rpc.backend_registry.construct_rpc_backend_options(
+        return rpc.backend_registry.construct_rpc_backend_options(  # type: ignore[no-untyped-call]  # torch: unannotated
             self.rpc_backend, init_method=self.init_method, _transports=tp_transports())
 
     def get_shutdown_error_regex(self) -> str:
@@ -272,7 +272,7 @@ class FaultyRpcAgentTestFixture(RpcAgentTestFixture):
 
     @property
     def rpc_backend_options(self) -> Any:
-        return rpc.backend_registry.construct_rpc_backend_options(
+        return rpc.backend_registry.construct_rpc_backend_options(  # type: ignore[no-untyped-call]  # torch: unannotated
             self.rpc_backend, init_method=self.init_method, num_worker_threads=8, num_fail_sends=3,
             messages_to_fail=self.messages_to_fail, messages_to_delay=self.messages_to_delay)
 

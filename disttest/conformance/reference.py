@@ -11,7 +11,7 @@ bfloat16, and every reduce op gives a result that tells it from the others.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ def rank_input(rank: int, n: int, dtype: str, salt: int = 0) -> np.ndarray:
     i = np.arange(n, dtype=np.int64)
     base = (i * 7 + rank * 3 + salt * 5) % 5 + 1
     if dtype == "bool":
-        return ((i + rank + salt) % 3 != 0).astype(np.bool_)
+        return cast(np.ndarray, ((i + rank + salt) % 3 != 0).astype(np.bool_))
     if dtype == "complex64":
         return (base + 1j * ((i + 2 * rank + salt) % 3)).astype(np.complex64)
     return base.astype(DTYPES[dtype][1])
@@ -87,9 +87,9 @@ def expected_reduce(op: str, arrays: Sequence[np.ndarray], dtype: str) -> np.nda
         stacked = np.stack(arrays)
         logical = {"SUM": np.any, "MAX": np.any, "BOR": np.any, "PRODUCT": np.all, "MIN": np.all, "BAND": np.all}
         if op in logical:
-            return logical[op](stacked, axis=0)
+            return cast(np.ndarray, logical[op](stacked, axis=0))
         if op == "BXOR":
-            return (stacked.sum(axis=0) % 2).astype(np.bool_)
+            return cast(np.ndarray, (stacked.sum(axis=0) % 2).astype(np.bool_))
         raise ValueError(f"reduce op {op} is not defined on bool")
     wide = np.complex128 if dtype == "complex64" else np.float64 if dtype in FLOATS else np.int64
     stacked = np.stack([np.asarray(a, dtype=wide) for a in arrays])

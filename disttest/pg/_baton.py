@@ -33,7 +33,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.futures import Future
 
 __unittest = True
 
@@ -182,7 +185,7 @@ class Baton:
         before it was woken on its waker's."""
         give_back_cpus(self._pinned.pop(threading.get_ident(), None))
 
-    def wait_for(self, future: Any, limit: float | None) -> bool:
+    def wait_for(self, future: Future[Any], limit: float | None) -> bool:
         """In the thread whose turn it is: pass the turn on and sleep until
         ``future`` (a ``torch.futures.Future``) is done and the turn comes
         back. False if ``limit`` seconds passed with ``future`` not done;

@@ -30,7 +30,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -88,7 +88,7 @@ def _same_everywhere(t: torch.Tensor, op: Any, n: int) -> torch.Tensor:
     if kind == R.BXOR:
         return t if n % 2 else torch.zeros_like(t)
     if kind == R.PREMUL_SUM:
-        return t * (factor * n)
+        return cast(torch.Tensor, t * (factor * n))  # factor: a float or a tensor
     raise ValueError(f"reduce op {kind} is not supported by fake comms (disttest)")
 
 
@@ -184,9 +184,9 @@ class MockProcessGroup(PythonGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> FutureWork:
         n = self.size()
-        mine = input.split(_splits(input_split_sizes, input.size(0), n, "all_to_all_single"))[self.rank()]
+        mine = input.split(_splits(input_split_sizes, input.size(0), n, "all_to_all_single"))[self.rank()]  # type: ignore[no-untyped-call]  # torch: Tensor.split is unannotated
         with torch.no_grad():
-            for slot in output.split(_splits(output_split_sizes, output.size(0), n, "all_to_all_single")):
+            for slot in output.split(_splits(output_split_sizes, output.size(0), n, "all_to_all_single")):  # type: ignore[no-untyped-call]  # torch: unannotated
                 if slot.shape == mine.shape:
                     _copy(slot, mine)
         return completed_work([output], "all_to_all_single")

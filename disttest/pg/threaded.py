@@ -576,7 +576,7 @@ _installed: list[tuple[ThreadedWorld, Any]] = []  # (world, c10d registry it rep
 
 
 def _current_world() -> ThreadedWorld:
-    world = getattr(_thread_world, "world", None)
+    world: ThreadedWorld | None = getattr(_thread_world, "world", None)
     if world is not None:
         return world
     if _installed:

@@ -45,7 +45,7 @@ def _per_test(body: type, base: type, spawn: Callable[[Any], None]) -> type:
     """``body`` on ``base``, a runner that starts its ranks per test:
     ``spawn(case)`` in setUp."""
 
-    class PerTest(body, base):
+    class PerTest(body, base):  # type: ignore[misc]  # bases known only at run time
         def setUp(self) -> None:
             super().setUp()
             spawn(self)
@@ -64,7 +64,7 @@ def _processes(body: type) -> type:
 
     base: Any = _per_test(body, MultiProcessTestCase, lambda case: case._spawn_processes())
 
-    class Processes(base):
+    class Processes(base):  # type: ignore[misc]  # a base known only at run time
         @classmethod
         def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any) -> None:
             size = cls._mode_world_size()
@@ -78,7 +78,7 @@ def _processes(body: type) -> type:
 def _pool(body: type) -> type:
     from disttest.runners.continuous import MultiProcContinousTest
 
-    class Pool(body, MultiProcContinousTest):
+    class Pool(body, MultiProcContinousTest):  # type: ignore[misc]  # bases known only at run time
         @classmethod
         def backend_str(cls) -> str:
             return str(getattr(cls, "backend", "gloo"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,7 @@ class NetWithBuffers(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.buffer.add_(1)  # type: ignore[operator]
-        return self.b(self.a(x))
+        return cast(torch.Tensor, self.b(self.a(x)))
 
 
 class Foo:
@@ -132,7 +132,7 @@ class FC2(nn.Module):
         self.fc.bias.requires_grad = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
+        return cast(torch.Tensor, self.fc(x))
 
 
 class Net(nn.Module):
@@ -234,7 +234,7 @@ class EmbeddingNetDifferentParams(nn.Module):
             self.lin2 = nn.Linear(1, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(self.embedding(x))
+        return cast(torch.Tensor, self.lin(self.embedding(x)))
 
 
 class ControlFlowToyModel(nn.Module):
@@ -247,7 +247,7 @@ class ControlFlowToyModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.equal(x, torch.ones(20, 10, device=x.device)):
-            return self.lin2(F.relu(self.lin1(x)))
+            return cast(torch.Tensor, self.lin2(F.relu(self.lin1(x))))
         return F.relu(self.lin1(x))
 
 
@@ -262,7 +262,7 @@ class SaveForwardInputsModule(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.forward_inputs[self] = x
-        return self.l(x.to(self.l.weight.dtype) if self.cast_forward_inputs else x)
+        return cast(torch.Tensor, self.l(x.to(self.l.weight.dtype) if self.cast_forward_inputs else x))
 
 
 class SaveForwardInputsModel(nn.Module):
@@ -276,7 +276,7 @@ class SaveForwardInputsModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.forward_inputs[self] = x
-        return self.c2(self.c1(x))
+        return cast(torch.Tensor, self.c2(self.c1(x)))
 
 
 _LAZY: dict[str, Callable[[], Any]] = {

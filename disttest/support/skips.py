@@ -389,7 +389,7 @@ def requires_nccl_version(version: tuple[int, ...], msg: str) -> Callable[[F], F
     reason = nccl_skip_reason()
     if reason is not None:
         return skip_but_pass_in_sandcastle(reason)
-    found = torch.cuda.nccl.version()
+    found = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]  # torch: unannotated
     return skip_but_pass_in_sandcastle_if(
         found < version,
         f"Requires NCCL version greater than or equal to: {version}, found: {found}, "
