@@ -50,7 +50,7 @@ stress: $(STAMP)
 	$(PY) tests/stress.py --rounds 5
 
 lint: $(STAMP)
-	$(PY) -m ruff check disttest tests examples benchmarks && $(PY) -m mypy disttest && $(VENV)/bin/lint-imports
+	$(PY) -m ruff check disttest tests examples benchmarks docs && $(PY) -m mypy disttest && $(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .venv-torch-* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
