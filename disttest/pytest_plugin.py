@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from disttest._runner import settings
-from disttest._runner.report import TAIL_CHARS, RankReport, rank_section
+from disttest._runner.report import TAIL_CHARS, RankReport
 from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
@@ -138,8 +138,9 @@ def pytest_runtest_call(item: Any) -> Any:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Any:
-    """A failing distributed test's report gets a section per failing rank
-    (terminal, ``--junitxml``), and properties naming the failing ranks and
+    """A failing distributed test's report shows the user's frames and the
+    report's header, then a section per group of ranks (terminal,
+    ``--junitxml``): each part once. Properties name the failing ranks and
     each one's output tail (in JUnit XML's ``<properties>``)."""
     result = yield
     report = result.get_result()
@@ -147,14 +148,23 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     if call.when != "call" or excinfo is None or not isinstance(excinfo.value, RankReport):
         return
     exc = excinfo.value
+    if report.failed and exc.sections:
+        report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(_summary_only(exc)))
+        report.sections.extend(exc.sections)
     causes = [o for o in exc.outcomes if o.kind.is_cause]
     item.user_properties.append(("disttest_failing_ranks", ",".join(str(o.rank) for o in causes)))
     for o in causes:
-        title = f"disttest rank {o.rank}/{exc.world_size} ({o.kind.value})"
-        report.sections.append((title, rank_section(o)))
         item.user_properties.append((f"disttest_rank_{o.rank}", o.kind.value))
         if o.output_tail.strip():
             item.user_properties.append((f"disttest_rank_{o.rank}_output", o.output_tail[-TAIL_CHARS:]))
+
+
+def _summary_only(exc: RankReport) -> RankReport:
+    """The same report with its summary for a message (the sections follow
+    on their own) and its traceback (the user's frames)."""
+    short = type(exc)(exc.summary(), exc.test, exc.world_size, exc.timeout, exc.outcomes)
+    short.__suppress_context__ = True
+    return short.with_traceback(exc.__traceback__)
 
 
 def pytest_report_header(config: Any) -> str:

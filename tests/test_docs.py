@@ -48,6 +48,7 @@ NOT_MESSAGES = {
     "disttest._runner.report.RANK": "a piece of every report line (rank/world)",
     "disttest._runner.report.RANKS": "a piece of every report line (ranks/world)",
     "disttest._runner.report.NEVER_MARK": "a prefix of the never-fired line",
+    "disttest._runner.report.SECTION": "a pytest report section's title (one per group of ranks)",
 }
 
 

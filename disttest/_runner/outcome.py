@@ -129,8 +129,10 @@ _CONTEXT = "\nDuring handling of the above exception, another exception occurred
 
 
 def _tb_data(exc: BaseException) -> dict[str, Any] | None:
-    """The kept frames as tblib data (a chain of the user's frames only)."""
-    kept = {id(f) for f, _ in _frames(exc)}
+    """The kept frames as tblib data (a chain of the user's frames only;
+    None when the exception has none: the report then finds the user's
+    frames elsewhere, and never shows disttest's own as the test's)."""
+    kept = {id(f) for f, _ in _frames(exc) if "__unittest" not in f.f_globals}
     try:
         from tblib import Traceback
 

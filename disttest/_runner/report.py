@@ -9,11 +9,14 @@ message names every failing rank and groups identical tracebacks.
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import unittest
 import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Any
 
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
@@ -28,9 +31,10 @@ __all__ = [
     "RankReport",
     "format_report",
     "injected_lines",
-    "rank_section",
     "raise_for",
     "raise_for_outcomes",
+    "report_parts",
+    "user_traceback",
 ]
 
 HEADER = "{test!r} {verdict} (disttest): {summary}"
@@ -47,6 +51,7 @@ NO_RANKS_STARTED = (
 TAIL_CHARS = 2000
 NO_USER_FRAME = "(no frame of the test: the rank was in disttest's own code)"
 LEFT_RUNNING = "{who} left processes running when its test ended; disttest killed them: {procs}"
+SECTION = "disttest {who} ({kind})"
 LOGS_KEPT = "the whole output of every rank is kept in {folder} (disttest, DISTTEST_KEEP_LOGS)"
 #: What disttest injected into a rank (``Outcome.faults_fired``, filled by
 #: :mod:`disttest.faults.judge`) is listed apart from the causes; entries with
@@ -65,13 +70,24 @@ class RankReport(Exception):
     """
 
     def __init__(self, message: str, test: str, world_size: int, timeout: float | None,
-                 outcomes: Sequence[Outcome]) -> None:
+                 outcomes: Sequence[Outcome], sections: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(message)
         self.test = test
         self.world_size = world_size
         self.timeout = timeout
         self.outcomes = list(outcomes)
         self.ranks = [o.rank for o in outcomes if o.kind.is_cause]
+        #: The per-rank parts of the message, ``(title, text)``: each group of
+        #: ranks with the same cause (or stopped alike), as pytest shows them
+        #: in sections of their own.
+        self.sections = list(sections)
+
+    def summary(self) -> str:
+        """The message without its per-rank sections: the header, what was
+        injected, and anything added after (kept logs)."""
+        message = str(self.args[0]) if self.args else ""
+        details = "".join(f"\n\n{text}" for _, text in self.sections)
+        return message.replace(details, "", 1) if details and details in message else message
 
 
 class RankFailure(RankReport, AssertionError, RuntimeError):
@@ -172,17 +188,6 @@ def _short(o: Outcome, who: str, timeout: float | None) -> str:
     return f"{who} raised {o.exc_type}{_in(o)}"
 
 
-def rank_section(o: Outcome) -> str:
-    """One rank's part of the report on its own: what happened, its
-    traceback, stack and output tail (a pytest report section)."""
-    head = f"{o.exc_type}{_in(o)}: {o.message}"
-    if o.kind in (Kind.DESYNC, Kind.STOPPED):
-        head = _fill(o.detail, f"rank {o.rank}")
-    if o.kind is Kind.CRASHED and o.exit is not None:
-        head = o.exit.describe()
-    return "\n".join(part for part in (head.strip(": "), _body(o)) if part)
-
-
 def _body(o: Outcome) -> str:
     parts = []
     if o.traceback:
@@ -205,6 +210,14 @@ def format_report(test: str, world_size: int, timeout: float | None,
                   outcomes: Sequence[Outcome], verdict: str) -> str:
     """The message: a header naming the failing ranks, then each rank's
     cause, identical ones grouped ("ranks 1, 2/4: ...")."""
+    head, sections = report_parts(test, world_size, timeout, outcomes, verdict)
+    return "\n".join(head + [f"\n{text}" for _, text in sections])
+
+
+def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Sequence[Outcome],
+                 verdict: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The report's header lines and its sections, ``(title, text)``: one per
+    group of ranks that read the same, causes first."""
     groups: dict[tuple[str, ...], list[Outcome]] = {}
     for o in outcomes:
         if o.kind is Kind.DESYNC:
@@ -227,29 +240,35 @@ def format_report(test: str, world_size: int, timeout: float | None,
     lines = [HEADER.format(test=test, verdict=verdict, summary=summary)]
     lines += injected_lines(outcomes)
     lines += left_running_lines(outcomes, world_size)
+    sections = []
     for group in ordered:
-        lines.append("")
-        lines.append(_line(group[0], _who([o.rank for o in group], world_size), test, timeout))
+        who = _who([o.rank for o in group], world_size)
+        text = _line(group[0], who, test, timeout)
         body = _body(group[0])
-        if body:
-            lines.append(body)
-    return "\n".join(lines)
+        sections.append((SECTION.format(who=who, kind=group[0].kind.value), f"{text}\n{body}" if body else text))
+    return lines, sections
 
 
 def raise_for_outcomes(test: str, world_size: int, timeout: float | None,
                        outcomes: Sequence[Outcome], always_failure: bool = False,
-                       keep_logs: Callable[[str], str] | None = None) -> None:
+                       keep_logs: Callable[[str], str] | None = None,
+                       where: Callable[..., Any] | None = None) -> None:
     """Raise the unittest outcome of ``outcomes`` (:func:`~.verdict.judge`);
     return if all passed."""
-    raise_for(judge(outcomes, always_failure), test, world_size, timeout, keep_logs)
+    raise_for(judge(outcomes, always_failure), test, world_size, timeout, keep_logs, where)
 
 
 def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | None,
-              keep_logs: Callable[[str], str] | None = None) -> None:
+              keep_logs: Callable[[str], str] | None = None,
+              where: Callable[..., Any] | None = None) -> None:
     """Raise ``verdict`` to unittest: SkipTest, :class:`RankFailure` or
     :class:`RankError` with the report; return if the test passed.
     ``keep_logs(test)`` keeps the ranks' whole logs (DISTTEST_KEEP_LOGS)
-    and returns their folder, which the report names."""
+    and returns their folder, which the report names.
+
+    The exception's traceback is the user's, never disttest's: the failing
+    rank's own frames, else the frames of its stack (a rank that hung,
+    crashed or was left waiting), else the test method ``where``."""
     if verdict.status is Status.SKIPPED:
         raise unittest.SkipTest(verdict.reason)
     if verdict.status is Status.PASSED:
@@ -260,25 +279,77 @@ def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | Non
     failed = verdict.status is Status.FAILED
     cls: type[RankReport] = RankFailure if failed else RankError
     outcomes = verdict.outcomes
-    message = format_report(test, world_size, timeout, outcomes, verdict.status.value)
+    head, sections = report_parts(test, world_size, timeout, outcomes, verdict.status.value)
+    message = "\n".join(head + [f"\n{text}" for _, text in sections])
     if keep_logs is not None and settings.keep_logs():
         message += "\n\n" + LOGS_KEPT.format(folder=keep_logs(test))
-    report = cls(message, test, world_size, timeout, outcomes)
-    raise report.with_traceback(_rank_traceback(outcomes))
+    report = cls(message, test, world_size, timeout, outcomes, sections)
+    # NB: from None: what was being handled when the verdict came (a join
+    # loop's own exception) is disttest's, not the test's.
+    raise report.with_traceback(user_traceback(outcomes, where)) from None
 
 
-def _rank_traceback(outcomes: Sequence[Outcome]) -> TracebackType | None:
-    """The first failing rank's own traceback, rebuilt, so that pytest (which
-    hides frames of modules that set __unittest) shows the user's line."""
-    for o in outcomes:
-        if o.kind.is_cause and o.tb_data:
-            try:
-                from tblib import Traceback
+def user_traceback(outcomes: Sequence[Outcome], where: Callable[..., Any] | None = None) -> TracebackType | None:
+    """The traceback a report is raised with, rebuilt from the user's frames
+    only, so that pytest and unittest (which hide frames of modules that set
+    ``__unittest``) show the user's lines: the first failing rank's own
+    traceback; else, for a rank with no exception (it hung, crashed, or
+    waited in a collective its peer never entered), the user's frames of its
+    stack; else the test method ``where``; else None."""
+    causes = [o for o in outcomes if o.kind.is_cause]
+    data = next((o.tb_data for o in causes if o.tb_data), None)
+    if data is None:
+        data = next(filter(None, (_stack_tb_data(o.stacks) for o in causes if o.stacks)), None)
+    if data is None and where is not None:
+        data = _code_tb_data(where)
+    if data is None:
+        return None
+    try:
+        from tblib import Traceback
 
-                return Traceback.from_dict(o.tb_data).as_traceback()
-            except Exception:  # noqa: BLE001 (the message has the text anyway)
-                return None
-    return None
+        tb: TracebackType | None = Traceback.from_dict(data).as_traceback()
+        return tb
+    except Exception:  # noqa: BLE001 (the message has the text anyway)
+        return None
+
+
+_STACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<name>\S+)')
+
+
+def _frame_data(filename: str, lineno: int, name: str, tb_next: dict[str, Any] | None) -> dict[str, Any]:
+    return {"tb_frame": {"f_code": {"co_filename": filename, "co_name": name},
+                         "f_globals": {"__file__": filename, "__name__": "__rank__"}, "f_lineno": lineno},
+            "tb_lineno": lineno, "tb_next": tb_next}
+
+
+def _stack_tb_data(stacks: str) -> dict[str, Any] | None:
+    """The user's frames of a rank's stack dump (faulthandler's layout, most
+    recent call first) as tblib data: one thread's, the current one first."""
+    blocks: list[list[re.Match[str]]] = []
+    current = -1
+    for line in _user_stack(stacks).splitlines():
+        match = _STACK_FRAME.match(line)
+        if match is None:
+            blocks.append([])
+            if line.startswith("Current thread "):
+                current = len(blocks) - 1
+            continue
+        if not blocks:
+            blocks.append([])
+        blocks[-1].append(match)
+    frames = blocks[current] if current >= 0 and blocks[current] else next((b for b in blocks if b), [])
+    data: dict[str, Any] | None = None
+    for m in frames:  # innermost first: each wraps the one after it
+        data = _frame_data(m["file"], int(m["line"]), m["name"], data)
+    return data
+
+
+def _code_tb_data(where: Callable[..., Any]) -> dict[str, Any] | None:
+    """The definition of the test method ``where`` as one frame."""
+    code = getattr(inspect.unwrap(where), "__code__", None)
+    if code is None or code.co_filename.startswith(_OWN):
+        return None
+    return _frame_data(code.co_filename, code.co_firstlineno, code.co_name, None)
 
 
 def injected_lines(outcomes: Sequence[Outcome]) -> list[str]:

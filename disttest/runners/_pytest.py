@@ -155,6 +155,9 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
             finally:
                 dist.destroy_process_group()
 
+        # A report with no frame of a rank points at the user's function.
+        test_function.__wrapped__ = func  # type: ignore[attr-defined]
+
     FunctionInProcesses.__qualname__ = FunctionInProcesses.__name__ = f"function {name}"
     return FunctionInProcesses("test_function")
 

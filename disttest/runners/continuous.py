@@ -173,7 +173,7 @@ class MultiProcContinousTest(TestCase):
         failed = cls.__dict__.get("_pool_failed")
         if failed:
             raise PoolUnavailable(failed)
-        pool = cls.__dict__.get("_pool")
+        pool: Pool | None = cls.__dict__.get("_pool")
         if pool is not None and not pool.broken and pool.world_size == world_size:
             return pool
         if pool is not None:
@@ -255,7 +255,8 @@ class MultiProcContinousTest(TestCase):
             cls = type(self)
             cls._pool = None
             cls._pool_breaks = cls.__dict__.get("_pool_breaks", 0) + 1
-        raise_for_outcomes(name, pool.world_size, settings.test_timeout(self, self.id()), outcomes, keep_logs=keep)
+        raise_for_outcomes(name, pool.world_size, settings.test_timeout(self, self.id()), outcomes, keep_logs=keep,
+                           where=method)
 
     # --- inside a rank -------------------------------------------------------------
 

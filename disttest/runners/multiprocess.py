@@ -210,7 +210,7 @@ class MultiProcessTestCase(RankDispatch):
         verdict = judge(outcomes, expected_exit_codes=() if expected is None else (expected,),
                         lenient_exits=fn in self.skip_return_code_checks)
         keep = self._launcher.keep_logs if self._launcher is not None else None
-        raise_for(verdict, self._current_test_name(), len(outcomes), self._test_timeout(), keep)
+        raise_for(verdict, self._current_test_name(), len(outcomes), self._test_timeout(), keep, where=fn)
 
     # --- inside a rank -----------------------------------------------------
 

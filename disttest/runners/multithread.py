@@ -84,12 +84,13 @@ class _ThreadRun:
             self.world = None  # type: ignore[assignment]
             sys.excepthook, threading.excepthook = self.hooks
 
-    def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False) -> None:
+    def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False,
+                  where: Callable[..., Any] | None = None) -> None:
         if self.injection is not None:
             outcomes = self.injection.judge(outcomes)
         try:
             raise_for_outcomes(self.test, len(outcomes), timeout, outcomes, always_failure,
-                               keep_logs=self.launcher.keep_logs)
+                               keep_logs=self.launcher.keep_logs, where=where)
         except (RankFailure, RankError) as e:
             if self.launcher.unstoppable:
                 e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
@@ -244,7 +245,7 @@ class MultiThreadedTestCase(RankDispatch):
         timeout = self._test_timeout()
         outcomes = run.join(timeout)
         self._run_state = None
-        run.raise_for(outcomes, timeout)
+        run.raise_for(outcomes, timeout, where=fn)
 
     def assertEqualOnRank(self, x: Any, y: Any, msg: str | None = None, *, rank: int = 0) -> None:
         """``assertEqual`` on rank ``rank`` only (the threads share one RNG)."""
@@ -300,7 +301,7 @@ def spawn_threads_and_init_comms(
         # Upstream's own tests assert RuntimeError around it: any failing rank
         # is a RankFailure (AssertionError and RuntimeError).
         try:
-            run.raise_for(outcomes, seconds, always_failure=True)
+            run.raise_for(outcomes, seconds, always_failure=True, where=func)
         finally:
             check_left_running(before, test)
 
