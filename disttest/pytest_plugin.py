@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from disttest._runner import settings
-from disttest._runner.report import TAIL_CHARS, RankReport
+from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
 from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
@@ -148,8 +148,8 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     if call.when != "call" or excinfo is None or not isinstance(excinfo.value, RankReport):
         return
     exc = excinfo.value
-    if report.failed and exc.sections:
-        report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(_summary_only(exc)))
+    if report.failed:
+        report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(_summary_only(exc, item.obj)))
         report.sections.extend(exc.sections)
     causes = [o for o in exc.outcomes if o.kind.is_cause]
     item.user_properties.append(("disttest_failing_ranks", ",".join(str(o.rank) for o in causes)))
@@ -159,12 +159,18 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
             item.user_properties.append((f"disttest_rank_{o.rank}_output", o.output_tail[-TAIL_CHARS:]))
 
 
-def _summary_only(exc: RankReport) -> RankReport:
+def _summary_only(exc: RankReport, test: Any) -> RankReport:
     """The same report with its summary for a message (the sections follow
-    on their own) and its traceback (the user's frames)."""
+    on their own) and the user's frames for a traceback: its own where it
+    has one, else the test method's (a report raised in the test process,
+    such as "no ranks were started", has only disttest's frames, which
+    pytest would show rather than none)."""
     short = type(exc)(exc.summary(), exc.test, exc.world_size, exc.timeout, exc.outcomes)
     short.__suppress_context__ = True
-    return short.with_traceback(exc.__traceback__)
+    tb = exc.__traceback__
+    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
+        tb = tb.tb_next
+    return short.with_traceback(exc.__traceback__ if tb is not None else user_traceback([], test))
 
 
 def pytest_report_header(config: Any) -> str:

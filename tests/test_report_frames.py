@@ -94,6 +94,11 @@ SUITE = textwrap.dedent('''
             return "gloo"
 
 
+    class TestForgot(disttest.MultiProcessTestCase):
+        def test_forgot_to_spawn(self):  # LINE forgot
+            pass
+
+
     @pytest.mark.world_size(2, mode="processes")
     def test_function_error(rank):
         if rank == 1:
@@ -185,7 +190,7 @@ class PytestTest(FreeOfTheHarness, unittest.TestCase):
         cls.blocks = pytest_blocks(cls.out)
 
     def test_every_kind_of_every_runner(self) -> None:
-        self.assertIn("17 failed", self.out, self.out[-3000:])
+        self.assertIn("18 failed", self.out, self.out[-3000:])
         for cls, kinds in CLASSES.items():
             for kind, section in kinds.items():
                 with self.subTest(cls=cls, kind=kind):
@@ -195,6 +200,12 @@ class PytestTest(FreeOfTheHarness, unittest.TestCase):
         for name, (line_key, section) in FUNCTIONS.items():
             with self.subTest(name=name):
                 self.check(self.blocks[name], line_key, section)
+
+    def test_a_report_raised_in_the_test_process_points_at_the_test(self) -> None:
+        block = self.blocks["TestForgot.test_forgot_to_spawn"]
+        self.assertNotIn(PACKAGE + os.sep, block)
+        self.assertRegex(block, rf"test_kinds_suite\.py:{LINES['forgot']}: RankError")
+        self.assertIn("no ranks were started for 'test_forgot_to_spawn'", block)
 
     def test_the_header_is_the_message_and_each_rank_a_section(self) -> None:
         block = self.blocks["TestProcesses.test_error"]
