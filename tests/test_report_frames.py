@@ -159,12 +159,23 @@ def unittest_blocks(out: str) -> dict[str, str]:
 
 
 class FreeOfTheHarness:
-    """Checks one test's output block."""
+    """The checks of one front end's output, each test's block apart."""
 
     #: How often the user's failing line shows as a traceback or stack entry:
     #: pytest shows it at its ``>`` marker and in the rank's section; unittest
     #: as the traceback's entry and in the report (the message).
     entries = 0
+    #: What the run's last lines say.
+    ran = ""
+    out = ""
+    blocks: dict[str, str] = {}
+
+    def test_every_kind_of_every_runner(self: Any) -> None:
+        self.assertIn(self.ran, self.out, self.out[-3000:])
+        for cls, kinds in CLASSES.items():
+            for kind, section in kinds.items():
+                with self.subTest(cls=cls, kind=kind):
+                    self.check(self.blocks[f"{cls}.test_{kind}"], kind, section)
 
     def check(self: Any, block: str, key: str, section: str) -> None:
         # No traceback entry (nor anything else) inside disttest's files.
@@ -184,17 +195,12 @@ class FreeOfTheHarness:
 
 class PytestTest(FreeOfTheHarness, unittest.TestCase):
     entries = 1  # the section's (the ">" line names no file)
+    ran = "18 failed"
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.out = run("pytest", "-p", "no:cacheprovider", "-rN", "test_kinds_suite.py")
         cls.blocks = pytest_blocks(cls.out)
-
-    def test_every_kind_of_every_runner(self) -> None:
-        self.assertIn("18 failed", self.out, self.out[-3000:])
-        for cls, kinds in CLASSES.items():
-            for kind, section in kinds.items():
-                with self.subTest(cls=cls, kind=kind):
-                    self.check(self.blocks[f"{cls}.test_{kind}"], kind, section)
 
     def test_functions_marked_world_size(self) -> None:
         for name, (line_key, section) in FUNCTIONS.items():
@@ -217,17 +223,12 @@ class PytestTest(FreeOfTheHarness, unittest.TestCase):
 
 class UnittestTest(FreeOfTheHarness, unittest.TestCase):
     entries = 2  # the traceback's, the report's
+    ran = "FAILED (failures=3, errors=12)"
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.out = run("unittest", "test_kinds_suite")
         cls.blocks = unittest_blocks(cls.out)
-
-    def test_every_kind_of_every_runner(self) -> None:
-        self.assertIn("FAILED (failures=", self.out, self.out[-3000:])
-        for cls, kinds in CLASSES.items():
-            for kind, section in kinds.items():
-                with self.subTest(cls=cls, kind=kind):
-                    self.check(self.blocks[f"{cls}.test_{kind}"], kind, section)
 
     def test_a_traceback_of_the_user_s_frames_only(self) -> None:
         block = self.blocks["TestThreads.test_timeout"]
