@@ -33,7 +33,7 @@ __all__ = [
 
 N = TypeVar("N")
 
-#: Most tests run with this many ranks (upstream's value on non-ROCm hosts).
+#: Most tests run with this many ranks, 4 (upstream's value on non-ROCm hosts).
 DEFAULT_WORLD_SIZE = 4
 
 #: Where the default per-test timeout comes from, first match wins.

@@ -54,5 +54,33 @@ def _same(a: str, b: str) -> bool:
     return " ".join(a.split()) == " ".join(b.split())
 
 
+def _reexported_data_comments(app, what, name, obj, options, lines):
+    """A constant a package re-exports keeps the ``#:`` comment of the module that assigns it.
+
+    autodoc reads ``#:`` comments in the module it documents only: the comment of
+    ``disttest.conformance.CASES`` is in ``disttest.conformance.cases``. Runs after
+    ``_drop_type_docstrings`` and napoleon, on what they left empty.
+    """
+    if what != "data" or lines:
+        return
+    from sphinx.errors import PycodeError
+    from sphinx.pycode import ModuleAnalyzer
+
+    package, _, attr = name.rpartition(".")
+    for modname, module in sorted(sys.modules.items()):
+        if not modname.startswith(package + ".") or getattr(module, attr, None) is not obj:
+            continue
+        try:
+            comment = ModuleAnalyzer.for_module(modname).find_attr_docs().get(("", attr))
+        except PycodeError:
+            continue
+        if comment:
+            lines.extend(comment)
+            return
+
+
 def setup(app):
-    app.connect("autodoc-process-docstring", _drop_type_docstrings)
+    # NB: before napoleon (priority 500), which would rewrite a type's docstring
+    # ("The DDP reference net: ...") so that it no longer matches.
+    app.connect("autodoc-process-docstring", _drop_type_docstrings, priority=400)
+    app.connect("autodoc-process-docstring", _reexported_data_comments)

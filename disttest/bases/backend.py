@@ -62,13 +62,13 @@ __all__ = [
 
 #: Seconds a test's process group waits, unless CUSTOM_PG_TIMEOUT says otherwise.
 default_pg_timeout = 60
-#: Per-test process-group timeouts (seconds), as upstream.
+#: Per-test process-group timeouts in seconds, by test name (upstream's).
 CUSTOM_PG_TIMEOUT = {
     "test_ddp_uneven_inputs": 300,
     "test_ddp_model_diff_across_ranks": 5,
     "test_ddp_has_finalized": 5,
 }
-#: Older upstream's per-test limits.
+#: Upstream's default test timeout in seconds.
 DEFAULT_TIMEOUT = 300
 CUSTOMIZED_TIMEOUT = {"test_DistributedDataParallel": 500}
 
@@ -186,10 +186,13 @@ def get_profiler_nccl_meta(prof: Any) -> list[dict[str, Any]]:
 
 
 def _create_autograd_profiler() -> Any:
+    """An autograd profiler that records shapes (upstream's helper)."""
     return torch.autograd.profiler.profile(record_shapes=True)
 
 
 def _create_torch_profiler() -> Any:
+    """A ``torch.profiler`` profile of CPU activity that records shapes
+    (upstream's helper)."""
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
 
 

@@ -75,7 +75,7 @@ DEVICE_TYPE: str = accelerator_type() or "cpu"
 DEVICE_COUNT: int = accelerator_count()
 #: The default c10d backend for DEVICE_TYPE ("gloo" on CPU).
 PG_BACKEND: str = dist.Backend.default_device_backend_map.get(DEVICE_TYPE, "gloo")
-#: Default world size of the DTensor bases: 4, fewer when fewer accelerators exist.
+#: Default world size of the DTensor bases, 4 (fewer when fewer accelerators exist).
 NUM_DEVICES: int = min(4, DEVICE_COUNT) if DEVICE_COUNT > 1 else 4
 
 #: Backends ``init_pg`` accepts (upstream's list), beside the device's own

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from torch import nn
 
 from disttest import _compat
+from disttest.bases import fsdp_models
 from disttest.bases.dtensor import _DTensorProcesses
 from disttest.bases.fsdp_models import (
-    DEVICE_TYPE,
     MLP,
     DEVICEInitMode,
     DoubleLinear,
@@ -83,9 +83,12 @@ __all__ = [
     "reduce_scatter_with_assert",
 ]
 
+#: The device type the FSDP bases and their models use, the accelerator's
+#: ("cuda", "xpu"...) else "cpu" (the same value as ``disttest.fsdp_models``).
+DEVICE_TYPE: str = fsdp_models.DEVICE_TYPE
 #: Accelerator devices on this host; 1 without any (upstream's value).
 DEVICE_COUNT: int = accelerator_count() or 1
-#: The backend of the FSDP bases' group: the device's default (gloo on CPU).
+#: The backend of the FSDP bases' group, the device's default (gloo on CPU).
 DISTRIBUTED_BACKEND: str = dist.Backend.default_device_backend_map.get(DEVICE_TYPE, "gloo")
 #: Default world size of the FSDP bases: every accelerator, else 2 CPU ranks.
 FSDP_WORLD_SIZE: int = accelerator_count() or 2

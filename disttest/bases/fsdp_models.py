@@ -34,7 +34,7 @@ __all__ = [
     "get_devtype",
 ]
 
-#: The device FSDP tests run on: the accelerator, else "cpu".
+#: The device type FSDP tests run on, the accelerator's ("cuda", "xpu"...) else "cpu".
 DEVICE_TYPE: str = accelerator_type() or "cpu"
 
 UNSUPPORTED_INIT_MODE = "unsupported FSDP init mode {mode!r} for {model} (disttest)"
@@ -56,7 +56,7 @@ class DEVICEInitMode(Enum):
     DEVICE_BEFORE = auto()
     #: After it is passed to FSDP.
     DEVICE_AFTER = auto()
-    #: Never: it stays on CPU.
+    #: Never; it stays on CPU.
     DEVICE_NEVER = auto()
 
 

@@ -51,6 +51,7 @@ class Case:
         return frozenset(t.lower() for t in self.tags | extra)
 
 
+#: Every case of the suite, in the order added; the suite makes a test of each.
 CASES: list[Case] = []
 
 

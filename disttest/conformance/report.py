@@ -16,6 +16,7 @@ __unittest = True
 
 __all__ = ["STATUSES", "CaseResult", "ConformanceResult"]
 
+#: The statuses a case can end with, in the order the tables show them.
 STATUSES = ("passed", "failed", "unsupported", "skipped")
 SUMMARY = ("conformance of backend {backend!r}, world size {world}: {passed} passed, {failed} failed, "
            "{unsupported} unsupported, {skipped} skipped ({total} cases, {seconds:.1f}s) -- {verdict}")

@@ -48,9 +48,12 @@ __all__ = [
     "test_faults",
 ]
 
+#: The environment variable of the whole-suite faults (:func:`~disttest.faults.env_faults`).
 FAULT_ENV = "DISTTEST_FAULT"
+#: The environment variable of the schedule-fuzzing seed (:func:`~disttest.faults.chaos_seed`).
 CHAOS_ENV = "DISTTEST_CHAOS"
 DECORATOR = "@inject_fault"
+#: What a fault does to its rank, as ``action=`` spells it.
 ACTIONS = ("kill", "exit", "raise", "hang", "delay", "corrupt")
 #: Collectives a fault can be declared at, as ``torch.distributed`` spells them.
 OPS = (*COLLECTIVES, *P2P_OPS)
@@ -245,6 +248,10 @@ def chaos_seed(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def parse_seed(value: object, where: str) -> int:
+    """``value`` as a schedule-fuzzing seed (``DISTTEST_CHAOS``,
+    ``--disttest-chaos``): a non-negative integer, else
+    :class:`~disttest.ConfigError` naming the value and ``where`` it came
+    from."""
     bad = ConfigError("chaos seed", value, where, "expected a seed, an int >= 0")
     seed = as_number(int, value, bad)
     if seed < 0:

@@ -30,7 +30,7 @@ __all__ = [
     "tp_transports",
 ]
 
-#: Communication backends that need an accelerator.
+#: Communication backends that need an accelerator (nccl, xccl, hccl).
 ACCELERATOR_DIST_BACKENDS = ["nccl", "xccl", "hccl"]
 
 
@@ -44,7 +44,7 @@ def accelerator_count() -> int:
     return _compat.accelerator_count()
 
 
-#: True when this host has at least one accelerator device.
+#: True when this host has at least one accelerator device (read at import).
 HAS_ACCELERATOR: bool = accelerator_count() > 0
 
 
