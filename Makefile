@@ -30,7 +30,7 @@ examples: $(STAMP)
 
 # The Sphinx site (docs/), warnings as errors; tests/test_docs.py runs its code.
 docs: $(STAMP)
-	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	$(PY) -m sphinx -E -W --keep-going -b html docs docs/_build/html
 
 $(TVENV)/.disttest-installed: setup.cfg setup.py
 	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.8.0 [TORCH_TESTS=tests/test_x.py]"; exit 2; }
