@@ -6,7 +6,7 @@ import unittest
 
 from disttest import RankError, RankFailure
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
-from disttest._runner.report import raise_for_outcomes
+from disttest._runner.report import raise_for_outcomes, user_traceback
 
 
 def raised(outcomes, timeout=30):
@@ -90,3 +90,58 @@ class OutcomeTest(unittest.TestCase):
             o = outcome_from_exception(1, e)
         self.assertIn("in user_code", o.traceback)
         self.assertIsNotNone(o.tb_data)
+
+
+class UserTracebackTest(unittest.TestCase):
+    """The traceback a report is raised with: the user's frames, from the
+    rank's traceback, else its stack, else the test method."""
+
+    STACKS = (
+        "Thread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+        '  File "/work/helper.py", line 7 in watcher\n'
+        "\n"
+        "Current thread 0x00007f02 (most recent call first):\n"
+        '  File "/site/torch/distributed/distributed_c10d.py", line 5356 in barrier\n'
+        '  File "/work/test_a.py", line 12 in helper\n'
+        '  File "/work/test_a.py", line 30 in test_hang\n'
+    )
+
+    @staticmethod
+    def frames(tb):
+        out = []
+        while tb is not None:
+            out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+            tb = tb.tb_next
+        return out
+
+    def test_a_hung_rank_s_stack_outermost_first_current_thread(self):
+        tb = user_traceback([Outcome(0, Kind.PASSED), Outcome(1, Kind.TIMED_OUT, stacks=self.STACKS)])
+        self.assertEqual(self.frames(tb), [
+            ("/work/test_a.py", 30, "test_hang"),
+            ("/work/test_a.py", 12, "helper"),
+            ("/site/torch/distributed/distributed_c10d.py", 5356, "barrier"),
+        ])
+
+    def test_the_rank_s_own_traceback_comes_first(self):
+        def body():
+            raise ValueError("boom")
+
+        try:
+            body()
+        except ValueError as e:
+            failed = outcome_from_exception(0, e)
+        hung = Outcome(1, Kind.TIMED_OUT, stacks=self.STACKS)
+        names = [name for _, _, name in self.frames(user_traceback([failed, hung]))]
+        self.assertEqual(names[-1], "body")
+
+    def test_no_frame_of_a_rank_gives_the_test_method_or_nothing(self):
+        def test_crash():
+            pass
+
+        crashed = [Outcome(0, Kind.CRASHED, exit=ExitStatus(code=3))]
+        self.assertEqual(self.frames(user_traceback(crashed, test_crash)),
+                         [(__file__, test_crash.__code__.co_firstlineno, "test_crash")])
+        self.assertIsNone(user_traceback(crashed))
+        # disttest's own code is never the test's frame.
+        self.assertIsNone(user_traceback(crashed, raise_for_outcomes))
