@@ -150,7 +150,14 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     exc = excinfo.value
     if report.failed:
         report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(_summary_only(exc, item.obj)))
-        report.sections.extend(exc.sections)
+        # Sections of the failure itself (not captured output): kept by
+        # --show-capture=no and written to JUnit XML with the failure.
+        add = getattr(report.longrepr, "addsection", None)
+        for title, text in exc.sections:
+            if add is not None:
+                add(title, text)
+            else:  # a --tb=line / --tb=no representation: what pytest shows of any failure
+                report.sections.append((title, text))
     causes = [o for o in exc.outcomes if o.kind.is_cause]
     item.user_properties.append(("disttest_failing_ranks", ",".join(str(o.rank) for o in causes)))
     for o in causes:
@@ -170,7 +177,7 @@ def _summary_only(exc: RankReport, test: Any) -> RankReport:
     tb = exc.__traceback__
     while tb is not None and "__unittest" in tb.tb_frame.f_globals:
         tb = tb.tb_next
-    return short.with_traceback(exc.__traceback__ if tb is not None else user_traceback([], test))
+    return short.with_traceback(tb if tb is not None else user_traceback([], test))
 
 
 def pytest_report_header(config: Any) -> str:

@@ -151,3 +151,63 @@ class RankOutputTest(unittest.TestCase):
         with open(os.path.join(folder, "rank1.log")) as f:
             self.assertIn("a note from rank 1", f.read())
         self.assertTrue(os.path.exists(os.path.join(folder, "rank0.log")))
+
+
+class SummaryOnlyTest(unittest.TestCase):
+    """What the plugin shows as a report's failure: its header, with the
+    user's frames only (also under --tb=native, which filters nothing)."""
+
+    # Functions of a module that sets __unittest (disttest's, unittest's):
+    # the exception is caught there, as unittest catches a test's.
+    HARNESS = textwrap.dedent("""
+        def run(f):
+            try:
+                f()
+            except BaseException as e:
+                return e
+
+        def fail():
+            raise RankError("no ranks", "t", 0, None, [])
+    """)
+
+    def harness(self):
+        from disttest import RankError
+
+        namespace = {"__unittest": True, "RankError": RankError}
+        exec(self.HARNESS, namespace)
+        return namespace
+
+    def raised(self, user):
+        return self.harness()["run"](user)
+
+    @staticmethod
+    def names(tb):
+        out = []
+        while tb is not None:
+            out.append(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        return out
+
+    def test_the_harness_frames_are_dropped_and_the_sections_left_out(self):
+        from disttest import RankError
+        from disttest.pytest_plugin import _summary_only
+
+        def user():
+            raise RankError("head\n\nrank 1/2: boom", "t", 2, 1.0, [], [("disttest rank 1/2", "rank 1/2: boom")])
+
+        short = _summary_only(self.raised(user), user)
+        self.assertEqual(str(short), "head")
+        self.assertEqual(self.names(short.__traceback__), ["user"])
+
+    def test_a_report_with_only_harness_frames_points_at_the_test(self):
+        from disttest.pytest_plugin import _summary_only
+
+        def user():
+            pass
+
+        harness = self.harness()
+        exc = harness["run"](harness["fail"])
+        self.assertEqual(self.names(exc.__traceback__), ["run", "fail"])
+        short = _summary_only(exc, user)
+        self.assertEqual(self.names(short.__traceback__), ["user"])
+

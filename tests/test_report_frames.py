@@ -136,12 +136,17 @@ FUNCTIONS = {
 }
 
 
-def run(*command: str) -> str:
+def run(*command: str, junit: list[str] | None = None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "test_kinds_suite.py"), "w") as f:
             f.write(SUITE)
-        proc = subprocess.run([sys.executable, "-m", *command], cwd=tmp, capture_output=True, text=True,
+        xml = os.path.join(tmp, "junit.xml")
+        extra = ["--junitxml", xml] if junit is not None else []
+        proc = subprocess.run([sys.executable, "-m", *command, *extra], cwd=tmp, capture_output=True, text=True,
                               timeout=300, env={**os.environ, "DISTTEST_TIMEOUT": "3"})
+        if junit is not None:
+            with open(xml) as f:
+                junit.append(f.read())
     return proc.stdout + proc.stderr
 
 
@@ -199,8 +204,22 @@ class PytestTest(FreeOfTheHarness, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls) -> None:
-        cls.out = run("pytest", "-p", "no:cacheprovider", "-rN", "test_kinds_suite.py")
+        # --show-capture=no: the ranks' sections are the failure's, not
+        # captured output that it hides.
+        cls.junit: list[str] = []
+        cls.out = run("pytest", "-p", "no:cacheprovider", "-rN", "--show-capture=no", "test_kinds_suite.py",
+                      junit=cls.junit)
         cls.blocks = pytest_blocks(cls.out)
+
+    def test_junit_xml_holds_the_ranks_sections(self) -> None:
+        import xml.etree.ElementTree as ET
+
+        cases = {c.get("name"): c for c in ET.fromstring(self.junit[0]).iter("testcase")}
+        failure = cases["test_error"].find("error")
+        if failure is None:
+            failure = cases["test_error"].find("failure")
+        self.assertIsNotNone(failure)
+        self.assertIn("rank 1/2: ValueError: boom", failure.text or "")
 
     def test_functions_marked_world_size(self) -> None:
         for name, (line_key, section) in FUNCTIONS.items():
