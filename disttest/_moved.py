@@ -60,14 +60,20 @@ MOVED: dict[str, str] = {
 class _Alias(importlib.abc.Loader):
     def __init__(self, target: str) -> None:
         self.target = target
+        self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        # The module's own __name__, __spec__ and __file__ stay as they are:
-        # importlib sets only the attributes a module lacks.
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        self.spec = module.__spec__
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass  # executed once, under its own name
+        # Executed once, under its own name. NB: importlib sets __spec__ to
+        # the alias's spec on whatever create_module returned (the other
+        # attributes only where missing): the module's own spec goes back, or
+        # importlib.reload would do nothing and rename it.
+        if self.spec is not None:
+            module.__spec__ = self.spec
 
 
 class _Finder(importlib.abc.MetaPathFinder):

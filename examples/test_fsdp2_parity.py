@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from disttest.fsdp import FSDPTest, MLPStack, check_sharded_parity
+from disttest.bases.fsdp import FSDPTest, MLPStack, check_sharded_parity
 
 # NB: in torch 2.8 gloo's reduce_scatter with ReduceOp.AVG (what fully_shard
 # uses on CPU) returns the sum; 2.13 gets it right.

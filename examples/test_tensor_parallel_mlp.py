@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from disttest.dtensor import DTensorTestBase, with_comms
+from disttest.bases.dtensor import DTensorTestBase, with_comms
 
 
 class MLP(nn.Module):

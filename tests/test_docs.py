@@ -262,7 +262,7 @@ class BuildTest(unittest.TestCase):
     def test_the_submodules_have_pages(self):
         inv = self.inventory()
         modules = set(inv.get("py:module", {}))
-        for module in ("disttest.dtensor", "disttest.fsdp", "disttest.launchers", "disttest.conformance",
+        for module in ("disttest.bases.dtensor", "disttest.bases.fsdp", "disttest.support.launchers", "disttest.conformance",
                        "disttest.faults", "disttest.pytest_plugin"):
             self.assertIn(module, modules)
             mod = importlib.import_module(module)

@@ -16,6 +16,7 @@ import torch
 from runner_cases import live_ranks
 
 from disttest import ConfigError, InjectedFault, inject_fault
+from disttest._runner import progress
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest.faults import (
     CHAOS_ENV,
@@ -195,6 +196,24 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("rank 5 is not in this test's world of 2", judged[0].message)
 
 
+class HookTest(unittest.TestCase):
+    def test_the_core_asks_fault_injection_only_while_a_rank_is_armed(self):
+        class Case:
+            @inject_fault(rank=0, action="raise", at="barrier")
+            def test_x(self):
+                pass
+
+        self.assertEqual(progress._hook, [])
+        with _faults_rank.armed(Case, "test_x", 0):
+            self.assertEqual(progress._hook, [_faults_rank.before_collective])
+            with _faults_rank.armed(Case, "test_x", 0):  # a second rank thread
+                pass
+            self.assertEqual(progress._hook, [_faults_rank.before_collective])
+        self.assertEqual(progress._hook, [])
+        with _faults_rank.armed(unittest.TestCase, "run", 0):  # nothing declared
+            self.assertEqual(progress._hook, [])
+
+
 class RunnerFaultsTest(unittest.TestCase):
     """Each action under each runner it applies to."""
 
@@ -207,6 +226,7 @@ class RunnerFaultsTest(unittest.TestCase):
         self.assertEqual(_process, [], "interception left armed")
         self.assertIsNone(getattr(_local, "state", None))
         self.assertEqual(_faults_rank._armed_count, 0)
+        self.assertEqual(progress._hook, [], "the core's collective hook left set")
 
     def each(self, name, runners=PROCESS_AND_POOL_AND_THREADS):
         """(runner, result, seconds) of ``name`` under each runner."""

@@ -79,6 +79,23 @@ class MovedPathsTest(unittest.TestCase):
                 self.assertIs(module, importlib.import_module(new))
                 self.assertIs(getattr(disttest, old), module)
                 self.assertEqual(module.__name__, new)
+                self.assertEqual(module.__spec__.name, new)
+                self.assertEqual(module.__spec__.origin, module.__file__)
+
+    def test_reload_after_an_old_path_import(self):
+        import importlib
+
+        import disttest.tensors  # noqa: F401  (the old path first)
+        from disttest.support import tensors
+
+        original = tensors.build_tensor
+        tensors.build_tensor = None  # type: ignore[assignment]
+        try:
+            self.assertIs(importlib.reload(tensors), tensors)
+            self.assertTrue(callable(tensors.build_tensor), "reload did not execute the module")
+        finally:
+            tensors.build_tensor = original
+        self.assertEqual(tensors.__name__, "disttest.support.tensors")
 
     def test_from_import_and_patch_through_an_old_path(self):
         from disttest.fake import with_fake_comms

@@ -97,4 +97,4 @@ class MigrationGuideTest(unittest.TestCase):
             "from disttest import RpcAgentTestFixture",
         ])
         self.assertEqual(ported[4], "from torch.testing._internal.common_utils import run_tests")
-        self.assertEqual(ported[5:], ["from disttest.dtensor import (", "from disttest.fsdp import FSDPTest, MLP"])
+        self.assertEqual(ported[5:], ["from disttest.bases.dtensor import (", "from disttest.bases.fsdp import FSDPTest, MLP"])

@@ -145,3 +145,17 @@ class UserTracebackTest(unittest.TestCase):
         self.assertIsNone(user_traceback(crashed))
         # disttest's own code is never the test's frame.
         self.assertIsNone(user_traceback(crashed, raise_for_outcomes))
+
+
+class PickleTest(unittest.TestCase):
+    def test_a_report_pickles_whole(self):
+        import pickle
+
+        e = raised([Outcome(0, Kind.PASSED), Outcome(1, Kind.FAILED, "AssertionError", "no")])
+        back = pickle.loads(pickle.dumps(e))
+        self.assertIs(type(back), RankFailure)
+        self.assertEqual(str(back), str(e))
+        self.assertEqual((back.test, back.world_size, back.timeout, back.ranks), ("test_x", 2, 30, [1]))
+        self.assertEqual(back.sections, e.sections)
+        self.assertEqual([o.kind for o in back.outcomes], [Kind.PASSED, Kind.FAILED])
+

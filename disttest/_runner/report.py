@@ -82,6 +82,12 @@ class RankReport(Exception):
         #: in sections of their own.
         self.sections = list(sections)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole (pytest-xdist ships reports between processes); an
+        # exception's default reduction passes only its message back.
+        return (type(self), (self.args[0] if self.args else "", self.test, self.world_size, self.timeout,
+                             self.outcomes, self.sections), self.__dict__)
+
     def summary(self) -> str:
         """The message without its per-rank sections: the header, what was
         injected, and anything added after (kept logs)."""
@@ -129,7 +135,9 @@ def _in(o: Outcome) -> str:
     return f" in {o.phase}" if o.phase and o.phase != "test" else ""
 
 
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: disttest's own files (the package folder, with its separator: not a sibling such
+#: as disttest_extras/).
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 #: disttest's rank entry points: frames below them are the launcher's past

@@ -11,8 +11,9 @@ killed rank cannot report afterwards): to a JSON-lines file
 ``rank<r>.faults`` in the run directory of a rank process, or to an
 in-memory list of the threaded world for a rank thread. The parent reads it
 (:func:`read_fired`). Depends on the standard library,
-:mod:`disttest.faults` and the core's collective tracking (it registers
-:func:`before_collective` there); torch is imported only when a fault
+:mod:`disttest.faults` and the core's collective tracking (it sets
+:func:`before_collective` there while a rank is armed, and unsets it
+after); torch is imported only when a fault
 corrupts values.
 """
 
@@ -148,11 +149,17 @@ def armed(cls: type, test_name: str, rank: int, run_dir: str | None = None) -> I
     previous = _swap(state, world is not None)
     with _count_lock:
         _armed_count += 1
+        if _armed_count == 1:
+            # The core's collective tracking asks this module while a rank is
+            # armed (the core sits below fault injection and never imports it).
+            progress.set_collective_hook(before_collective)
     try:
         yield
     finally:
         with _count_lock:
             _armed_count -= 1
+            if not _armed_count:
+                progress.set_collective_hook(None)
         write({"counts": state.counts})
         _swap(previous, world is not None)
         if close is not None:
@@ -287,8 +294,3 @@ def read_fired(source: Any, world_size: int) -> dict[int, list[dict[str, Any]]]:
             continue
         fired[rank] = [json.loads(line) for line in lines if line.strip()]
     return fired
-
-
-# The core's collective tracking calls into this module (it sits below fault
-# injection and never imports it). Only disttest's own hook slot is set here.
-progress.set_collective_hook(before_collective)
