@@ -12,10 +12,12 @@ import disttest
 from disttest.config import ConfigError
 from disttest.support.launchers import (
     DEFAULT_MASTER_PORT,
+    MAX_HOSTS,
     LaunchEnv,
     detect,
     expand_hostlist,
     export,
+    first_host,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,6 +46,33 @@ class HostlistTest(unittest.TestCase):
                 expand_hostlist(spec, "environment variable SLURM_STEP_NODELIST")
             self.assertIn("SLURM_STEP_NODELIST", str(ctx.exception))
             self.assertIn(repr(spec), str(ctx.exception))
+
+
+class BoundedHostlistTest(unittest.TestCase):
+    """A host list is counted before it is expanded, and its first host is
+    read without expanding it (a list of a billion hosts once took the
+    machine's memory)."""
+
+    HUGE = "n[0-999999999],m[000-999]"
+
+    def test_a_list_longer_than_the_bound_is_refused_not_expanded(self):
+        with self.assertRaises(ConfigError) as ctx:
+            expand_hostlist(self.HUGE, "environment variable SLURM_JOB_NODELIST")
+        self.assertIn(f"it names 1000001000 hosts, more than the {MAX_HOSTS}", str(ctx.exception))
+        self.assertIn("SLURM_JOB_NODELIST", str(ctx.exception))
+        # At the bound exactly, it is expanded.
+        self.assertEqual(len(expand_hostlist(f"n[1-{MAX_HOSTS}]")), MAX_HOSTS)
+
+    def test_the_first_host_without_expanding(self):
+        self.assertEqual(first_host(self.HUGE), "n0")
+        self.assertEqual(first_host("rack[07-99]-n[001-999],x"), "rack07-n001")
+        self.assertEqual(first_host("solo"), "solo")
+        with self.assertRaises(ConfigError):
+            first_host("a,n[5-")  # the whole list is checked, not only its first host
+
+    def test_detect_reads_a_huge_step_list(self):
+        env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": self.HUGE}
+        self.assertEqual(detect(env).master_addr, "n0")
 
 
 class DetectTest(unittest.TestCase):
@@ -101,6 +130,12 @@ class DetectTest(unittest.TestCase):
             ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_LOCAL_RANK", "None"),
             ({"RANK": "1.5", "WORLD_SIZE": "2"}, "RANK", "'1.5'"),
             ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "z"}, "LOCAL_RANK", "'z'"),
+            ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "5"}, "LOCAL_RANK", "5"),
+            ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "2", "SLURM_STEP_NODELIST": "a"},
+             "SLURM_LOCALID", "2"),
+            ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "  "}, "MASTER_ADDR", "'  '"),
+            ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "a", "MASTER_ADDR": ""},
+             "MASTER_ADDR", "''"),
         ]
         for env, variable, value in cases:
             with self.subTest(env=env), self.assertRaises(ConfigError) as ctx:

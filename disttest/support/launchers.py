@@ -31,10 +31,12 @@ __unittest = True
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
+    "MAX_HOSTS",
     "LaunchEnv",
     "detect",
     "expand_hostlist",
     "export",
+    "first_host",
     "resolve_rank",
 ]
 
@@ -111,22 +113,12 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 def _expand_one(host: str, spec: str, where: str) -> list[str]:
-    if "[" not in host:
-        if "]" in host or not host:
-            raise ConfigError("host list", spec, where, "expected hosts such as node[01-03,07]")
+    parsed = _brackets(host, spec, where)
+    if parsed is None:
         return [host]
-    head, _, rest = host.partition("[")
-    body, closed, tail = rest.partition("]")
-    if not closed or not body:
-        raise ConfigError("host list", spec, where, "unbalanced brackets")
+    head, ranges, tail = parsed
     names = []
-    for item in body.split(","):
-        m = _RANGE.match(item.strip())
-        if m is None:
-            raise ConfigError("host list", spec, where, f"bad range {item!r} in brackets")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
-            raise ConfigError("host list", spec, where, f"range {item!r} runs backwards")
+    for lo, hi in ranges:
         width = len(lo)  # node[01-03]: zero-padded to the width of the first bound
         names += [f"{head}{n:0{width}d}" for n in range(int(lo), int(hi) + 1)]
     return [name + suffix for name in names for suffix in _expand_one_tail(tail, spec, where)]
@@ -136,16 +128,80 @@ def _expand_one_tail(tail: str, spec: str, where: str) -> list[str]:
     return _expand_one(tail, spec, where) if tail else [""]
 
 
+#: The most hosts :func:`expand_hostlist` lists (a Slurm job names far fewer);
+#: a longer list is refused before any name is made, not expanded.
+MAX_HOSTS = 100_000
+
+
 def expand_hostlist(spec: str, where: str = "host list") -> list[str]:
     """The host names of a Slurm host list, in order, as ``scontrol show
     hostnames`` prints them: ``node[01-03,07]`` is node01, node02, node03,
-    node07; ``a,b[1-2]`` is a, b1, b2. Raises ConfigError naming ``where``."""
+    node07; ``a,b[1-2]`` is a, b1, b2. Raises ConfigError naming ``where``,
+    also for a list of more than :data:`MAX_HOSTS` hosts (counted, not
+    expanded)."""
+    parts = _parts(spec, where)
+    total = sum(_count_one(part, spec, where) for part in parts)
+    if total > MAX_HOSTS:
+        raise ConfigError("host list", spec, where,
+                          f"it names {total} hosts, more than the {MAX_HOSTS} disttest expands")
+    hosts: list[str] = []
+    for part in parts:
+        hosts += _expand_one(part, spec, where)
+    return hosts
+
+
+def first_host(spec: str, where: str = "host list") -> str:
+    """The first host of a Slurm host list, checked whole but never
+    expanded: ``n[0-999999999]`` costs as little as ``n[0-1]``."""
+    parts = _parts(spec, where)
+    for part in parts:
+        _count_one(part, spec, where)  # the whole list is checked
+    return _first_one(parts[0])
+
+
+def _parts(spec: str, where: str) -> list[str]:
     if not spec.strip():
         raise ConfigError("host list", spec, where, "it is empty")
-    hosts: list[str] = []
-    for part in _split_top(spec.strip()):
-        hosts += _expand_one(part.strip(), spec, where)
-    return hosts
+    return [part.strip() for part in _split_top(spec.strip())]
+
+
+def _brackets(host: str, spec: str, where: str) -> tuple[str, list[tuple[str, str]], str] | None:
+    """``head[ranges]tail`` as (head, [(lo, hi)...], tail); None without brackets."""
+    if "[" not in host:
+        if "]" in host or not host:
+            raise ConfigError("host list", spec, where, "expected hosts such as node[01-03,07]")
+        return None
+    head, _, rest = host.partition("[")
+    body, closed, tail = rest.partition("]")
+    if not closed or not body:
+        raise ConfigError("host list", spec, where, "unbalanced brackets")
+    ranges = []
+    for item in body.split(","):
+        m = _RANGE.match(item.strip())
+        if m is None:
+            raise ConfigError("host list", spec, where, f"bad range {item!r} in brackets")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise ConfigError("host list", spec, where, f"range {item!r} runs backwards")
+        ranges.append((lo, hi))
+    return head, ranges, tail
+
+
+def _count_one(host: str, spec: str, where: str) -> int:
+    parsed = _brackets(host, spec, where)
+    if parsed is None:
+        return 1
+    _, ranges, tail = parsed
+    names = sum(int(hi) - int(lo) + 1 for lo, hi in ranges)
+    return names * (_count_one(tail, spec, where) if tail else 1)
+
+
+def _first_one(host: str) -> str:
+    parsed = _brackets(host, host, "host list")
+    if parsed is None:
+        return host
+    head, ranges, tail = parsed
+    return head + ranges[0][0] + (_first_one(tail) if tail else "")
 
 
 def _slurm_port(env: Mapping[str, str]) -> int:
@@ -175,7 +231,7 @@ def detect(
         rank = _int(env, "RANK", "rank", 0)
         world = _int(env, "WORLD_SIZE", "world size", 1)
         local = _int(env, "LOCAL_RANK", "local rank", 0) if env.get("LOCAL_RANK") else rank
-        rank_var = "RANK"
+        rank_var, local_var = "RANK", "LOCAL_RANK"
         implied_addr: str | None = "127.0.0.1"
         implied_port = DEFAULT_MASTER_PORT
     elif env.get("SLURM_PROCID") is not None:
@@ -184,17 +240,17 @@ def detect(
         ntasks = "SLURM_NTASKS" if env.get("SLURM_NTASKS") is not None else "SLURM_NPROCS"
         world = _int(env, ntasks, "world size", 1)
         local = _int(env, "SLURM_LOCALID", "local rank", 0) if env.get("SLURM_LOCALID") else 0
-        rank_var = "SLURM_PROCID"
+        rank_var, local_var = "SLURM_PROCID", "SLURM_LOCALID"
         nodes = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
                       if env.get(v)), None)
-        implied_addr = expand_hostlist(env[nodes], f"environment variable {nodes}")[0] if nodes else None
+        implied_addr = first_host(env[nodes], f"environment variable {nodes}") if nodes else None
         implied_port = _slurm_port(env)
     elif env.get("OMPI_COMM_WORLD_RANK") is not None:
         launcher = "openmpi"
         rank = _int(env, "OMPI_COMM_WORLD_RANK", "rank", 0)
         world = _int(env, "OMPI_COMM_WORLD_SIZE", "world size", 1)
         local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "local rank", 0)
-        rank_var = "OMPI_COMM_WORLD_RANK"
+        rank_var, local_var = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"
         local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "").strip()
         implied_addr = "127.0.0.1" if local_size == str(world) else None
         implied_port = DEFAULT_MASTER_PORT
@@ -203,6 +259,14 @@ def detect(
     if rank >= world:
         raise ConfigError("rank", rank, f"environment variable {rank_var}",
                           f"expected a rank below the world size {world}")
+    if local >= world:
+        raise ConfigError("local rank", local, f"environment variable {local_var}",
+                          f"expected a local rank below the world size {world}")
+    if master_addr is not None and not master_addr.strip():
+        raise ConfigError("master address", master_addr, "master_addr", "it is blank")
+    if env.get("MASTER_ADDR") is not None and not env["MASTER_ADDR"].strip():
+        raise ConfigError("master address", env["MASTER_ADDR"], "environment variable MASTER_ADDR",
+                          "it is blank; unset it or name the master host")
     addr = master_addr or env.get("MASTER_ADDR") or implied_addr
     if not addr:
         why = OMPI_NEEDS_MASTER if launcher == "openmpi" else "expected MASTER_ADDR or a node list"
