@@ -60,6 +60,24 @@ class DeclarationTest(unittest.TestCase):
         self.assertEqual(declared_faults(decorated), (
             Fault((0, 1), "delay", "barrier", 1, 0.5), Fault((1,), "kill", "all_reduce", 3)))
 
+    def test_on_a_class_it_is_refused_not_dropped(self):
+        with self.assertRaises(ConfigError) as ctx:
+            @inject_fault(rank=1, action="kill", at="all_reduce")
+            class Suite(unittest.TestCase):
+                def test_x(self):
+                    pass
+        self.assertIn("Invalid fault target", str(ctx.exception))
+        self.assertIn("from @inject_fault", str(ctx.exception))
+        self.assertIn("Suite", str(ctx.exception))
+
+    def test_a_field_given_twice_is_refused_not_last_wins(self):
+        with self.assertRaises(ConfigError) as ctx:
+            parse_fault_spec("rank=1,action=raise,at=all_reduce,action=delay,seconds=1", "DISTTEST_FAULT")
+        self.assertIn("action= is given twice", str(ctx.exception))
+        self.assertIn("from DISTTEST_FAULT", str(ctx.exception))
+        # Two faults, each with its fields once, are fine.
+        self.assertEqual(len(parse_fault_spec("rank=1,action=raise;rank=0,action=raise", "x")), 2)
+
     def test_bad_values_name_themselves_and_their_source(self):
         cases_ = [
             (dict(rank="x", action="kill"), "Invalid fault rank 'x' from @inject_fault"),

@@ -53,6 +53,11 @@ FAULT_ENV = "DISTTEST_FAULT"
 #: The environment variable of the schedule-fuzzing seed (:func:`~disttest.faults.chaos_seed`).
 CHAOS_ENV = "DISTTEST_CHAOS"
 DECORATOR = "@inject_fault"
+#: Why ``@inject_fault`` on a class is refused.
+ON_A_CLASS = ("it decorates test methods, not classes: put it on each test method that "
+              "should see the fault (for every test of a suite, use DISTTEST_FAULT)")
+#: Why a fault that gives one field twice is refused (which one would win is a guess).
+TWICE = "{key}= is given twice; a fault has one of each field (separate faults with ';')"
 #: What a fault does to its rank, as ``action=`` spells it.
 ACTIONS = ("kill", "exit", "raise", "hang", "delay", "corrupt")
 #: Collectives a fault can be declared at, as ``torch.distributed`` spells them.
@@ -186,6 +191,9 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
     fault = make_fault(rank=rank, action=action, at=at, nth=nth, seconds=seconds, where=DECORATOR)
 
     def decorate(func: _F) -> _F:
+        if isinstance(func, type):
+            # A fault on the class would be read by no test: refused, never dropped.
+            raise ConfigError("fault target", func.__qualname__, DECORATOR, ON_A_CLASS)
         # Outermost decorator last in the source order: keep source order.
         existing = list(getattr(func, _ATTR, ()))
         setattr(func, _ATTR, (fault, *existing))
@@ -221,6 +229,8 @@ def parse_fault_spec(text: str, where: str = FAULT_ENV) -> tuple[Fault, ...]:
             if not sep or key not in _SPEC_KEYS:
                 raise ConfigError("fault field", item.strip(), where,
                                   f"expected key=value with a key of {', '.join(_SPEC_KEYS)}")
+            if key in fields:
+                raise ConfigError("fault", part, where, TWICE.format(key=key))
             fields[key] = value.strip()
         for required in ("rank", "action"):
             if required not in fields:
