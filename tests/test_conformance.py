@@ -225,6 +225,31 @@ class CliArgumentsTest(unittest.TestCase):
                 self.assertIn(fragment, proc.stderr)
 
 
+    def test_what_fails_before_any_case_runs_names_itself(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "needs_missing.py"), "w") as f:
+                f.write("import no_such_dependency_here\n")
+            with open(os.path.join(tmp, "raises_at_import.py"), "w") as f:
+                f.write("raise RuntimeError('backend library not found')\n")
+            base = ("--backend", "threaded", "--world-size", "2")
+            for args, fragment in (
+                (("--import", "needs_missing"),
+                 "--import 'needs_missing': importing it failed: ModuleNotFoundError: "
+                 "No module named 'no_such_dependency_here'"),
+                (("--import", "raises_at_import"),
+                 "--import 'raises_at_import': importing it failed: RuntimeError: backend library not found"),
+                (("--json", os.path.join(tmp, "no", "such", "report.json")),
+                 f"--json {os.path.join(tmp, 'no', 'such', 'report.json')!r}: its folder "
+                 f"{os.path.join(tmp, 'no', 'such')} does not exist"),
+                (("--json", tmp), f"--json {tmp!r}: it is a folder; name a file"),
+            ):
+                with self.subTest(args=args):
+                    proc = cli(*base, *args, cwd=tmp)
+                    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                    self.assertIn(fragment, proc.stderr)
+                    self.assertEqual(proc.stdout, "")  # no case ran
+
+
 class RunApiTest(unittest.TestCase):
     def test_run_from_a_process_with_threads(self):
         # The pool forks its ranks; a thread alive here must not send it to

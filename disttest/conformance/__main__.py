@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 
 from disttest.config import ConfigError, parse_timeout, parse_world_size
@@ -46,10 +48,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--unsupported {token!r}: {unknown[0]!r} is no tag of any case (disttest); tags are "
                          f"collectives, dtypes, ops and aspects such as noncontiguous, async, subgroup, "
                          f"barrier_waits, missing_peer, argument_errors")
+    if args.json_path:
+        problem = _unwritable(args.json_path)
+        if problem:  # found now, not after every case has run
+            parser.error(f"--json {args.json_path!r}: {problem} (disttest)")
+    for name in args.imports:
+        problem = _import_problem(name)
+        if problem:
+            parser.error(f"--import {name!r}: {problem} (disttest)")
     try:
         result = run(args.backend, world_size, args.imports, timeout, args.pattern, declared, args.lenient)
-    except ModuleNotFoundError as e:
-        parser.error(f"--import {e.name!r}: no such module (disttest)")
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     if not result.cases:
@@ -59,6 +67,32 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             f.write(result.as_json())
     return 0 if result.ok else 1
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the report could not be written to ``path``, or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a folder; name a file"
+    if not os.path.isdir(folder):
+        return f"its folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"its folder {folder} is not writable"
+    return None
+
+
+def _import_problem(name: str) -> str | None:
+    """Why module ``name`` cannot be imported, or None: a module that does
+    not exist apart from one whose own import fails."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+            return "no such module"
+        return f"importing it failed: {type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 (whatever the module raises is the user's)
+        return f"importing it failed: {type(e).__name__}: {e}"
+    return None
 
 
 if __name__ == "__main__":
