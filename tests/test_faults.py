@@ -431,11 +431,12 @@ SUITE = textwrap.dedent("""
 """)
 
 
-def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+def pytest_run(*args: str, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "test_fault_suite.py"), "w") as f:
             f.write(SUITE)
         env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+        env.update(environ or {})
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "test_fault_suite.py", *args],
                               cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
@@ -490,6 +491,23 @@ class PytestOptionsTest(unittest.TestCase):
         ]:
             with self.subTest(args=args):
                 proc = pytest_run(*args)
+                self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+                self.assertIn(message, proc.stderr)
+
+    def test_conflicting_declarations_are_usage_errors_not_last_wins(self):
+        for args, environ, message in [
+            (("--disttest-repeat", "5", "--disttest-chaos", "7"), {},
+             "Invalid repeat count '5' from --disttest-repeat (disttest): it runs seeds 1..N itself, so the "
+             "seed of --disttest-chaos would be dropped"),
+            (("--disttest-repeat", "5"), {CHAOS_ENV: "7"},
+             "so the seed of DISTTEST_CHAOS would be dropped"),
+            (("--disttest-chaos", "3"), {CHAOS_ENV: "7"},
+             "Invalid chaos seed '3' from --disttest-chaos (disttest): DISTTEST_CHAOS is also set, to '7'"),
+            (("--disttest-fault", "rank=1,action=raise"), {FAULT_ENV: "rank=0,action=raise"},
+             "Invalid fault 'rank=1,action=raise' from --disttest-fault (disttest): DISTTEST_FAULT is also set, to 'rank=0,action=raise'"),
+        ]:
+            with self.subTest(args=args, environ=environ):
+                proc = pytest_run(*args, "-k", "nothing_matches_this", environ=environ)
                 self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
                 self.assertIn(message, proc.stderr)
 

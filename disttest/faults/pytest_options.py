@@ -25,6 +25,11 @@ __all__ = ["REPEAT_SECTION", "addoption", "configure", "runtest_protocol"]
 REPEAT_SECTION = "disttest chaos"
 FAILING_SEEDS = "failing seeds: {seeds} of 1..{n} (reproduce one with {env}={first})"
 ALL_PASSED = "all {n} seeds passed ({env}=1..{n})"
+#: Why --disttest-repeat with a seed given is refused.
+REPEAT_WITH_SEED = ("it runs seeds 1..N itself, so the seed of {given} would be dropped: "
+                    "give one or the other")
+#: Why an option whose environment variable says otherwise is refused.
+OPTION_AND_ENV = "{env} is also set, to {current!r}: give one or make them agree"
 
 
 def addoption(group: Any) -> None:
@@ -44,18 +49,36 @@ def configure(config: Any) -> None:
         spec = config.getoption("disttest_fault")
         if spec is not None:
             parse_fault_spec(spec, "--disttest-fault")
-            os.environ[FAULT_ENV] = spec
+            _agrees("fault", spec, FAULT_ENV, "--disttest-fault")
         seed = config.getoption("disttest_chaos")
         if seed is not None:
-            os.environ[CHAOS_ENV] = str(parse_seed(seed, "--disttest-chaos"))
+            seed = str(parse_seed(seed, "--disttest-chaos"))
+            _agrees("chaos seed", seed, CHAOS_ENV, "--disttest-chaos")
         repeat = config.getoption("disttest_repeat")
         if repeat is not None:
             n = parse_seed(repeat, "--disttest-repeat")
             if n < 1:
                 raise ConfigError("repeat count", repeat, "--disttest-repeat", "expected an int >= 1")
+            # The repeats run seeds 1..n themselves: a seed given too would be dropped.
+            given = ("--disttest-chaos" if seed is not None else
+                     CHAOS_ENV if os.environ.get(CHAOS_ENV, "").strip() else None)
+            if given is not None:
+                raise ConfigError("repeat count", repeat, "--disttest-repeat", REPEAT_WITH_SEED.format(given=given))
             config._disttest_repeat = n
+        if spec is not None:
+            os.environ[FAULT_ENV] = spec
+        if seed is not None:
+            os.environ[CHAOS_ENV] = seed
     except ConfigError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+def _agrees(what: str, value: str, env: str, option: str) -> None:
+    """An option and its environment variable, both set, must say the same."""
+    current = os.environ.get(env, "").strip()
+    if current and current != value.strip():
+        raise ConfigError(what, value, option,
+                          OPTION_AND_ENV.format(env=env, current=current))
 
 
 def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
