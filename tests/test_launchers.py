@@ -75,6 +75,43 @@ class BoundedHostlistTest(unittest.TestCase):
         self.assertEqual(detect(env).master_addr, "n0")
 
 
+class ResolveRankTest(unittest.TestCase):
+    """run_rank's rank and world size against the launcher's: a contradiction
+    is refused at once, naming both (it once waited 86 s for the store)."""
+
+    SRUN3 = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_STEP_NODELIST": "n[1-3]"}
+
+    def resolve(self, env, *args, **kwargs):
+        from unittest import mock
+
+        from disttest.support.launchers import resolve_rank
+
+        with mock.patch.dict(os.environ, env, clear=True):
+            return resolve_rank(*args, **kwargs)
+
+    def test_contradictions_name_both_sources(self):
+        for args, kwargs, where, value in [
+            ((None, 4, False), {}, "run_rank(world_size=...)", "4"),
+            ((2, None, False), {}, "run_rank(rank=...)", "2"),
+            ((None, None, False), {"declared": 4, "declared_where": "Suite.world_size"}, "Suite.world_size", "4"),
+            ((0, 4, True), {}, "run_rank(world_size=...)", "4"),
+        ]:
+            with self.subTest(args=args, kwargs=kwargs), self.assertRaises(ConfigError) as ctx:
+                self.resolve(self.SRUN3, *args, **kwargs)
+            message = str(ctx.exception)
+            self.assertIn(f"Invalid {'rank' if 'rank=' in where else 'world size'} {value} from {where}", message)
+            self.assertIn("the launcher (slurm) gives this process a", message)
+
+    def test_agreement_and_no_launcher(self):
+        self.assertEqual(self.resolve(self.SRUN3, None, None, True, declared=3, declared_where="S.world_size"),
+                         (1, 3))
+        self.assertEqual(self.resolve(self.SRUN3, 1, 3, True), (1, 3))
+        # Both given and no launcher: nothing to check against.
+        self.assertEqual(self.resolve({}, 0, 4, True), (0, 4))
+        with self.assertRaises(ConfigError):
+            self.resolve({}, None, None, True)
+
+
 class DetectTest(unittest.TestCase):
     def test_torchrun(self):
         env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}

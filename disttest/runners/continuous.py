@@ -320,7 +320,13 @@ class MultiProcContinousTest(TestCase):
         the unittest result; the caller decides the exit status
         (``sys.exit(not result.wasSuccessful())``).
         """
-        rank, world_size = resolve_rank(rank, world_size, rdvz_file is not None)
+        # A world size the class declares (not the base's default) must be the launcher's.
+        owner = next((k for k in cls.__mro__ if "world_size" in k.__dict__), MultiProcContinousTest)
+        declared = owner.__dict__["world_size"]
+        rank, world_size = resolve_rank(
+            rank, world_size, rdvz_file is not None,
+            declared if owner is not MultiProcContinousTest and isinstance(declared, int) else None,
+            f"{owner.__qualname__}.world_size")
         cls.rank = parse_world_size(rank + 1, "run_rank(rank=...)") - 1
         cls.world_size = parse_world_size(world_size, "run_rank(world_size=...)")
         if not 0 <= rank < world_size:

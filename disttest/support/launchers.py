@@ -31,6 +31,7 @@ __unittest = True
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
+    "LAUNCHER_DISAGREES",
     "MAX_HOSTS",
     "LaunchEnv",
     "detect",
@@ -39,6 +40,9 @@ __all__ = [
     "first_host",
     "resolve_rank",
 ]
+
+#: Why a rank or world size that the launcher contradicts is refused.
+LAUNCHER_DISAGREES = "the launcher ({launcher}) gives this process a {what} of {launched}"
 
 #: The port rank 0 listens on when neither the caller nor the launcher says
 #: (torchrun's default). Under Slurm the job id picks one instead, so two
@@ -291,15 +295,35 @@ def export(launch: LaunchEnv, environ: MutableMapping[str, str] | None = None) -
     env["MASTER_PORT"] = str(launch.master_port)
 
 
-def resolve_rank(rank: int | None, world_size: int | None, rendezvous_given: bool) -> tuple[int, int]:
+def resolve_rank(rank: int | None, world_size: int | None, rendezvous_given: bool,
+                 declared: int | None = None, declared_where: str = "") -> tuple[int, int]:
     """``run_rank``'s rank and world size: as given, else from the launcher.
 
     Without a rendezvous file the launcher's values are exported for
-    ``env://``. Given values win over the environment's.
+    ``env://``. A rank or world size given (or ``declared`` by the test
+    class, at ``declared_where``) that the launcher contradicts is refused at
+    once, naming both, instead of a rendezvous that waits for ranks that
+    never come.
     """
+    try:
+        launch: LaunchEnv | None = detect()
+    except ConfigError:
+        if rank is None or world_size is None:
+            raise
+        launch = None  # both given and no usable launcher: nothing to check against
+    if launch is None:
+        assert rank is not None and world_size is not None
+        return rank, world_size
+    for what, value, where, launched in (
+        ("world size", world_size, "run_rank(world_size=...)", launch.world_size),
+        ("world size", declared if world_size is None else None, declared_where, launch.world_size),
+        ("rank", rank, "run_rank(rank=...)", launch.rank),
+    ):
+        if value is not None and value != launched:
+            raise ConfigError(what, value, where, LAUNCHER_DISAGREES.format(
+                launcher=launch.launcher, what=what, launched=launched))
     if rank is not None and world_size is not None:
         return rank, world_size
-    launch = detect()
     if not rendezvous_given:
         export(launch)
     return (launch.rank if rank is None else rank,
