@@ -129,6 +129,15 @@ class MovedPathsTest(unittest.TestCase):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         self.assertEqual(result.stdout.strip(), "ok", result.stderr)
 
+    def test_ruff_bans_exactly_the_flat_paths_in_the_code(self):
+        import tomllib
+
+        with open(os.path.join(ROOT, "ruff.toml"), "rb") as f:
+            banned = tomllib.load(f)["lint"]["flake8-tidy-imports"]["banned-api"]
+        self.assertEqual(sorted(banned), sorted(f"disttest.{old}" for old in _moved.MOVED))
+        for old, new in _moved.MOVED.items():
+            self.assertIn(f"use {new} ", banned[f"disttest.{old}"]["msg"])
+
     def test_a_new_name_is_not_aliased(self):
         with self.assertRaises(AttributeError):
             disttest.no_such_module  # noqa: B018

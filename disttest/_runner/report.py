@@ -92,7 +92,7 @@ class RankReport(Exception):
         """The message without its per-rank sections: the header, what was
         injected, and anything added after (kept logs)."""
         message = str(self.args[0]) if self.args else ""
-        details = "".join(f"\n\n{text}" for _, text in self.sections)
+        details = _details(self.sections)
         return message.replace(details, "", 1) if details and details in message else message
 
 
@@ -219,7 +219,12 @@ def format_report(test: str, world_size: int, timeout: float | None,
     """The message: a header naming the failing ranks, then each rank's
     cause, identical ones grouped ("ranks 1, 2/4: ...")."""
     head, sections = report_parts(test, world_size, timeout, outcomes, verdict)
-    return "\n".join(head + [f"\n{text}" for _, text in sections])
+    return "\n".join(head) + _details(sections)
+
+
+def _details(sections: Sequence[tuple[str, str]]) -> str:
+    """The sections as the message carries them, after its header lines."""
+    return "".join(f"\n\n{text}" for _, text in sections)
 
 
 def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Sequence[Outcome],
@@ -288,7 +293,7 @@ def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | Non
     cls: type[RankReport] = RankFailure if failed else RankError
     outcomes = verdict.outcomes
     head, sections = report_parts(test, world_size, timeout, outcomes, verdict.status.value)
-    message = "\n".join(head + [f"\n{text}" for _, text in sections])
+    message = "\n".join(head) + _details(sections)
     if keep_logs is not None and settings.keep_logs():
         message += "\n\n" + LOGS_KEPT.format(folder=keep_logs(test))
     report = cls(message, test, world_size, timeout, outcomes, sections)
