@@ -102,7 +102,21 @@ class Processes(DTensorTestBase):
         self.assertEqual(torch.initial_seed(), self.rank)
 
 
-class FourRanks(DTensorTestBase):
+class _FailsInFullTensor:
+    """Issue 24: rank 2 fails while its peers are in ``full_tensor()``; with_comms
+    destroys rank 2's group as it leaves, which breaks their all_gather
+    before rank 2 has reported. One cause (rank 2), whatever the timing."""
+
+    @with_comms
+    def test_rank_2_fails_in_full_tensor(self):
+        mesh = self.build_device_mesh()
+        d = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+        if self.rank == 2:
+            self.assertEqual(self.rank, 0, "rank 2 disagrees")
+        d.full_tensor()
+
+
+class FourRanks(_FailsInFullTensor, DTensorTestBase):
     """The default world size (NUM_DEVICES: 4 on a CPU host)."""
 
     @with_comms
@@ -125,6 +139,16 @@ class Pool(DTensorContinuousTestBase):
     def test_c_still_runs(self):
         self.assertEqual(self.device_type, "cpu")
         shard_roundtrip(self, self.build_device_mesh())
+
+
+class FourRanksPool(_FailsInFullTensor, DTensorContinuousTestBase):
+    world_size = 4
+
+
+class FourThreads(_FailsInFullTensor, DTensorOpTestBase):
+    @property
+    def world_size(self):
+        return 4
 
 
 class Threads(DTensorOpTestBase):

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import unittest
+import warnings
 from multiprocessing import resource_tracker
 
 import psutil
@@ -112,6 +113,26 @@ class Behaviours:
         if self.rank == 1:
             raise RuntimeError("early failure")
         dist.barrier()  # never completes: rank 1 is gone
+
+    def test_wide_assert_while_peers_gather(self):
+        # The peers wait in a collective issued from C++ (functional
+        # collectives: disttest's tracking does not see the call), broken
+        # when rank 2 leaves: their errors are its consequences, whatever
+        # the timing.
+        from torch.distributed import _functional_collectives as funcol
+
+        self.init()
+        if self.rank == 2:
+            self.assertEqual(self.rank, 0, "rank 2 disagrees")
+        with warnings.catch_warnings():  # deprecated in newer torch, the only spelling in older
+            warnings.simplefilter("ignore", FutureWarning)
+            funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD).wait()
+
+    def test_wide_assert_while_peers_reduce(self):
+        self.init()
+        if self.rank == 2:
+            self.assertEqual(self.rank, 0, "rank 2 disagrees")
+        dist.all_reduce(torch.ones(2))
 
     def test_hang(self):
         self.init()

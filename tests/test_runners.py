@@ -130,6 +130,19 @@ class BehaviourTest(unittest.TestCase):
                 self.assertIn("rank 1/2: RuntimeError: early failure", text)
                 self.assertLess(elapsed, 6, "the waiting rank held the test")
 
+    def test_an_assertion_while_peers_wait_is_the_one_cause(self):
+        # Issue 24: the peers' broken collectives are consequences and the
+        # test a FAIL naming rank 2, in every run (more runs, under load:
+        # benchmarks/verdicts.py).
+        for body in ("test_wide_assert_while_peers_gather", "test_wide_assert_while_peers_reduce"):
+            for _ in range(3):
+                for sub, result, _ in self.each(body):
+                    with sub:
+                        self.assertEqual(result.errors, [])
+                        text = self.only(result.failures)
+                        header = f"{body!r} failed (disttest): "
+                        self.assertIn(header + "rank 2/4 raised AssertionError\n", text)
+
     def test_hang_reports_the_stack_at_the_timeout(self):
         for sub, result, elapsed in self.each("test_hang"):
             with sub:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import unittest
 
-from disttest._runner.outcome import ExitStatus, Kind, Outcome
-from disttest._runner.verdict import Status, ended, judge, reclassified
+import torch
+import torch.distributed as dist
+
+from disttest._runner.outcome import ExitStatus, Kind, Outcome, comm_site, outcome_from_exception
+from disttest._runner.progress import InFlight
+from disttest._runner.verdict import Status, ended, explain, judge, reclassified
 
 
 def o(rank: int, kind: Kind, message: str = "", **fields) -> Outcome:
@@ -74,6 +79,126 @@ class JudgeTest(unittest.TestCase):
         with self.assertRaises(AttributeError):
             verdict.status = Status.FAILED  # type: ignore[misc]
         self.assertIsInstance(verdict.outcomes, tuple)
+
+
+LOST = "[pair.cc:553] Connection closed by peer [127.0.0.1]:4481"
+
+
+def comm(rank: int, message: str = LOST, at: float = 0.0) -> Outcome:
+    return Outcome(rank, Kind.ERRORED, "RuntimeError", message, comm="DTensor.full_tensor", at=at)
+
+
+def kinds(outcomes: dict) -> dict:
+    return {r: x.kind for r, x in sorted(outcomes.items())}
+
+
+class ExplainTest(unittest.TestCase):
+    """Cause and consequence from facts (issue 24): never from timing."""
+
+    def test_communication_errors_are_consequences_of_an_assertion_whatever_the_order(self):
+        failed = o(2, Kind.FAILED, "rank 2 disagrees")
+        # Every order of the ranks' report times, the failing rank first or last.
+        for times in itertools.permutations([1.0, 2.0, 3.0, 4.0]):
+            with self.subTest(times=times):
+                facts = {0: comm(0, at=times[0]), 1: comm(1, at=times[1]), 3: comm(3, at=times[3]),
+                         2: Outcome(2, Kind.FAILED, "AssertionError", "no", at=times[2])}
+                out = explain(facts, 4, {}, {})
+                self.assertEqual(kinds(out), {0: Kind.STOPPED, 1: Kind.STOPPED, 2: Kind.FAILED, 3: Kind.STOPPED})
+                self.assertEqual(out[3].detail,
+                                 "rank 3/4 failed in DTensor.full_tensor after rank 2/4 had failed")
+                self.assertEqual(judge(list(out.values())).status, Status.FAILED)
+        self.assertIs(failed.kind, Kind.FAILED)
+
+    def test_the_facts_are_not_changed(self):
+        facts = {0: comm(0), 1: o(1, Kind.FAILED)}
+        explain(facts, 2, {}, {})
+        self.assertIs(facts[0].kind, Kind.ERRORED)
+
+    def test_any_own_end_explains_them(self):
+        for own in (o(1, Kind.ERRORED, "boom"), Outcome(1, Kind.CRASHED, exit=ExitStatus(signal=9)),
+                    o(1, Kind.TIMED_OUT), o(1, Kind.DESYNC, "rank 3/4 finished; {who} {waits} in x")):
+            with self.subTest(own=own.kind):
+                out = explain({0: comm(0), 1: own}, 2, {}, {})
+                self.assertEqual(kinds(out), {0: Kind.STOPPED, 1: own.kind})
+                self.assertIn("after rank 1/2 had failed", out[0].detail)
+
+    def test_a_skip_explains_them_and_the_test_skips(self):
+        out = explain({0: comm(0), 1: o(1, Kind.SKIPPED, "no GPU")}, 2, {}, {})
+        self.assertEqual(out[0].detail, "rank 0/2 failed in DTensor.full_tensor after rank 1/2 had skipped")
+        self.assertEqual(judge(list(out.values())).status, Status.SKIPPED)
+
+    def test_a_peer_lost_error_is_a_consequence_of_another_communication_error(self):
+        own = comm(1, "Tensors must be contiguous")
+        out = explain({0: comm(0), 1: own, 2: comm(2, "Connection reset by peer")}, 3, {}, {})
+        self.assertEqual(kinds(out), {0: Kind.STOPPED, 1: Kind.ERRORED, 2: Kind.STOPPED})
+        self.assertIn("after rank 1/3 had failed", out[2].detail)
+
+    def test_peer_lost_errors_alone_after_a_peer_finished_are_a_desync(self):
+        out = explain({0: o(0, Kind.PASSED), 1: comm(1)}, 2, {}, {})
+        self.assertEqual(out[1].kind, Kind.DESYNC)
+        self.assertEqual(out[1].detail, "rank 0/2 finished; {who} {waits} in DTensor.full_tensor")
+
+    def test_communication_errors_alone_stay_causes(self):
+        out = explain({0: comm(0), 1: comm(1)}, 2, {}, {})
+        self.assertEqual(kinds(out), {0: Kind.ERRORED, 1: Kind.ERRORED})
+
+    def test_an_error_the_board_saw_in_a_collective_counts_as_communication(self):
+        flight = InFlight(0, "all_reduce", 2, "default", (0, 1))
+        plain = Outcome(0, Kind.ERRORED, "RuntimeError", LOST)  # no torch.distributed frame known
+        out = explain({0: plain, 1: o(1, Kind.FAILED)}, 2, {}, {0: flight})
+        self.assertEqual(out[0].detail, "rank 0/2 failed in all_reduce #2 of the default group "
+                                        "after rank 1/2 had failed")
+        self.assertEqual(explain({0: plain, 1: o(1, Kind.FAILED)}, 2, {}, {})[0].kind, Kind.ERRORED)
+
+    def test_a_finished_peer_that_never_entered_the_collective_makes_a_desync(self):
+        flight = InFlight(1, "all_reduce", 2, "default", (0, 1))
+        out = explain({0: o(0, Kind.PASSED), 1: comm(1)}, 2, {1: (0, flight)}, {1: flight})
+        self.assertEqual(out[1].detail, "rank 0/2 finished; {who} {waits} in all_reduce #2 of the default group")
+
+
+class CommSiteTest(unittest.TestCase):
+    """Whether an error came out of torch.distributed: a fact of its traceback."""
+
+    @staticmethod
+    def caught(func) -> BaseException:
+        try:
+            func()
+        except BaseException as e:  # noqa: BLE001
+            return e
+        raise AssertionError("did not raise")
+
+    def test_an_error_out_of_a_collective(self):
+        exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))  # no group: raised by torch.distributed
+        self.assertEqual(comm_site(exc), "all_reduce")
+        self.assertEqual(outcome_from_exception(0, exc).comm, "all_reduce")
+
+    def test_the_tests_own_error(self):
+        def own():
+            raise RuntimeError("Connection closed by peer")  # the words do not make it one
+
+        self.assertEqual(comm_site(self.caught(own)), "")
+        self.assertEqual(outcome_from_exception(0, self.caught(own)).comm, "")
+
+    def test_an_error_of_a_callback_torch_distributed_called_is_the_tests_own(self):
+        from torch.distributed.distributed_c10d import _object_to_tensor
+
+        class Hostile:
+            def __reduce__(self):
+                raise ValueError("cannot pickle me")
+
+        exc = self.caught(lambda: _object_to_tensor(Hostile(), torch.device("cpu"), None))
+        self.assertEqual(comm_site(exc), "")
+
+    def test_a_dist_error_anywhere(self):
+        def raise_it():
+            raise dist.DistBackendError("gloo says no")
+
+        self.assertEqual(comm_site(self.caught(raise_it)), "DistBackendError")
+
+    def test_an_assertion_is_never_communication(self):
+        exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))
+        self.assertEqual(outcome_from_exception(0, AssertionError("x")).comm, "")
+        self.assertEqual(outcome_from_exception(0, exc).kind, Kind.ERRORED)
 
 
 if __name__ == "__main__":

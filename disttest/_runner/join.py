@@ -16,7 +16,7 @@ from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
-from disttest._runner.verdict import ended, reclassified
+from disttest._runner.verdict import DESYNC_DETAIL, ended, explain
 
 __unittest = True
 
@@ -26,8 +26,6 @@ POLL_INTERVAL = 0.01
 #: After the first failure, how long the other ranks get to report their own
 #: (ranks often fail together, a few ms apart) before they are stopped.
 FAIL_GRACE = 0.5
-DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
-CONSEQUENCE = "rank {rank}/{world} failed in {what} after rank {peer}/{world} had failed"
 
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
@@ -49,41 +47,21 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 
-def _explain_errors(launcher: Launcher, outcomes: dict[int, Outcome], seen: dict[int, int],
-                    world: int) -> list[int]:
-    """Explain every errored rank that can be; return the finished ranks.
-    ``seen[rank]`` is the poll in which the rank's end was seen."""
-    finished = [r for r, o in outcomes.items() if o.kind in (Kind.PASSED, Kind.SKIPPED)]
-    for r, o in list(outcomes.items()):
+def _judged(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> dict[int, Outcome]:
+    """The outcomes with their errors judged as causes or consequences
+    (:func:`~.verdict.explain`, from the facts the board holds)."""
+    finished = [r for r, o in outcomes.items() if _passed(o)]
+    desyncs: dict[int, tuple[int, InFlight]] = {}
+    flights: dict[int, InFlight] = {}
+    for r, o in outcomes.items():
         if o.kind is Kind.ERRORED:
-            earlier = [p for p, q in outcomes.items() if q.kind.is_cause and _before(q, o, seen)]
-            outcomes[r] = _explain(launcher, o, finished, earlier, world)
-    return finished
-
-
-def _before(a: Outcome, b: Outcome, seen: dict[int, int]) -> bool:
-    """Whether rank ``a``'s test ended before rank ``b``'s: by the times the
-    ranks reported when both did, else by the poll that saw each end."""
-    if a.at and b.at:
-        return a.at < b.at
-    late = float("inf")  # stopped by disttest: after every rank that ended
-    return seen.get(a.rank, late) < seen.get(b.rank, late)
-
-
-def _explain(launcher: Launcher, o: Outcome, finished: list[int], failed_before: list[int],
-             world: int) -> Outcome:
-    """A rank that raised inside a collective, judged again: a desync if a
-    finished peer never entered it; a consequence if a peer in it had
-    already failed (its leaving broke the collective or the rendezvous)."""
-    found = launcher.desync([o.rank], finished, ended=True)
-    if found:
-        return reclassified(o, Kind.DESYNC, _desync_detail(found[0], world))
-    found = launcher.desync([o.rank], failed_before, ended=True, entered_counts=False)
-    if found:
-        peer, flight = found[0]
-        return reclassified(o, Kind.STOPPED, CONSEQUENCE.format(rank=o.rank, world=world,
-                                                                 what=flight.describe(), peer=peer))
-    return o
+            found = launcher.desync([r], finished, ended=True)
+            if found:
+                desyncs[r] = found[0]
+            found = launcher.desync([r], [p for p in range(world) if p != r], ended=True, entered_counts=False)
+            if found:
+                flights[r] = found[0][1]
+    return explain(outcomes, world, desyncs, flights)
 
 
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
@@ -112,23 +90,20 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     world = launcher.world_size
     deadline = time.monotonic() + timeout
     grace_end: float | None = None
-    outcomes: dict[int, Outcome] = {}
-    seen: dict[int, int] = {}
-    polls = 0
+    outcomes: dict[int, Outcome] = {}  # the facts: as each rank ended
     while True:
-        polls += 1
         for r, status in launcher.poll().items():
             if r not in outcomes:
                 outcomes[r] = _ended(launcher, r, status)
-                seen[r] = polls
-        # Re-judged on every poll: the peer that explains an error may be
-        # seen to end a little after the rank that raised.
-        finished = _explain_errors(launcher, outcomes, seen, world)
+        # Judged again on every poll from all the facts so far, never from
+        # an earlier judgement: which rank was seen to end first decides nothing.
+        judged = _judged(launcher, outcomes, world)
+        finished = [r for r, o in judged.items() if _passed(o)]
         live = [r for r in range(world) if r not in outcomes]
         if not live:
             break
         if grace_end is None and any(o.kind.is_cause and not (expected_end and expected_end(o.rank))
-                                     for o in outcomes.values()):
+                                     for o in judged.values()):
             grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
         if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, live, outcomes, {}, {})
@@ -149,5 +124,5 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         launcher.pump_output()
         launcher.wait(poll_interval)
     launcher.pump_output(final=True)
-    _explain_errors(launcher, outcomes, seen, world)
-    return [outcomes[r] for r in range(world)]
+    judged = _judged(launcher, outcomes, world)
+    return [judged[r] for r in range(world)]

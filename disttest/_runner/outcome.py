@@ -21,7 +21,8 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["MAX_TEXT", "in_phase", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "outcome_from_exception", "safe_str"]
+__all__ = ["COMM_MODULES", "MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
+           "outcome_from_exception", "safe_str"]
 
 
 class Kind(str, enum.Enum):
@@ -104,6 +105,10 @@ class Outcome:
     #: Processes the rank started that were still running when its test
     #: ended, killed by disttest ("pid 123: sleep 300").
     left_running: list[str] = field(default_factory=list)
+    #: For an error: the torch.distributed function the test called that it
+    #: came out of ("DTensor.full_tensor", "all_reduce"), "" when it came
+    #: from the test's own code (see :func:`comm_site`).
+    comm: str = ""
 
     @property
     def skip_reason(self) -> str:
@@ -248,7 +253,50 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
     message = safe_str(exc)
     if len(message) > MAX_TEXT or len(text) > MAX_TEXT:
         _keep_whole(text)
-    return Outcome(rank, kind, name, cap(message), cap(text), tb_data=_tb_data(exc))
+    return Outcome(rank, kind, name, cap(message), cap(text), tb_data=_tb_data(exc),
+                   comm=comm_site(exc) if kind is Kind.ERRORED else "")
+
+
+#: Modules whose frames at the end of a traceback mean that communication
+#: failed: torch.distributed's, and disttest's own process groups.
+COMM_MODULES = ("torch.distributed", "disttest.pg")
+#: Exception classes torch.distributed raises from C++ (``DistError`` and
+#: its subclasses), found by name so this module needs no torch.
+_DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+
+
+def _module(frame: FrameType) -> str:
+    name = frame.f_globals.get("__name__", "")
+    return name if isinstance(name, str) else ""
+
+
+def comm_site(exc: BaseException) -> str:
+    """The torch.distributed function the test called that ``exc`` came out
+    of, or "" when it came from the test's own code.
+
+    A fact of the traceback, not of timing: after the test's last frame
+    (the last one outside torch and disttest) there is a frame of
+    torch.distributed (or of disttest's groups). An error raised by code
+    torch called back (a hook of the test) has the test's frame last, so it
+    is the test's own. ``DistError`` and its subclasses count wherever they
+    were raised.
+    """
+    frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
+    modules = [_module(f) for f in frames]
+
+    def harness(i: int) -> bool:
+        m = modules[i]
+        return m == "torch" or m.startswith("torch.") or "__unittest" in frames[i].f_globals
+
+    last_own = max((i for i in range(len(frames)) if not harness(i)), default=-1)
+    calls = [frames[i].f_code for i in range(last_own + 1, len(frames)) if modules[i].startswith(COMM_MODULES)]
+    if calls:
+        # The first named function ("wrapper" of a decorator is no name).
+        names = [getattr(c, "co_qualname", c.co_name) for c in calls]
+        return next((n for n in names if "<locals>" not in n), calls[0].co_name)
+    if any(c.__name__ in _DIST_ERRORS for c in type(exc).__mro__):
+        return type(exc).__qualname__
+    return ""
 
 
 def _keep_whole(text: str) -> None:

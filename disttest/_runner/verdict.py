@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Collection, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
+from disttest._runner.progress import RECORDER, InFlight
 
 __unittest = True
 
-__all__ = ["Status", "Verdict", "ended", "judge", "reclassified"]
+__all__ = ["CONSEQUENCE", "DESYNC_DETAIL", "PEER_LOST", "Status", "Verdict", "ended", "explain", "judge",
+           "reclassified"]
 
 HARD = (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT)
+DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
+CONSEQUENCE = "rank {rank}/{world} failed in {what} after {peers} had {how}"
+#: What a backend says when a peer went away: the error of a rank whose
+#: peer left, not of the rank itself (gloo, nccl, TCPStore, TensorPipe).
+PEER_LOST = re.compile(
+    r"closed by peer|reset by peer|broken pipe|connection (was )?(closed|reset|refused|aborted)"
+    r"|remote (worker|process|end)|peer (closed|hung up|disconnected)|communicator was aborted"
+    r"|timed? ?out|timeout", re.IGNORECASE)
 
 
 class Status(str, enum.Enum):
@@ -66,6 +77,63 @@ def ended(rank: int, reported: Outcome | None, status: ExitStatus, output: str =
 def reclassified(outcome: Outcome, kind: Kind, detail: str) -> Outcome:
     """``outcome`` judged again as ``kind`` (a desync, a consequence), saying why."""
     return dataclasses.replace(outcome, kind=kind, detail=detail)
+
+
+def _who(ranks: Sequence[int], world: int) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}/{world}"
+
+
+def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, tuple[int, InFlight]],
+            flights: Mapping[int, InFlight]) -> dict[int, Outcome]:
+    """The ranks' errors judged as causes or consequences, from facts only.
+
+    ``desyncs[rank]``: a finished peer never entered the collective the rank
+    raised in (as the board counted); ``flights[rank]``: the collective it
+    raised in, when known. An error is *communication* when it came out of
+    torch.distributed (``Outcome.comm``, from the traceback) or out of a
+    collective the board saw fail. Then, whatever the timing:
+
+    - a communication error in a collective a finished peer never entered
+      is a desync;
+    - communication errors are consequences of every rank's own end (a
+      failure, a crash, a timeout, a desync, any other error, a skip);
+    - with none, errors that say a peer went away (:data:`PEER_LOST`) are
+      consequences of the other communication errors; with none of those
+      either, and a peer that finished, they are a desync;
+    - what is left stays a cause.
+    """
+    out = dict(outcomes)
+    for r, (peer, flight) in desyncs.items():
+        if out[r].kind is Kind.ERRORED:
+            out[r] = reclassified(out[r], Kind.DESYNC, DESYNC_DETAIL.format(peer=peer, world=world,
+                                                                              what=flight.describe()))
+    comm = sorted(r for r, o in out.items() if o.kind is Kind.ERRORED and (o.comm or r in flights))
+    own = sorted(r for r, o in out.items() if r not in comm and (o.kind.is_cause or o.kind is Kind.SKIPPED))
+    lost = [r for r in comm if PEER_LOST.search(out[r].message)]
+    causes, effects = own, comm
+    if not own:
+        causes = [r for r in comm if r not in lost]
+        effects = lost if causes else []
+        finished = sorted(r for r, o in out.items() if o.kind is Kind.PASSED)
+        if not causes and finished:
+            for r in lost:
+                out[r] = reclassified(out[r], Kind.DESYNC, DESYNC_DETAIL.format(
+                    peer=finished[0], world=world, what=_what(out[r], flights.get(r))))
+    if effects:
+        how = "skipped" if all(out[c].kind is Kind.SKIPPED for c in causes) else "failed"
+        for r in effects:
+            out[r] = reclassified(out[r], Kind.STOPPED, CONSEQUENCE.format(
+                rank=r, world=world, what=_what(out[r], flights.get(r)), peers=_who(causes, world), how=how))
+    return out
+
+
+def _what(o: Outcome, flight: InFlight | None) -> str:
+    """The collective a rank raised in: as the board saw it called from
+    Python, else the torch.distributed function (a fact of the traceback),
+    else as the flight recorder saw it."""
+    if flight is not None and not (o.comm and flight.group.startswith(RECORDER)):
+        return flight.describe()
+    return o.comm
 
 
 def judge(outcomes: Sequence[Outcome], always_failure: bool = False,
