@@ -126,6 +126,29 @@ class FaultBodies:
             self.assertEqual(floats, want_f)
         self.assertEqual(ints, torch.arange(-3, 3) * 2)
 
+    @inject_fault(rank=1, action="corrupt")  # at="any": the first collective is a barrier
+    def test_corrupt_lands_on_a_barrier(self):
+        self.init()
+        dist.barrier()
+        dist.all_reduce(torch.ones(2))
+
+    @inject_fault(rank=[0, 1], action="kill", at="all_reduce")
+    def test_every_rank_killed(self):
+        self.init()
+        dist.all_reduce(torch.ones(2))
+        self.fail("never reached: every rank dies first")
+
+    @inject_fault(rank=[0, 1], action="kill", at="all_reduce", ends_test=True)
+    def test_every_rank_killed_as_declared(self):
+        self.init()
+        dist.all_reduce(torch.ones(2))
+
+    @inject_fault(rank=1, action="kill", at="all_reduce")
+    @inject_fault(rank=1, action="raise", at="all_reduce")
+    def test_two_faults_on_one_call(self):
+        self.init()
+        dist.all_reduce(torch.ones(2))
+
     @inject_fault(rank=1, action="kill", at="all_reduce", nth=5)
     def test_unfired(self):
         self.init()

@@ -26,9 +26,10 @@ from disttest.faults import (
     declared_faults,
     env_faults,
     parse_fault_spec,
+    test_faults,
 )
 from disttest.faults import rank as _faults_rank
-from disttest.faults.judge import INJECTED, judge_injected
+from disttest.faults.judge import ALL_DIED, INJECTED, judge_injected
 from disttest.faults.rank import (
     CHAOS_LONG,
     _local,
@@ -89,7 +90,10 @@ class DeclarationTest(unittest.TestCase):
             (dict(rank=1, action="delay"), "Invalid fault seconds None"),
             (dict(rank=1, action="delay", seconds=-1), "Invalid fault seconds -1"),
             (dict(rank=1, action="kill", seconds=1), "only action 'delay' takes seconds"),
-            (dict(rank=1, action="corrupt", at="barrier"), "barrier receives no values"),
+            (dict(rank=1, action="corrupt", at="barrier"), "barrier receives no tensor values"),
+            (dict(rank=1, action="corrupt", at="all_gather_object"), "all_gather_object receives no tensor"),
+            (dict(rank=1, action="raise", ends_test=True), "only a death (kill or exit) can end the test"),
+            (dict(rank=1, action="kill", ends_test="maybe"), "Invalid fault ends_test 'maybe'"),
         ]
         for kwargs, message in cases_:
             with self.subTest(**{k: repr(v) for k, v in kwargs.items()}):
@@ -113,6 +117,37 @@ class DeclarationTest(unittest.TestCase):
             with self.subTest(text=text), self.assertRaises(ConfigError) as cm:
                 env_faults({FAULT_ENV: text})
             self.assertIn(message, str(cm.exception))
+
+    def test_ends_test_in_a_spec(self):
+        self.assertTrue(parse_fault_spec("rank=1,action=kill,ends_test=1")[0].ends_test)
+        self.assertFalse(parse_fault_spec("rank=1,action=kill,ends_test=no")[0].ends_test)
+        self.assertIn(", ends the test (from", parse_fault_spec("rank=1,action=exit,ends_test=true")[0].describe())
+
+    def test_two_faults_on_one_call_of_one_rank_are_refused(self):
+        # Issue 24: kill then raise on rank 1's first all_reduce reported the
+        # raise as "never fired" after the test had run.
+        def body():
+            pass
+
+        inject_fault(rank=1, action="kill", at="all_reduce")(inject_fault(rank=[0, 1], action="raise",
+                                                                          at="all_reduce")(body))
+        with self.assertRaises(ConfigError) as cm:
+            test_faults(body, {})
+        self.assertIn("Invalid fault 'rank 1 raise at all_reduce #1' from @inject_fault (disttest): "
+                      "rank 1 kill at all_reduce #1 (from @inject_fault) acts on the same call", str(cm.exception))
+        # Across sources: the decorator's and DISTTEST_FAULT's.
+        def other():
+            pass
+
+        inject_fault(rank=1, action="corrupt", at="all_reduce", nth=2)(other)
+        with self.assertRaises(ConfigError) as cm:
+            test_faults(other, {FAULT_ENV: "rank=1,action=hang,at=all_reduce,nth=2"})
+        self.assertIn("from DISTTEST_FAULT", str(cm.exception))
+        # Delays share a call with anything; other calls or ranks do not collide.
+        inject_fault(rank=1, action="delay", at="all_reduce", nth=2, seconds=0.1)(other)
+        inject_fault(rank=0, action="kill", at="all_reduce", nth=2)(other)
+        inject_fault(rank=1, action="kill", at="all_reduce", nth=3)(other)
+        self.assertEqual(len(test_faults(other, {})), 4)
 
     def test_chaos_seed(self):
         self.assertIsNone(chaos_seed({}))
@@ -202,6 +237,21 @@ class JudgeTest(unittest.TestCase):
         self.assertEqual(judged[0].message, "did not survive the injected fault (rank 1 killed at "
                                             "all_reduce #3): Connection closed by peer")
         self.assertEqual([o.message for o in judged[2:]], ["earlier", "wrong"])
+
+    def test_every_rank_dead_is_an_error_unless_each_death_ends_the_test(self):
+        outcomes = [Outcome(0, Kind.CRASHED, exit=ExitStatus(signal=9)),
+                    Outcome(1, Kind.CRASHED, exit=ExitStatus(signal=9))]
+        fired = {r: [{"fault": 0, "action": "kill", "what": f"rank {r} killed at all_reduce #1", "t": 1.0}]
+                 for r in (0, 1)}
+        judged = judge_injected(outcomes, [Fault((0, 1), "kill", "all_reduce")], fired)
+        self.assertEqual([o.kind for o in judged], [Kind.ERRORED, Kind.PASSED])
+        self.assertEqual(judged[0].message, ALL_DIED.format(
+            faults="rank 0 killed at all_reduce #1; rank 1 killed at all_reduce #1"))
+        ending = Fault((0, 1), "kill", "all_reduce", ends_test=True)
+        self.assertEqual([o.kind for o in judge_injected(outcomes, [ending], fired)], [Kind.PASSED] * 2)
+        # One rank left alive, or dead on its own: not every rank died by a fault.
+        one = {1: fired[1]}
+        self.assertEqual(judge_injected(outcomes, [Fault((1,), "kill", "all_reduce")], one)[0].kind, Kind.CRASHED)
 
     def test_unfired_fault_is_an_error_naming_it(self):
         outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.PASSED)]
@@ -318,6 +368,33 @@ class RunnerFaultsTest(unittest.TestCase):
         for runner, result, _ in self.each("test_corrupt_outputs_of_other_collectives", (cases.ThreadFaults,)):
             with self.subTest(runner=runner.__name__):
                 self.assert_passed(result)
+
+    def test_a_corrupt_that_lands_where_nothing_is_received_is_an_error(self):
+        for runner, result, _ in self.each("test_corrupt_lands_on_a_barrier"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("rank 1/2 raised ConfigError", text)
+                self.assertIn("Invalid fault 'corrupt at collective #1' from @inject_fault (disttest): it landed on "
+                              "barrier #1, which gave rank 1 no tensor values to corrupt", text)
+                self.assertIn("rank 1 could not corrupt barrier #1", text)
+                self.assertNotIn("corrupted its received values", text)
+
+    def test_every_rank_killed_is_not_a_pass(self):
+        for runner, result, _ in self.each("test_every_rank_killed"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn(ALL_DIED.format(faults="rank 0 killed at all_reduce #1; rank 1 killed at "
+                                                     "all_reduce #1"), text)
+        for runner, result, _ in self.each("test_every_rank_killed_as_declared"):
+            with self.subTest(runner=runner.__name__, declared=True):
+                self.assert_passed(result)
+
+    def test_two_faults_on_one_call_are_refused_before_any_rank_starts(self):
+        for runner, result, _ in self.each("test_two_faults_on_one_call"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("acts on the same call", text)
+                self.assertNotIn("rank 1/2", text)  # no rank ran it
 
     def test_unfired_fault_is_an_error(self):
         for runner, result, _ in self.each("test_unfired"):

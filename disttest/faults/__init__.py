@@ -34,6 +34,7 @@ __unittest = True
 __all__ = [
     "ACTIONS",
     "CHAOS_ENV",
+    "DEATHS",
     "FAULT_ENV",
     "OPS",
     "Fault",
@@ -58,13 +59,23 @@ ON_A_CLASS = ("it decorates test methods, not classes: put it on each test metho
               "should see the fault (for every test of a suite, use DISTTEST_FAULT)")
 #: Why a fault that gives one field twice is refused (which one would win is a guess).
 TWICE = "{key}= is given twice; a fault has one of each field (separate faults with ';')"
+#: Why a second fault on a call another fault (not a delay) acts on is refused.
+SAME_CALL = ("{first} acts on the same call; only delays can share a call with another fault "
+             "(a kill, exit, raise or hang ends the call, and a second corrupt would undo the first)")
 #: What a fault does to its rank, as ``action=`` spells it.
 ACTIONS = ("kill", "exit", "raise", "hang", "delay", "corrupt")
+#: The actions that end their rank.
+DEATHS = ("kill", "exit")
 #: Collectives a fault can be declared at, as ``torch.distributed`` spells them.
 OPS = (*COLLECTIVES, *P2P_OPS)
 ANY = "any"
-#: Ops that receive no values: nothing there to corrupt.
-NO_VALUES = ("barrier", "monitored_barrier", "send", "isend")
+#: Ops that receive no tensor values: nothing there to corrupt.
+NO_VALUES = ("barrier", "monitored_barrier", "send", "isend", "all_gather_object", "broadcast_object_list",
+             "gather_object", "scatter_object_list")
+#: Why a corrupt fault that landed where the rank received no tensor values
+#: (at="any" on a barrier, a gather's non-destination rank) is an error.
+CANNOT_CORRUPT = ("it landed on {op} #{nth}, which gave rank {rank} no tensor values to corrupt; "
+                  "declare it at= a collective that does, or with a different nth=")
 _ATTR = "__disttest_faults__"
 
 
@@ -99,13 +110,21 @@ class Fault:
     nth: int = 1
     seconds: float | None = None
     where: str = DECORATOR
+    #: A death (kill, exit) that may end the test: when every rank dies by
+    #: such faults the test passes (else that is an error: nothing was checked).
+    ends_test: bool = False
 
     def describe(self, rank: int | None = None) -> str:
         """``rank 1 kill at all_reduce #3 (from @inject_fault)``."""
+        return f"{self.what(rank)} (from {self.where})"
+
+    def what(self, rank: int | None = None) -> str:
+        """``rank 1 kill at all_reduce #3``."""
         who = f"rank {rank}" if rank is not None else (
             "rank " + "|".join(map(str, self.ranks)))
         action = self.action + (f" {self.seconds}s" if self.seconds is not None else "")
-        return f"{who} {action} at {self.at_text()} (from {self.where})"
+        ends = ", ends the test" if self.ends_test else ""
+        return f"{who} {action} at {self.at_text()}{ends}"
 
     def at_text(self) -> str:
         return f"{self.at} #{self.nth}" if self.at != ANY else f"collective #{self.nth}"
@@ -130,8 +149,20 @@ def _ranks(value: object, where: str) -> tuple[int, ...]:
     return tuple(sorted(set(ranks)))
 
 
+def _flag(value: object, where: str) -> bool:
+    """``ends_test``: a bool, or from a spec 1/0, true/false, yes/no."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ConfigError("fault ends_test", value, where, "expected True or False (in a spec: 1 or 0)")
+
+
 def make_fault(*, rank: object, action: object, at: object = ANY, nth: object = 1,
-               seconds: object = None, where: str = DECORATOR) -> Fault:
+               seconds: object = None, where: str = DECORATOR, ends_test: object = False) -> Fault:
     """A validated :class:`Fault`; a bad value raises ``ConfigError`` naming
     it and ``where`` it came from."""
     ranks = _ranks(rank, where)
@@ -159,12 +190,16 @@ def make_fault(*, rank: object, action: object, at: object = ANY, nth: object = 
     elif seconds is not None:
         raise ConfigError("fault seconds", seconds, where, f"only action 'delay' takes seconds, not {action!r}")
     if action == "corrupt" and at in NO_VALUES:
-        raise ConfigError("fault collective", at, where, f"{at} receives no values to corrupt")
-    return Fault(ranks, action, at, count, secs, where)
+        raise ConfigError("fault collective", at, where, f"{at} receives no tensor values to corrupt")
+    ends = _flag(ends_test, where)
+    if ends and action not in DEATHS:
+        raise ConfigError("fault ends_test", ends_test, where,
+                          f"only a death ({' or '.join(DEATHS)}) can end the test, not {action!r}")
+    return Fault(ranks, action, at, count, secs, where, ends)
 
 
 def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: int = 1,
-                 seconds: float | None = None) -> Callable[[_F], _F]:
+                 seconds: float | None = None, ends_test: bool = False) -> Callable[[_F], _F]:
     """Decorator: inject a fault into a distributed test (stackable).
 
     Works on test methods of ``MultiProcessTestCase``, ``MultiThreadedTestCase``
@@ -185,10 +220,16 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
       every element changes (a float may become NaN).
 
     The parent expects an injected death: the test passes when every other
-    rank passes. A declared fault that never fires is an error of the test.
-    Nothing is installed by the decorator; a bad value raises ``ConfigError``.
+    rank passes. When every rank dies by injected faults, nothing of the
+    test was checked: an error, unless each of those deaths says
+    ``ends_test=True``. A declared fault that never fires is an error of the
+    test, and so is a ``corrupt`` that lands where the rank received no
+    tensor values; two faults on one call of one rank (other than delays)
+    are refused. Nothing is installed by the decorator; a bad value raises
+    ``ConfigError``.
     """
-    fault = make_fault(rank=rank, action=action, at=at, nth=nth, seconds=seconds, where=DECORATOR)
+    fault = make_fault(rank=rank, action=action, at=at, nth=nth, seconds=seconds, where=DECORATOR,
+                       ends_test=ends_test)
 
     def decorate(func: _F) -> _F:
         if isinstance(func, type):
@@ -211,7 +252,7 @@ def declared_faults(method: object) -> tuple[Fault, ...]:
     return tuple(faults or ())
 
 
-_SPEC_KEYS = ("rank", "action", "at", "nth", "seconds")
+_SPEC_KEYS = ("rank", "action", "at", "nth", "seconds", "ends_test")
 
 
 def parse_fault_spec(text: str, where: str = FAULT_ENV) -> tuple[Fault, ...]:
@@ -271,8 +312,25 @@ def parse_seed(value: object, where: str) -> int:
 
 def test_faults(method: object, environ: Mapping[str, str] | None = None) -> tuple[Fault, ...]:
     """Every fault of one test: declared on it, then ``DISTTEST_FAULT``'s.
-    Rank side and parent number them alike (the index names a fault)."""
-    return declared_faults(method) + env_faults(environ)
+    Rank side and parent number them alike (the index names a fault).
+    Faults that would land on one call of one rank, where the first leaves
+    the second nothing to act on, raise ``ConfigError`` naming both."""
+    faults = declared_faults(method) + env_faults(environ)
+    _check_same_call(faults)
+    return faults
+
+
+def _check_same_call(faults: Sequence[Fault]) -> None:
+    """Refuse two faults on one call of one rank unless all but one are delays."""
+    seen: dict[tuple[int, str, int], Fault] = {}
+    for fault in faults:
+        if fault.action == "delay":
+            continue
+        for rank in fault.ranks:
+            first = seen.setdefault((rank, fault.at, fault.nth), fault)
+            if first is not fault:
+                raise ConfigError("fault", fault.what(rank), fault.where,
+                                  SAME_CALL.format(first=first.describe(rank)))
 
 
 test_faults.__test__ = False  # type: ignore[attr-defined]

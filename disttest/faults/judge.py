@@ -24,15 +24,17 @@ from typing import Any
 
 from disttest._runner.outcome import Kind, Outcome
 from disttest._runner.report import CHAOS_MARK, INJECTED, NEVER_MARK, injected_lines
-from disttest.faults import CHAOS_ENV, Fault, chaos_seed, test_faults
+from disttest.faults import CHAOS_ENV, DEATHS, Fault, chaos_seed, test_faults
 
 __unittest = True
 
-__all__ = ["INJECTED", "NEVER_FIRED", "NOT_SURVIVED", "Injection", "injected_lines", "judge_injected"]
+__all__ = ["ALL_DIED", "INJECTED", "NEVER_FIRED", "NOT_SURVIVED", "Injection", "injected_lines", "judge_injected"]
 
 NEVER_FIRED = "injected fault never fired: {fault}{why}"
+#: Every rank died by an injected fault: the test's checks never ran.
+ALL_DIED = ("every rank was ended by an injected fault before the test finished ({faults}), so nothing "
+            "of the test was checked; if that is the point, declare the deaths with ends_test=True")
 NOT_SURVIVED = "did not survive the injected fault ({faults}): {detail}"
-_DEATHS = ("kill", "exit")
 _CHAOS_PREFIX = CHAOS_MARK + CHAOS_ENV + "="
 
 
@@ -46,15 +48,18 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
     out = [copy.copy(o) for o in outcomes]
     world = len(out)
     deaths: dict[int, str] = {}
+    ending = True  # every injected death declared ends_test
     first_death = float("inf")
     for o in out:
         records = fired.get(o.rank, [])
         o.faults_fired = [r["what"] for r in records if "what" in r]
         o.faults_fired += [f"{_CHAOS_PREFIX}{r['chaos']}" for r in records if "chaos" in r]
         for r in records:
-            if r.get("action") in _DEATHS:
+            if r.get("action") in DEATHS:
                 deaths[o.rank] = r["what"]
                 first_death = min(first_death, r.get("t", 0.0))
+                index = r.get("fault")
+                ending &= isinstance(index, int) and index < len(faults) and faults[index].ends_test
     for o in out:
         if o.rank in deaths and o.kind is not Kind.PASSED:
             # Its own death, as declared: expected (a thread rank ends by
@@ -62,6 +67,10 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
             o.kind, o.detail = Kind.PASSED, f"its death was injected: {deaths[o.rank]}"
             o.exc_type = o.message = o.traceback = o.stacks = ""
             o.exit, o.tb_data = None, None
+    if deaths and len(deaths) == world and not ending:
+        o = out[0]
+        o.kind, o.exc_type, o.message = Kind.ERRORED, "EveryRankDied", ALL_DIED.format(
+            faults="; ".join(deaths[r] for r in sorted(deaths)))
     if deaths:
         what = "; ".join(deaths[r] for r in sorted(deaths))
         for o in out:
@@ -118,14 +127,14 @@ class Injection:
     def expected_end(self) -> Callable[[int], bool] | None:
         """For the join loop: whether a rank's end was an injected death
         (None when nothing can be injected)."""
-        if not any(f.action in _DEATHS for f in self.faults):
+        if not any(f.action in DEATHS for f in self.faults):
             return None
 
         def died_as_declared(rank: int) -> bool:
             from disttest.faults.rank import read_fired
 
             records = read_fired(self.source, rank + 1).get(rank, [])
-            return any(r.get("action") in _DEATHS for r in records)
+            return any(r.get("action") in DEATHS for r in records)
 
         return died_as_declared
 

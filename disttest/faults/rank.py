@@ -32,7 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttest._runner import progress
-from disttest.faults import ANY, CHAOS_ENV, Fault, InjectedFault, chaos_seed, test_faults
+from disttest.config import ConfigError
+from disttest.faults import (
+    ANY,
+    CANNOT_CORRUPT,
+    CHAOS_ENV,
+    Fault,
+    InjectedFault,
+    chaos_seed,
+    test_faults,
+)
 
 __unittest = True
 
@@ -199,9 +208,11 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
 
 def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
     rank = state.rank
+    action = fault.action
+    if action == "corrupt":  # recorded once it has acted (or could not)
+        return _corrupt_after(state, index, fault, op, nth)
     state.write({"fault": index, "action": fault.action, "what": fault.fired_text(rank, op, nth),
                  "t": time.time()})
-    action = fault.action
     if action in ("kill", "exit"):
         if state.thread_world is not None:
             reason = KILLED.format(rank=rank, op=op, nth=nth)
@@ -218,18 +229,27 @@ def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
     if action == "hang":
         while True:
             time.sleep(HANG_TICK)
-    if action == "delay":
-        time.sleep(fault.seconds or 0)
-        return None
-    return _corrupt_after(op)
+    time.sleep(fault.seconds or 0)  # delay
+    return None
 
 
-def _corrupt_after(op: str) -> Callable[[tuple[Any, ...], dict[str, Any], Any], None]:
+def _corrupt_after(state: _State, index: int, fault: Fault, op: str,
+                   nth: int) -> Callable[[tuple[Any, ...], dict[str, Any], Any], None]:
     def after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         if result is not None and hasattr(result, "wait"):
             result.wait()  # async: the values must be there before they change
-        received = _received(op, args, kwargs)
-        corrupt_(received)
+        changed = corrupt_(_received(op, args, kwargs))
+        if changed:
+            state.write({"fault": index, "action": "corrupt", "what": fault.fired_text(state.rank, op, nth),
+                         "t": time.time()})
+            return
+        # It landed where nothing can change (a barrier, under at="any", a
+        # gather on a rank that receives nothing, an empty tensor): an error of
+        # the test, never a fault recorded as fired that did nothing.
+        state.write({"fault": index, "action": "corrupt", "t": time.time(),
+                     "what": f"rank {state.rank} could not corrupt {op} #{nth}"})
+        raise ConfigError("fault", f"{fault.action} at {fault.at_text()}", fault.where,
+                          CANNOT_CORRUPT.format(op=op, nth=nth, rank=state.rank))
 
     return after
 
@@ -253,19 +273,18 @@ def _received(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return value
 
 
-def corrupt_(value: Any) -> None:
+def corrupt_(value: Any) -> int:
     """Change every element of every tensor in ``value`` (a tensor or a
     list of them), in place: integers and floats get their bits inverted
     (bitwise not of the element's bit pattern, which never equals the old
-    value: a float may become NaN), bools are negated."""
+    value: a float may become NaN), bools are negated. Returns how many
+    elements changed."""
     import torch
 
     if isinstance(value, (list, tuple)):
-        for item in value:
-            corrupt_(item)
-        return
+        return sum(corrupt_(item) for item in value)
     if not isinstance(value, torch.Tensor):
-        return
+        return 0
     t = value
     if t.is_complex():
         t = torch.view_as_real(t)
@@ -276,6 +295,7 @@ def corrupt_(value: Any) -> None:
         t.view(bits).bitwise_not_()
     else:
         t.bitwise_not_()
+    return t.numel()
 
 
 def read_fired(source: Any, world_size: int) -> dict[int, list[dict[str, Any]]]:

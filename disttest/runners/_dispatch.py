@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disttest._runner import settings
+from disttest.faults import chaos_seed, test_faults
 from disttest.runners.case import TestCase
 from disttest.support.skips import precheck_skip
 
@@ -63,8 +64,11 @@ class RankDispatch(TestCase):
         raise NotImplementedError
 
     def _precheck(self) -> None:
-        """Raise the skip the test's decorators decide, before any rank starts."""
+        """Raise the skip the test's decorators decide, and refuse the faults
+        and chaos seed it declares that cannot act, before any rank starts."""
         method = getattr(type(self), self._testMethodName, None)
+        test_faults(method)
+        chaos_seed()
         skip = precheck_skip(self, method) if method is not None else None
         if skip is not None:
             raise skip

@@ -243,9 +243,10 @@ class MultiProcContinousTest(TestCase):
             type(self)._pool_failed = POOL_FAILED.format(
                 cls=type(self).__name__, cause="its process group could not be made; see the first test's report")
         else:
+            # Before dispatch: a fault that cannot act is refused before any rank runs the test.
+            injection = Injection.for_test(type(self), name, pool.run_dir)
             run = pool.dispatch(name)
             keep = run.keep_logs
-            injection = Injection.for_test(type(self), name, pool.run_dir)
             outcomes = join(run, settings.test_timeout(self, self.id()) or 0,
                             expected_end=injection.expected_end)
             pool.note(outcomes)  # a killed rank breaks the pool, injected or not: it is rebuilt
