@@ -42,6 +42,12 @@ class Waits:
                 time.sleep(0.01)
         dist.all_reduce(torch.ones(1))
 
+    def test_brief(self):
+        self.init()
+        note_pids(self.rank)
+        time.sleep(0.3)
+        dist.barrier()
+
 
 class ProcessWaits(Waits, disttest.MultiProcessTestCase):
     world_size = 2

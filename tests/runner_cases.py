@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import disttest
 from disttest import TEST_SKIPS
-from disttest._runner import zygote
+from disttest._runner import janitor, zygote
 
 
 def live_ranks() -> list[object]:
@@ -31,7 +31,7 @@ def live_ranks() -> list[object]:
     (children of this process and of its fork server, less the helpers)."""
     me = psutil.Process()
     server = zygote._clients.get(os.getpid())
-    helpers = {server.proc.pid if server is not None else None}
+    helpers = {server.proc.pid if server is not None else None, *janitor.reaper_pids()}
     # multiprocessing's resource tracker (started by the spawn start method)
     # lives as long as this process by design.
     helpers.add(getattr(resource_tracker._resource_tracker, "_pid", None))

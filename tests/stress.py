@@ -19,9 +19,9 @@ import time
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 #: The runner tests: every runner's behaviours (hostile ones included), the
-#: pool, threads and the fault battery (about 2 minutes a round on a 2-core
+#: pool, threads, the fault battery and the launchers (about 2 minutes a round on a 2-core
 #: machine, under 3 with two busy processes).
-DEFAULT = ["test_runners.py", "test_continuous.py", "test_multithread.py", "test_faults.py"]
+DEFAULT = ["test_runners.py", "test_continuous.py", "test_multithread.py", "test_faults.py", "test_launchers.py"]
 
 
 def _busy() -> None:

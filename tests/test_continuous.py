@@ -192,6 +192,17 @@ class LaunchersTest(unittest.TestCase):
             self.assertEqual(p.returncode, 0, err[-3000:])
             self.assertIn("Ran 2 tests", err)
 
+    def test_a_suite_fault_under_an_external_launcher_is_refused(self):
+        # Issue 24: no disttest parent judges it there; it was armed and never reported.
+        rdvz = tempfile.mktemp(prefix="disttest-rdvz-")
+        self.addCleanup(lambda: os.path.exists(rdvz) and os.remove(rdvz))
+        env = dict(os.environ, DISTTEST_FAULT="rank=1,action=kill,at=all_reduce")
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "pool_cases.py"), "0", "2", rdvz],
+                              capture_output=True, text=True, env=env, timeout=120)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("Invalid fault 'rank 1 kill at all_reduce #1 (from DISTTEST_FAULT)' from DISTTEST_FAULT "
+                      "(disttest): this rank was started by an external launcher (run_rank)", proc.stderr)
+
     def test_two_torchrun_nodes_on_loopback(self):
         port = str(disttest.find_free_port())
         env = dict(os.environ, OMP_NUM_THREADS="1")

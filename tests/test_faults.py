@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,26 @@ class DeclarationTest(unittest.TestCase):
             with self.subTest(text=text), self.assertRaises(ConfigError) as cm:
                 env_faults({FAULT_ENV: text})
             self.assertIn(message, str(cm.exception))
+
+    def test_faults_are_found_under_other_decorators(self):
+        import functools
+
+        def other_decorator(func):
+            @functools.wraps(func)
+            def wrapper(*args, **kwargs):
+                return func(*args, **kwargs)
+            return wrapper
+
+        def body():
+            pass
+
+        inner = other_decorator(other_decorator(inject_fault(rank=0, action="raise")(body)))
+        self.assertEqual(declared_faults(inner), (Fault((0,), "raise"),))
+        def fresh():
+            pass
+
+        outer = inject_fault(rank=1, action="raise")(other_decorator(fresh))
+        self.assertEqual(declared_faults(outer), (Fault((1,), "raise"),))
 
     def test_ends_test_in_a_spec(self):
         self.assertTrue(parse_fault_spec("rank=1,action=kill,ends_test=1")[0].ends_test)
@@ -272,14 +293,27 @@ class HookTest(unittest.TestCase):
                 pass
 
         self.assertEqual(progress._hook, [])
-        with _faults_rank.armed(Case, "test_x", 0):
+        run_dir = tempfile.mkdtemp(prefix="disttest-hook-test-")
+        self.addCleanup(shutil.rmtree, run_dir, True)
+        with _faults_rank.armed(Case, "test_x", 0, run_dir):
             self.assertEqual(progress._hook, [_faults_rank.before_collective])
-            with _faults_rank.armed(Case, "test_x", 0):  # a second rank thread
+            with _faults_rank.armed(Case, "test_x", 0, run_dir):  # a second rank thread
                 pass
             self.assertEqual(progress._hook, [_faults_rank.before_collective])
         self.assertEqual(progress._hook, [])
         with _faults_rank.armed(unittest.TestCase, "run", 0):  # nothing declared
             self.assertEqual(progress._hook, [])
+
+    def test_a_fault_where_no_parent_reads_the_records_is_refused(self):
+        class Case:
+            @inject_fault(rank=0, action="raise", at="barrier")
+            def test_x(self):
+                pass
+
+        with self.assertRaises(ConfigError) as cm, _faults_rank.armed(Case, "test_x", 0):
+            pass
+        self.assertIn("this rank was started by an external launcher (run_rank)", str(cm.exception))
+        self.assertEqual(progress._hook, [])
 
 
 class RunnerFaultsTest(unittest.TestCase):
@@ -396,6 +430,21 @@ class RunnerFaultsTest(unittest.TestCase):
                 self.assertIn("acts on the same call", text)
                 self.assertNotIn("rank 1/2", text)  # no rank ran it
 
+    def test_spawn_threads_and_init_comms_applies_faults_declared_on_either_side(self):
+        import disttest
+
+        for order in ("outer", "inner"):
+            with self.subTest(order=order):
+                def body():
+                    torch.distributed.barrier()
+
+                fault = inject_fault(rank=1, action="raise", at="barrier")
+                spawn = disttest.spawn_threads_and_init_comms(world_size=2)
+                test = fault(spawn(body)) if order == "outer" else spawn(fault(body))
+                with self.assertRaises(disttest.RankFailure) as cm:
+                    test()
+                self.assertIn("rank 1/2 raised InjectedFault", str(cm.exception))
+
     def test_unfired_fault_is_an_error(self):
         for runner, result, _ in self.each("test_unfired"):
             with self.subTest(runner=runner.__name__):
@@ -491,6 +540,9 @@ SUITE = textwrap.dedent("""
             dist.all_reduce(t)
             dist.all_reduce(t)
 
+        def test_slow(self):
+            time.sleep(1.0)
+
     class Pool(disttest.MultiProcContinousTest):
         world_size = 2
         timeout = 30
@@ -504,6 +556,25 @@ SUITE = textwrap.dedent("""
             t = torch.tensor([float(os.environ["DISTTEST_CHAOS"])])
             dist.all_reduce(t)  # both ranks run with the seed
             assert t.item() != 4.0, "seed 2 fails"
+
+    import pytest
+
+    @pytest.mark.world_size(2)
+    def test_function_threads(rank):
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+
+    @pytest.mark.world_size(2, mode="processes")
+    def test_function_processes(rank):
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+
+    @pytest.mark.world_size(2)
+    @disttest.inject_fault(rank=0, action="raise", at="barrier")
+    def test_function_declares_a_fault(rank):
+        dist.barrier()
 
 """)
 
@@ -547,6 +618,19 @@ class PytestOptionsTest(unittest.TestCase):
         self.assertIn("schedule fuzzing: DISTTEST_CHAOS=39", proc.stdout)
         self.assertEqual(proc.returncode, 1, proc.stdout)
 
+    def test_a_pytest_timeout_over_all_repeats_blames_no_seed(self):
+        # Issue 24: it reported the seed that was running (one that passes alone) as failing.
+        proc = pytest_run("--disttest-repeat", "5", "--timeout", "3", "-k", "test_slow")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertRegex(out, "pytest-timeout's limit of 3s covers all 5 runs of --disttest-repeat together and "
+                              "expired during seed [2-4] after ")
+        self.assertNotIn("failing seeds", out)
+        # Timed per run (timeout_func_only), no run reaches the limit: every seed passes.
+        proc = pytest_run("--disttest-repeat", "2", "--timeout", "3", "-o", "timeout_func_only=true",
+                          "-k", "test_slow")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+
     def test_repeat_sets_the_seed_up_again_in_a_pool(self):
         proc = pytest_run("--disttest-repeat", "3", "-k", "pool_sees_each_seed")
         out = proc.stdout + proc.stderr
@@ -559,6 +643,21 @@ class PytestOptionsTest(unittest.TestCase):
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 1, out)
         self.assertIn("rank 1 raised InjectedFault at all_reduce #2", out)
+
+    def test_fault_option_and_decorator_act_on_plain_functions_in_either_mode(self):
+        # Issue 24: a threads-mode function passed with the fault dropped, and a
+        # processes-mode one was reported as 'test_function'.
+        proc = pytest_run("--disttest-fault", "rank=1,action=raise,at=all_reduce,nth=2", "-k", "function_",
+                          "-rf")
+        out = proc.stdout + proc.stderr
+        self.assertIn("3 failed", out)
+        for name in ("test_function_threads", "test_function_processes"):
+            self.assertRegex(out, f"'{name}' (failed|errored) \\(disttest\\): rank 1/2 raised InjectedFault")
+        self.assertEqual(out.count("injected by disttest (not causes): rank 1 raised InjectedFault at all_reduce #2"),
+                         2, out)
+        self.assertNotIn("test_function'", out)
+        self.assertIn("'test_function_declares_a_fault' failed (disttest): rank 0/2 raised InjectedFault", out)
+        self.assertIn("rank 0 raised InjectedFault at barrier #1", out)
 
     def test_bad_values_are_usage_errors(self):
         for args, message in [

@@ -28,7 +28,9 @@ class InterruptTest(unittest.TestCase):
     """Ctrl-C or SIGTERM of the test process while its ranks wait: it exits
     at once, and leaves no file in TMPDIR and no process behind."""
 
-    def interrupt(self, cls: str, sig: int, pytest: bool = False) -> None:
+    def interrupt(self, cls: str, sig: int | None, pytest: bool = False, args: tuple[str, ...] = (),
+                  test: str = "test_wait") -> None:
+        """``sig`` None: nothing is sent; the test process ends by itself."""
         root = tempfile.mkdtemp(prefix="disttest-hostile-")
         self.addCleanup(shutil.rmtree, root, True)
         tmp, pids_dir = os.path.join(root, "tmp"), os.path.join(root, "pids")
@@ -37,19 +39,21 @@ class InterruptTest(unittest.TestCase):
         env = dict(os.environ, TMPDIR=tmp, DISTTEST_PIDS_DIR=pids_dir, PYTHONPATH=TESTS)
         if pytest:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   f"hostile_cases.py::{cls}::test_wait"]
+                   f"hostile_cases.py::{cls}::{test}", *args]
         else:
-            cmd = [sys.executable, "-m", "unittest", f"hostile_cases.{cls}.test_wait"]
+            cmd = [sys.executable, "-m", "unittest", f"hostile_cases.{cls}.{test}"]
         with open(os.path.join(root, "out"), "w+") as out:
             proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
                 deadline = time.monotonic() + 60
                 while len(os.listdir(pids_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.05)
-                self.assertIsNone(proc.poll(), "the test process ended before being interrupted")
-                self.assertEqual(len(os.listdir(pids_dir)), 2, "the ranks did not start")
+                if sig is not None:
+                    self.assertIsNone(proc.poll(), "the test process ended before being interrupted")
+                self.assertGreaterEqual(len(os.listdir(pids_dir)), 2, "the ranks did not start")
                 time.sleep(0.2)  # the ranks wait in the all_reduce
-                proc.send_signal(sig)
+                if sig is not None:
+                    proc.send_signal(sig)
                 start = time.monotonic()
                 proc.wait(timeout=20)
                 elapsed = time.monotonic() - start
@@ -86,6 +90,22 @@ class InterruptTest(unittest.TestCase):
 
     def test_sigterm_threads(self):
         self.interrupt("ThreadWaits", signal.SIGTERM)
+
+    def test_sigkill_process_runner(self):
+        # No cleanup of the test process runs: the reaper removes the run
+        # directory, the ranks end with their parent (issue 24).
+        self.interrupt("ProcessWaits", signal.SIGKILL)
+
+    def test_sigkill_pool(self):
+        self.interrupt("PoolWaits", signal.SIGKILL)
+
+    def test_pytest_timeout_thread_method(self):
+        # pytest-timeout's thread method ends the test process with os._exit:
+        # no atexit, no cleanups.
+        # Here it ends the repeats (pytest-timeout's limit is for all of them),
+        # whatever run is under way.
+        self.interrupt("ProcessWaits", None, pytest=True, test="test_brief",
+                       args=("--timeout", "4", "--timeout-method", "thread", "--disttest-repeat", "100"))
 
     def test_sigint_under_pytest(self):
         self.interrupt("ProcessWaits", signal.SIGINT, pytest=True)

@@ -135,7 +135,7 @@ class BehaviourTest(unittest.TestCase):
         # test a FAIL naming rank 2, in every run (more runs, under load:
         # benchmarks/verdicts.py).
         for body in ("test_wide_assert_while_peers_gather", "test_wide_assert_while_peers_reduce"):
-            for _ in range(3):
+            for _ in range(2):
                 for sub, result, _ in self.each(body):
                     with sub:
                         self.assertEqual(result.errors, [])

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from disttest._runner import janitor, settings, thread_pool
 from disttest._runner import rank as rank_mod
-from disttest._runner import settings, thread_pool
 from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
 from disttest._runner.messages import Leave
@@ -343,10 +343,10 @@ HELPER_PIDS: list[Callable[[], set[int]]] = []
 
 def _helpers() -> set[int]:
     """Children of the test process that outlive tests by design: fork
-    servers, multiprocessing's resource tracker."""
+    servers, the janitor's reaper, multiprocessing's resource tracker."""
     from multiprocessing import resource_tracker
 
-    pids: set[int] = set()
+    pids: set[int] = janitor.reaper_pids()
     for source in HELPER_PIDS:
         pids |= source()
     tracker = getattr(resource_tracker._resource_tracker, "_pid", None)

@@ -49,7 +49,7 @@ class Pool:
         self.world_size = world_size
         self.start_timeout = start_timeout
         self.run_dir = tempfile.mkdtemp(prefix="disttest-pool-")
-        self._janitor = janitor.register(self._close_now)
+        self._janitor = janitor.register(self._close_now, paths=[self.run_dir])
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         self.broken = False
         self.init_outcomes: dict[int, Outcome] = {}

@@ -162,11 +162,12 @@ def record_test_outcome(outcome: Outcome) -> None:
         ctx.test_outcome = outcome
 
 
-def set_parent_death_signal(parent_pid: int) -> None:
-    """Die with SIGKILL when the parent dies (Linux); exit now if it already has."""
+def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Get ``sig`` when the parent dies (Linux): SIGKILL ends a rank even
+    while it is blocked in C++; exit now if the parent has died already."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:
         os._exit(1)
 

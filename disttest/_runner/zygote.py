@@ -50,9 +50,24 @@ class ZygoteUnavailable(RuntimeError):
 # --- server side ----------------------------------------------------------------
 
 
+def _parent_died(signum: int, frame: object) -> None:
+    # The ranks die of their own parent-death signal once this server exits;
+    # what they started is killed here (this server is its subreaper).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        rank_mod.kill_descendants()
+    finally:
+        os._exit(0)
+
+
 def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     """Run the fork server until the test process closes the pipe or dies."""
-    rank_mod.set_parent_death_signal(parent_pid)
+    # Not SIGKILL: when the test process is killed (SIGKILL, pytest-timeout's
+    # os._exit), this server kills every descendant first, also those the
+    # ranks started in sessions of their own, which its ranks' SIGKILL (their
+    # parent-death signal) leaves to it as their subreaper.
+    signal.signal(signal.SIGTERM, _parent_died)
+    rank_mod.set_parent_death_signal(parent_pid, signal.SIGTERM)
     # The descendants of a rank that died (a segfault) come to us: killed.
     rank_mod.set_child_subreaper()
     # Preload what every rank needs, so that no rank pays for it. Imports

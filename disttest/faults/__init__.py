@@ -62,6 +62,11 @@ TWICE = "{key}= is given twice; a fault has one of each field (separate faults w
 #: Why a second fault on a call another fault (not a delay) acts on is refused.
 SAME_CALL = ("{first} acts on the same call; only delays can share a call with another fault "
              "(a kill, exit, raise or hang ends the call, and a second corrupt would undo the first)")
+#: Why a fault in a rank no disttest runner started (``run_rank`` under
+#: torchrun, srun, mpirun) is refused: nothing would judge or report it.
+UNJUDGED = ("this rank was started by an external launcher (run_rank), where no disttest parent reads "
+            "which faults fired: a death could not be told from a crash, nor an unfired fault found; "
+            "run the test under disttest's runners to inject faults")
 #: What a fault does to its rank, as ``action=`` spells it.
 ACTIONS = ("kill", "exit", "raise", "hang", "delay", "corrupt")
 #: The actions that end their rank.
@@ -244,12 +249,17 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
 
 
 def declared_faults(method: object) -> tuple[Fault, ...]:
-    """The faults declared on a test method (function or bound method)."""
-    func = getattr(method, "__func__", method)
-    faults = getattr(func, _ATTR, None)
-    if faults is None:
-        faults = getattr(getattr(func, "__wrapped__", None), _ATTR, None)
-    return tuple(faults or ())
+    """The faults declared on a test method (function or bound method), also
+    under other decorators (``functools.wraps`` chains, outermost first)."""
+    func: object = getattr(method, "__func__", method)
+    for _ in range(100):  # a chain, bounded (a cycle of __wrapped__ is not ours to follow)
+        faults = getattr(func, _ATTR, None)
+        if faults is not None:
+            return tuple(faults)
+        func = getattr(func, "__wrapped__", None)
+        if func is None:
+            break
+    return ()
 
 
 _SPEC_KEYS = ("rank", "action", "at", "nth", "seconds", "ends_test")

@@ -118,7 +118,7 @@ class Injection:
         self.active = bool(self.faults) or seed is not None
 
     @classmethod
-    def for_test(cls, test_cls: type, test_name: str, source: Any) -> Injection:
+    def for_test(cls, test_cls: object, test_name: str, source: Any) -> Injection:
         """``source``: the run directory of rank processes, or the threaded
         world of rank threads (where the ranks write what fired)."""
         return cls(test_faults(getattr(test_cls, test_name, None)), chaos_seed(), source)

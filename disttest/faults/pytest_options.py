@@ -13,6 +13,8 @@ A bad value is a usage error naming it.
 from __future__ import annotations
 
 import os
+import re
+import time
 from typing import Any
 
 from disttest.config import ConfigError
@@ -20,7 +22,7 @@ from disttest.faults import CHAOS_ENV, FAULT_ENV, parse_fault_spec, parse_seed
 
 __unittest = True
 
-__all__ = ["REPEAT_SECTION", "addoption", "configure", "runtest_protocol"]
+__all__ = ["REPEAT_SECTION", "TIMEOUT_COVERS", "addoption", "configure", "runtest_protocol"]
 
 REPEAT_SECTION = "disttest chaos"
 FAILING_SEEDS = "failing seeds: {seeds} of 1..{n} (reproduce one with {env}={first})"
@@ -28,6 +30,13 @@ ALL_PASSED = "all {n} seeds passed ({env}=1..{n})"
 #: Why --disttest-repeat with a seed given is refused.
 REPEAT_WITH_SEED = ("it runs seeds 1..N itself, so the seed of {given} would be dropped: "
                     "give one or the other")
+#: When pytest-timeout's limit, set for the whole test, expired during the
+#: repeats: the seed that was running then is not blamed.
+TIMEOUT_COVERS = ("pytest-timeout's limit of {limit}s covers all {n} runs of --disttest-repeat together and "
+                  "expired during seed {seed} after {elapsed:.1f}s, {seed_elapsed:.1f}s into that seed: no seed "
+                  "is blamed for it and seeds {seed}..{n} did not finish; give a limit for {n} runs "
+                  "(or pytest-timeout's timeout_func_only ini option, which times each run)")
+_PYTEST_TIMEOUT = re.compile(r"Timeout \(>([0-9.]+)s\) from pytest-timeout")
 #: Why an option whose environment variable says otherwise is refused.
 OPTION_AND_ENV = "{env} is also set, to {current!r}: give one or make them agree"
 
@@ -92,11 +101,22 @@ def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
     saved = os.environ.get(CHAOS_ENV)
     failing: list[int] = []
     shown: list[Any] | None = None
+    covered = ""  # pytest-timeout's limit, set for all the runs, expired
+    start = time.monotonic()
     try:
         for seed in range(1, n + 1):
             os.environ[CHAOS_ENV] = str(seed)
+            began = time.monotonic()
             # Tear the class down between seeds: a pool's workers take the seed at start.
             reports = runtestprotocol(item, nextitem=nextitem if seed == n else None, log=False)
+            limit = _expired_limit(reports)
+            if limit is not None and time.monotonic() - began < limit:
+                # The limit ran out on the runs together, not on this seed alone.
+                covered = TIMEOUT_COVERS.format(limit=f"{limit:g}", n=n, seed=seed,
+                                                elapsed=time.monotonic() - start,
+                                                seed_elapsed=time.monotonic() - began)
+                shown = reports
+                break
             if any(r.failed for r in reports):
                 failing.append(seed)
                 if shown is None:
@@ -110,9 +130,21 @@ def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
             os.environ[CHAOS_ENV] = saved
     text = (FAILING_SEEDS.format(seeds=", ".join(map(str, failing)), n=n, env=CHAOS_ENV, first=failing[0])
             if failing else ALL_PASSED.format(n=n, env=CHAOS_ENV))
+    if covered:
+        text = covered + (f"; before it, {text}" if failing else "")
     for report in shown or []:
         if report.when == "call" or (report.failed and report.when != "call"):
             report.sections.append((REPEAT_SECTION, text))
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
+
+
+def _expired_limit(reports: list[Any]) -> float | None:
+    """The limit of pytest-timeout when it ended one of ``reports`` (else None)."""
+    for report in reports:
+        if report.failed:
+            found = _PYTEST_TIMEOUT.search(str(report.longrepr))
+            if found:
+                return float(found.group(1))
+    return None

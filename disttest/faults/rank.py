@@ -37,6 +37,7 @@ from disttest.faults import (
     ANY,
     CANNOT_CORRUPT,
     CHAOS_ENV,
+    UNJUDGED,
     Fault,
     InjectedFault,
     chaos_seed,
@@ -125,9 +126,11 @@ def _file_writer(path: str) -> Callable[[dict[str, Any]], None]:
 
 
 @contextmanager
-def armed(cls: type, test_name: str, rank: int, run_dir: str | None = None) -> Iterator[None]:
+def armed(cls: object, test_name: str, rank: int, run_dir: str | None = None) -> Iterator[None]:
     """Arm this rank for one test of ``cls`` (its declared faults, those of
-    ``DISTTEST_FAULT``, and ``DISTTEST_CHAOS``); disarm after.
+    ``DISTTEST_FAULT``, and ``DISTTEST_CHAOS``); disarm after. ``cls``: what
+    holds the test as attribute ``test_name`` (a class; for a plain function,
+    any object).
 
     A rank thread records what fired in its threaded world; a rank process in
     ``run_dir`` (the run directory of its launcher), where the parent reads
@@ -147,9 +150,13 @@ def armed(cls: type, test_name: str, rank: int, run_dir: str | None = None) -> I
     elif run_dir is not None:
         write = _file_writer(records_path(run_dir, rank))
         close = write.close  # type: ignore[attr-defined]
+    elif faults:
+        # run_rank under an external launcher: no parent reads the records.
+        fault = faults[0][1]
+        raise ConfigError("fault", fault.describe(), fault.where, UNJUDGED)
     else:
         unread: list[dict[str, Any]] = []
-        write = unread.append  # run_rank under an external launcher: no parent reads it
+        write = unread.append  # the chaos seed alone: nothing to judge
     state = _State(rank, [(i, f) for i, f in faults if rank in f.ranks], write, world,
                    chaos_delays(seed, test_name, rank) if seed is not None else None)
     if seed is not None:

@@ -118,6 +118,8 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
             _call(func, kwargs)
 
         body.__name__ = name
+        # The function's faults apply, and a report with no frame of a rank points at it.
+        body.__wrapped__ = func  # type: ignore[attr-defined]
         spawn_threads_and_init_comms(body, world_size=size)()
         return
     case = _process_case(func, kwargs, size, name)
@@ -147,19 +149,21 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
             super().setUp()
             self._spawn_processes("fork")
 
-        def test_function(self) -> None:
-            store = dist.FileStore(self.file_name, self.world_size)
-            dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
-            try:
-                _call(func, kwargs)
-            finally:
-                dist.destroy_process_group()
+    def test_function(self: MultiProcessTestCase) -> None:
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        try:
+            _call(func, kwargs)
+        finally:
+            dist.destroy_process_group()
 
-        # A report with no frame of a rank points at the user's function.
-        test_function.__wrapped__ = func  # type: ignore[attr-defined]
-
+    # Named as the user's test (reports, faults' chaos seeds); a report with
+    # no frame of a rank points at the user's function, whose faults apply.
+    test_function.__name__ = test_function.__qualname__ = name
+    test_function.__wrapped__ = func  # type: ignore[attr-defined]
+    setattr(FunctionInProcesses, name, test_function)
     FunctionInProcesses.__qualname__ = FunctionInProcesses.__name__ = f"function {name}"
-    return FunctionInProcesses("test_function")
+    return FunctionInProcesses(name)
 
 
 def wants_ranks(func: Callable[..., Any]) -> bool:

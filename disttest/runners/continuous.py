@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import settings, thread_pool
+from disttest._runner import janitor, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult
@@ -36,6 +36,7 @@ from disttest._runner.rank import run_dir as rank_run_dir
 from disttest._runner.report import raise_for_outcomes
 from disttest._runner.zygote import ZygoteLauncher
 from disttest.config import ConfigError, parse_world_size
+from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.runners.case import TestCase, set_rng_seed
@@ -193,7 +194,7 @@ class MultiProcContinousTest(TestCase):
             "module_file": getattr(module, "__file__", None),
             "threads": None if method == "spawn" else cls.rank_threads,
             "scheduling": settings.rank_scheduling(cls),
-            "environ": dict(os.environ), "cwd": os.getcwd(), "sys_path": list(sys.path),
+            "environ": {**os.environ, **janitor.rank_environ()}, "cwd": os.getcwd(), "sys_path": list(sys.path),
         }
         start_limit = max(30.0, cls._limit(None) or 0)
         try:
@@ -333,6 +334,9 @@ class MultiProcContinousTest(TestCase):
         if not 0 <= rank < world_size:
             raise ConfigError("rank", rank, "run_rank(rank=...)", f"expected 0 <= rank < {world_size}")
         cls.rdvz_file = rdvz_file
+        suite_faults = env_faults()
+        if suite_faults:  # refused before the group is made; a test's own are refused as it runs
+            raise ConfigError("fault", suite_faults[0].describe(), FAULT_ENV, UNJUDGED)
         cls._init_pg(rank, world_size, rdvz_file)
         try:
             suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)

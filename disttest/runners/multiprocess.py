@@ -107,7 +107,7 @@ class MultiProcessTestCase(RankDispatch):
         self.pid_to_pipe: dict[int, Any] = {}
         self.rank = self.MAIN_PROCESS_RANK
         self.run_dir = tempfile.mkdtemp(prefix="disttest-run-")
-        self._janitor = janitor.register(self._cleanup_now)
+        self._janitor = janitor.register(self._cleanup_now, paths=[self.run_dir])
         self.addCleanup(self._cleanup_run)
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         open(self.file_name, "w").close()
@@ -159,7 +159,7 @@ class MultiProcessTestCase(RankDispatch):
             run_dir=self.run_dir, file_name=self.file_name,
             threads=None if method == "spawn" else self.rank_threads,
             scheduling=settings.rank_scheduling(cls),
-            environ=dict(os.environ), cwd=os.getcwd(), sys_path=list(sys.path),
+            environ={**os.environ, **janitor.rank_environ()}, cwd=os.getcwd(), sys_path=list(sys.path),
             run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
         )
         launcher = _LAUNCHERS[method](spec)

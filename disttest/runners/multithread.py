@@ -15,6 +15,7 @@ import inspect
 import sys
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from disttest._runner.outcome import Outcome, in_phase
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
+from disttest.faults import chaos_seed, test_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.pg.threaded import BACKEND, install_threaded_pg, uninstall_threaded_pg
@@ -54,13 +56,16 @@ class _ThreadRun:
     """One test's threaded ranks: install the world, run, join, uninstall."""
 
     def __init__(self, world_size: int, body: Callable[[int], None], test: str,
-                 test_cls: type | None = None) -> None:
+                 test_cls: type | None = None, owner: object = None) -> None:
+        """``owner``: what holds the test as attribute ``test``, for the
+        faults it declares (default ``test_cls``)."""
         turns = settings.thread_scheduling(test_cls) == "turns"
+        owner = owner if owner is not None else test_cls
         # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
         # restored after each test, or 10,000 tests nest 20,000 hooks.
         self.hooks = (sys.excepthook, threading.excepthook)
         self.world = install_threaded_pg()
-        self.injection = Injection.for_test(test_cls, test, self.world) if test_cls else None
+        self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
         self.autograd = torch.autograd.set_multithreading_enabled(False)
         self.test = test
         self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank", turns=turns)
@@ -176,13 +181,13 @@ class MultiThreadedTestCase(RankDispatch):
         # Processes the test starts are the test process's children: those
         # still running at its end are killed (also if it is interrupted).
         children = rank_mod._descendants()
-        token = janitor.register(lambda: rank_mod.kill_descendants(keep=children))
+        token = janitor.register(lambda: rank_mod.kill_descendants(keep=children | janitor.reaper_pids()))
         self.addCleanup(self._kill_left_processes, children, token)
         self.addCleanup(self._cleanup_threads)
 
     def _kill_left_processes(self, before: frozenset[int], token: int) -> None:
         janitor.unregister(token)
-        killed = rank_mod.kill_descendants(keep=before)
+        killed = rank_mod.kill_descendants(keep=before | janitor.reaper_pids())
         if killed:
             warnings.warn(f"{self._current_test_name!r} (disttest): the test left processes running; "
                           f"disttest killed them: {'; '.join(killed)}", stacklevel=2)
@@ -283,19 +288,27 @@ def spawn_threads_and_init_comms(
     def wrapper(*args: Any, **kwargs: Any) -> None:
         from disttest.pg.threaded import _current_world
 
+        self = args[0] if takes_self and args else None
+        test = self.id().split(".")[-1] if self is not None and hasattr(self, "id") else func.__name__
+        # Faults and the chaos seed apply here as in every runner (DISTTEST_FAULT,
+        # --disttest-fault, @inject_fault on the function or method).
+        owner = type(self) if self is not None and hasattr(type(self), test) else types.SimpleNamespace(
+            **{test: wrapper})
+        test_faults(getattr(owner, test, None))
+        chaos_seed()
+
         def body(rank: int) -> None:
             dist.init_process_group(backend=BACKEND, rank=rank, world_size=size,
                                     store=_current_world().store)
             try:
-                func(*args, **kwargs)
+                with armed(owner, test, rank):
+                    func(*args, **kwargs)
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
 
-        self = args[0] if takes_self and args else None
-        test = self.id().split(".")[-1] if self is not None and hasattr(self, "id") else func.__name__
         before = set(threading.enumerate())
-        run = _ThreadRun(size, body, test)
+        run = _ThreadRun(size, body, test, owner=owner)
         seconds = limit if limit is not None else get_timeout(test)
         outcomes = run.join(seconds)
         # Upstream's own tests assert RuntimeError around it: any failing rank

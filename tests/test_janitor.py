@@ -1,0 +1,90 @@
+"""disttest._runner.janitor: the reaper removes a test process's folders and
+kills what its ranks started when the process ends without Python's exit
+(SIGKILL, os._exit: pytest-timeout's thread method)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+import psutil
+
+CHILD = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from disttest._runner import janitor
+
+    folder, mode = sys.argv[1], sys.argv[2]
+    token = janitor.register(lambda: None, paths=[folder])
+    if mode == "unregistered":
+        janitor.unregister(token)
+    if mode == "token":
+        env = dict(os.environ, **janitor.rank_environ())
+        sleeper = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+        print(sleeper.pid, flush=True)
+    if mode == "fork":
+        if os.fork() == 0:  # a rank forked from the test process outlives it a while
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            time.sleep(5)
+            os._exit(0)
+    print("ready", flush=True)
+    os._exit(1)  # no atexit, no cleanups
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class ReaperTest(unittest.TestCase):
+    def run_child(self, mode: str) -> tuple[str, list[str]]:
+        folder = tempfile.mkdtemp(prefix="disttest-janitor-test-")
+        self.addCleanup(lambda: os.path.isdir(folder) and os.rmdir(folder))
+        with open(os.path.join(folder, "inside"), "w") as f:
+            f.write("x")
+        out = subprocess.run([sys.executable, "-c", CHILD, folder, mode], capture_output=True, text=True,
+                             timeout=60)
+        self.assertIn("ready", out.stdout, out.stderr)
+        return folder, out.stdout.split()
+
+    def wait_gone(self, check, seconds: float = 5.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while check() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not check()
+
+    def test_a_registered_folder_is_removed_after_os_exit(self):
+        folder, _ = self.run_child("registered")
+        self.assertTrue(self.wait_gone(lambda: os.path.exists(folder)), "the folder outlived the process")
+
+    def test_an_unregistered_folder_is_left_alone(self):
+        folder, _ = self.run_child("unregistered")
+        time.sleep(0.5)
+        self.assertTrue(os.path.exists(os.path.join(folder, "inside")))
+        os.remove(os.path.join(folder, "inside"))
+
+    def test_what_a_rank_started_in_its_own_session_is_killed(self):
+        folder, words = self.run_child("token")
+        sleeper = int(words[0])
+        self.addCleanup(lambda: _alive(sleeper) and os.kill(sleeper, 9))
+        self.assertTrue(self.wait_gone(lambda: _alive(sleeper)), "the rank's process outlived the test process")
+        self.assertTrue(self.wait_gone(lambda: os.path.exists(folder)))
+
+    def test_a_forked_child_does_not_keep_the_reaper_waiting(self):
+        start = time.monotonic()
+        folder, _ = self.run_child("fork")
+        self.assertTrue(self.wait_gone(lambda: os.path.exists(folder), 4))
+        self.assertLess(time.monotonic() - start, 4.5, "the reaper waited for the forked child")
+
+
+if __name__ == "__main__":
+    unittest.main()
