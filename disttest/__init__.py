@@ -120,6 +120,7 @@ __all__ = [
     "EXPECTED_FIELDS",
     "EmbeddingNetDifferentParams",
     "FC2",
+    "FakeProcessGroup",
     "FakeStore",
     "FaultyRpcAgentTestFixture",
     "FaultyRpcTestCase",
@@ -217,6 +218,7 @@ __all__.sort()
 # torch._dynamo (seconds to import) loads only for the dynamo test cases, and
 # torch.distributed.rpc only for the RPC helpers.
 _LAZY_FROM = {
+    "FakeProcessGroup": "disttest.pg.fake",
     "FaultyRpcAgentTestFixture": "disttest.bases.rpc",
     "FaultyRpcTestCase": "disttest.bases.rpc",
     "INIT_METHOD_TEMPLATE": "disttest.bases.rpc",

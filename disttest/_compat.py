@@ -11,6 +11,7 @@ a test skips ("needs torch >= 2.10").
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, cast
 
 __unittest = True
@@ -29,6 +30,8 @@ __all__ = [
     "dynamo_config_patch",
     "enable_record_function",
     "ensure_fake_backend",
+    "fake_process_group",
+    "install_fake_backend",
     "flight_status",
     "fsdp_param_group",
     "group_name",
@@ -210,7 +213,9 @@ def group_name(group: object) -> str:
 
 
 def ensure_fake_backend() -> None:
-    """Register c10d's ``fake`` backend (``FakeProcessGroup``), once.
+    """Register c10d's ``fake`` backend (``FakeProcessGroup``), once, for
+    the rest of the process, as torch's own helpers do (a skip where torch
+    lacks it).
 
     torch names the backend (``Backend.FAKE``) but only its private test
     utilities register it; this does the same through the private
@@ -221,19 +226,36 @@ def ensure_fake_backend() -> None:
         import unittest
 
         raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
+    install_fake_backend()
+
+
+def install_fake_backend() -> Callable[[], None] | None:
+    """Register c10d's ``fake`` backend as upstream's test helpers do, where
+    torch has it and nothing registered it yet; return the undo (None when
+    there was nothing to do). For ranks: upstream's ranks have it, since its
+    helpers register it when imported."""
+    if missing_feature("Backend.FAKE") is not None:
+        return None
     import torch.distributed as dist
-    from torch._C._distributed_c10d import FakeProcessGroup
 
     if dist.Backend.FAKE.upper() in dist.Backend._plugins:
-        return
+        return None
+    from torch._C._distributed_c10d import FakeProcessGroup
 
     def create(common_opts: Any, backend_opts: Any) -> Any:
         return FakeProcessGroup._create_internal(  # type: ignore[call-arg]
             common_opts.group_rank, common_opts.group_size, backend_opts
         )
 
-    # Registered for the rest of the process, as torch's own helpers do.
-    register_backend(dist.Backend.FAKE, create, ["cpu", "cuda", "hpu", "xpu"])
+    undo: Callable[[], None] = register_backend(dist.Backend.FAKE, create, ["cpu", "cuda", "hpu", "xpu"])
+    return undo
+
+
+def fake_process_group() -> type:
+    """c10d's ``FakeProcessGroup`` class (upstream's ``fake_pg`` hands it on)."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    return FakeProcessGroup
 
 
 def register_python_group_backend(group: Any, rank: int, world_size: int) -> None:

@@ -134,6 +134,20 @@ class Behaviours:
             self.assertEqual(self.rank, 0, "rank 2 disagrees")
         dist.all_reduce(torch.ones(2))
 
+    def test_fake_backend(self):
+        # Issue 25: as in upstream's ranks, c10d's fake backend is usable.
+        if dist.is_initialized():  # the runner's own group (threads, pool)
+            group = dist.new_group(backend="fake")
+            assert dist.get_backend(group) == "fake", dist.get_backend(group)
+            return
+        dist.init_process_group("fake", store=disttest.FakeStore(), rank=self.rank, world_size=self.world_size)
+        try:
+            t = torch.ones(2)
+            dist.all_reduce(t)  # no communication: a fake group
+            assert dist.get_backend() == "fake"
+        finally:
+            dist.destroy_process_group()
+
     def test_hang(self):
         self.init()
         if self.rank == 1:

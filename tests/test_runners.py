@@ -143,6 +143,22 @@ class BehaviourTest(unittest.TestCase):
                         header = f"{body!r} failed (disttest): "
                         self.assertIn(header + "rank 2/4 raised AssertionError\n", text)
 
+    def test_the_fake_backend_is_usable_in_a_rank(self):
+        import torch.distributed as dist
+
+        plugins = dist.Backend._plugins
+        had = "FAKE" in plugins
+        saved = plugins.pop("FAKE", None)  # as in a fresh test process
+        try:
+            for sub, result, _ in self.each("test_fake_backend"):
+                with sub:
+                    self.assertEqual(result.errors + result.failures, [])
+                    if sub.runner is cases.ThreadRunner:  # registered for the test only
+                        self.assertNotIn("FAKE", plugins)
+        finally:
+            if had:
+                plugins["FAKE"] = saved
+
     def test_hang_reports_the_stack_at_the_timeout(self):
         for sub, result, elapsed in self.each("test_hang"):
             with sub:

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from disttest import _compat
 from disttest._runner import progress
 from disttest._runner.channel import connect
 from disttest._runner.messages import Done, Hello, Ready, Run
@@ -286,6 +287,9 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # and functional collectives; the watcher publishes what it sees.
     os.environ.setdefault(FR_ENV, str(FR_ENTRIES))
     _context_publish[:] = [progress.watch_flight_recorder()]
+    # As in upstream's ranks, whose helpers register it: init_process_group("fake")
+    # works (for the rank's life: it is the test's process).
+    _compat.install_fake_backend()
     return files
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "BACKEND",
     "ALREADY_INITIALIZED",
     "AlreadyInitialized",
+    "FakeProcessGroup",  # noqa: F822 (module __getattr__)
     "FakeStore",
     "MockProcessGroup",
     "create_mock_pg",
@@ -69,6 +70,13 @@ class AlreadyInitialized(RuntimeError):
 
 class FakeStore(dist.HashStore):
     """A store that needs no peers (in memory, in this process)."""
+
+
+def __getattr__(name: str) -> Any:
+    # Upstream's fake_pg hands on c10d's class; looked up when asked for.
+    if name == "FakeProcessGroup":
+        return _compat.fake_process_group()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_fake_backend() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttest import _compat
 from disttest._runner import janitor, settings, thread_pool
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
@@ -65,6 +66,8 @@ class _ThreadRun:
         # restored after each test, or 10,000 tests nest 20,000 hooks.
         self.hooks = (sys.excepthook, threading.excepthook)
         self.world = install_threaded_pg()
+        # As in upstream's ranks (its helpers register it): undone after the test.
+        self.undo_fake = _compat.install_fake_backend()
         self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
         self.autograd = torch.autograd.set_multithreading_enabled(False)
         self.test = test
@@ -86,6 +89,8 @@ class _ThreadRun:
         finally:
             self.autograd.__exit__(None, None, None)
             uninstall_threaded_pg()
+            if self.undo_fake is not None:
+                self.undo_fake()
             self.world = None  # type: ignore[assignment]
             sys.excepthook, threading.excepthook = self.hooks
 
