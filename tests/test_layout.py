@@ -58,11 +58,11 @@ class LayersTest(unittest.TestCase):
 class TreeTest(unittest.TestCase):
     def test_top_level_holds_the_foundation_the_plugin_and_the_packages(self):
         # A new module finds its package (runners, support, pg, bases, faults,
-        # conformance, _runner) instead of sitting flat beside 30 others.
+        # conformance, migrate, _runner) instead of sitting flat beside 30 others.
         entries = sorted(e for e in os.listdir(PACKAGE) if e != "__pycache__")
         self.assertEqual(entries, [
             "__init__.py", "_compat.py", "_moved.py", "_ops.py", "_runner", "_typing.py", "bases",
-            "config.py", "conformance", "faults", "pg", "py.typed", "pytest_plugin.py", "runners",
+            "config.py", "conformance", "faults", "migrate", "pg", "py.typed", "pytest_plugin.py", "runners",
             "support",
         ])
 

@@ -40,9 +40,9 @@ def migration_map() -> dict[str, list[str]]:
     return out
 
 
-def sed_line(text: str) -> str:
+def command_line(text: str) -> str:
     return next(line.strip().removeprefix("$ ") for line in text.splitlines()
-                if line.strip().removeprefix("$ ").startswith("sed -i -E"))
+                if line.strip().removeprefix("$ ").startswith("python -m disttest.migrate"))
 
 
 class MigrationGuideTest(unittest.TestCase):
@@ -54,7 +54,7 @@ class MigrationGuideTest(unittest.TestCase):
                                      settings_overrides={"report_level": 4, "halt_level": 4})
 
     def test_readme_gives_the_guides_command(self):
-        self.assertEqual(sed_line(read(README)), sed_line(read(GUIDE)))
+        self.assertEqual(command_line(read(README)), command_line(read(GUIDE)))
 
     def test_every_migration_name_imports_from_disttest(self):
         names = [n for names in migration_map().values() for n in names]
@@ -72,8 +72,10 @@ class MigrationGuideTest(unittest.TestCase):
         missing = [n for n in listed if not hasattr(upstream, n) and n != "MultiProcContinousTest"]
         self.assertEqual(missing, [])
 
-    def test_sed_line_ports_imports(self):
-        command = sed_line(read(GUIDE))
+    def test_the_command_ports_imports(self):
+        import sys
+
+        command = command_line(read(GUIDE)).split()
         sources = textwrap.dedent("""\
             from torch.testing._internal.common_distributed import MultiProcessTestCase, skip_if_lt_x_gpu
             from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -81,20 +83,25 @@ class MigrationGuideTest(unittest.TestCase):
             from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import RpcAgentTestFixture
             from torch.testing._internal.common_utils import run_tests
             from torch.testing._internal.distributed._tensor.common_dtensor import (
+                DTensorTestBase,
+            )
             from torch.testing._internal.common_fsdp import FSDPTest, MLP
         """)
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "test_port.py")
+            os.mkdir(os.path.join(tmp, "tests"))
+            path = os.path.join(tmp, "tests", "test_port.py")
             with open(path, "w") as f:
                 f.write(sources)
-            subprocess.run(command.replace("test_*.py", path), shell=True, check=True, timeout=60)
+            subprocess.run([sys.executable, *command[1:]], check=True, timeout=120, cwd=tmp,
+                           capture_output=True)
             with open(path) as f:
                 ported = f.read().splitlines()
-        self.assertEqual(ported[:4], [
+        self.assertEqual(ported, [
             "from disttest import MultiProcessTestCase, skip_if_lt_x_gpu",
             "from disttest import FakeStore",
             "from disttest import dist_init",
             "from disttest import RpcAgentTestFixture",
+            "from torch.testing._internal.common_utils import run_tests",
+            "from disttest.bases.dtensor import DTensorTestBase",
+            "from disttest.bases.fsdp import FSDPTest, MLP",
         ])
-        self.assertEqual(ported[4], "from torch.testing._internal.common_utils import run_tests")
-        self.assertEqual(ported[5:], ["from disttest.bases.dtensor import (", "from disttest.bases.fsdp import FSDPTest, MLP"])

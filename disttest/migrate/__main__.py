@@ -1,0 +1,7 @@
+"""``python -m disttest.migrate PATH...``."""
+
+import sys
+
+from disttest.migrate import main
+
+sys.exit(main())
