@@ -21,7 +21,7 @@ OFFERED = {
 
 
 def offers(home: str, name: str) -> bool:
-    return name in OFFERED.get(home, set())
+    return home in OFFERED if name == "*" else name in OFFERED.get(home, set())
 
 
 def migrated(source: str) -> tuple[str, list[str]]:
@@ -74,11 +74,13 @@ class RewriteTest(unittest.TestCase):
         out, changes = migrated("""
             from torch.testing._internal.common_distributed import *
             from torch.testing._internal.distributed.checkpoint_utils import *
+            from torch.testing._internal.distributed.rpc_utils import *
             import torch.testing._internal.common_distributed
             patch = "torch.testing._internal.common_distributed.TIMEOUT_DEFAULT"
         """)
         self.assertIn("from disttest import *\n", out)
-        self.assertIn("from torch.testing._internal.distributed.checkpoint_utils import *\n", out)
+        self.assertIn("from torch.testing._internal.distributed.checkpoint_utils import *\n", out)  # no home here
+        self.assertIn("from torch.testing._internal.distributed.rpc_utils import *\n", out)  # no home at all
         self.assertIn("import torch.testing._internal.common_distributed\n", out)
         self.assertIn('patch = "torch.testing._internal.common_distributed.TIMEOUT_DEFAULT"', out)
         self.assertTrue(any("left as it is: change it by hand" in c and "TIMEOUT_DEFAULT" in c for c in changes))

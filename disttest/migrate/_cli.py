@@ -8,6 +8,9 @@ import os
 import sys
 from collections.abc import Iterator
 
+from disttest.migrate._homes import FALLBACK
+from disttest.migrate._homes import HOMES as _HOMES
+
 __unittest = True
 
 __all__ = ["NEEDS_LIBCST", "main"]
@@ -15,7 +18,7 @@ __all__ = ["NEEDS_LIBCST", "main"]
 NEEDS_LIBCST = ("python -m disttest.migrate needs libcst, which is not installed (disttest): "
                 "pip install 'torch-disttest[migrate]' (or pip install libcst)")
 #: Homes the command may point imports at: disttest's documented modules.
-HOMES = ("disttest", "disttest.bases.dtensor", "disttest.bases.fsdp")
+HOMES = tuple(sorted({*_HOMES.values(), *FALLBACK}))
 
 
 def _files(paths: list[str], parser: argparse.ArgumentParser) -> Iterator[str]:

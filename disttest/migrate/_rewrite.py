@@ -29,31 +29,13 @@ from collections.abc import Callable, Sequence
 import libcst as cst
 import libcst.matchers as m
 
+from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX
+
 __unittest = True
 
-__all__ = ["HOMES", "PREFIX", "Change", "Result", "rewrite"]
+__all__ = ["FALLBACK", "HOMES", "PREFIX", "Change", "Result", "module_names", "rewrite"]
 
-PREFIX = "torch.testing._internal"
-#: The disttest module to look in first for the names of each upstream module
-#: (after it, ``disttest``); modules not listed look in ``disttest`` only.
-HOMES = {
-    "common_distributed": "disttest",
-    "dist_utils": "disttest",
-    "distributed.distributed_utils": "disttest",
-    "distributed.fake_pg": "disttest",
-    "distributed.multi_threaded_pg": "disttest",
-    "distributed.distributed_test": "disttest",
-    "distributed._tensor.common_dtensor": "disttest.bases.dtensor",
-    "common_fsdp": "disttest.bases.fsdp",
-}
-#: Upstream modules of which only some names move (the rest of common_utils
-#: is upstream's general test framework, which disttest does not replace).
-ONLY = {
-    "common_utils": {"find_free_port", "retry_on_connect_failures", "skip_but_pass_in_sandcastle",
-                     "skip_but_pass_in_sandcastle_if"},
-}
-
-#: (home module, name) -> whether the home offers the name.
+#: (home module, name) -> whether the home offers the name ("*": whether the home exists).
 Lookup = Callable[[str, str], bool]
 
 
@@ -111,7 +93,7 @@ def _home_for(upstream: str, name: str, offers: Lookup) -> str | None:
         return None
     first = HOMES.get(upstream)
     homes = [first] if first else []
-    homes += [h for h in ("disttest", "disttest.bases.dtensor", "disttest.bases.fsdp") if h not in homes]
+    homes += [h for h in FALLBACK if h not in homes]
     return next((h for h in homes if offers(h, name)), None)
 
 
@@ -167,7 +149,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             return updated
         if isinstance(stmt.names, cst.ImportStar):
             home = HOMES.get(upstream)
-            if home is None:
+            if home is None or not self.offers(home, "*"):
                 self.changes.append(Change("kept", line, upstream, "*"))
                 return updated
             self.changes.append(Change("moved", line, upstream, "*", home))
@@ -286,7 +268,12 @@ def module_names(modules: Sequence[str]) -> Lookup:
         if home not in modules:
             return False
         if home not in cache:
-            cache[home] = importlib.import_module(home)
+            try:
+                cache[home] = importlib.import_module(home)
+            except ImportError:  # a home this disttest does not have
+                cache[home] = None
+        if name == "*":  # whether the home exists
+            return cache[home] is not None
         found = getattr(cache[home], name, None)
         # Not a submodule of disttest's (``disttest.fake`` is an old module path, not a name).
         return found is not None and not isinstance(found, types.ModuleType)
