@@ -664,3 +664,14 @@ def fsdp_param_group() -> Any:
     import torch.distributed.fsdp._fully_shard._fsdp_param_group as module
 
     return module
+
+
+def cuda_multicast_support(device_index: int = 0) -> bool:
+    """Whether CUDA device ``device_index`` supports multicast for symmetric
+    memory (``torch._C._distributed_c10d._SymmetricMemory.has_multicast_support``)."""
+    try:
+        from torch._C._autograd import DeviceType
+        from torch._C._distributed_c10d import _SymmetricMemory
+    except ImportError:
+        return False
+    return bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device_index))

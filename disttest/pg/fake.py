@@ -48,6 +48,7 @@ __all__ = [
     "AlreadyInitialized",
     "FakeProcessGroup",  # noqa: F822 (module __getattr__)
     "FakeStore",
+    "_create_fake_pg",
     "MockProcessGroup",
     "create_mock_pg",
     "mock_init_dist",
@@ -70,6 +71,14 @@ class AlreadyInitialized(RuntimeError):
 
 class FakeStore(dist.HashStore):
     """A store that needs no peers (in memory, in this process)."""
+
+
+def _create_fake_pg(common_opts: Any, backend_opts: Any) -> Any:
+    """The creator of c10d's ``fake`` backend (upstream's
+    ``fake_pg._create_fake_pg``): a ``FakeProcessGroup`` of the group's
+    rank and size, which communicates nothing."""
+    return _compat.fake_process_group()._create_internal(  # type: ignore[attr-defined]
+        common_opts.group_rank, common_opts.group_size, backend_opts)
 
 
 def __getattr__(name: str) -> Any:

@@ -52,6 +52,8 @@ __unittest = True
 
 __all__ = [
     "BACKEND",
+    "binop_reduce",
+    "bitwise_reduce",
     "CollectiveAborted",
     "CollectiveMismatch",
     "CollectiveTimeout",
@@ -573,6 +575,23 @@ class ProcessLocalGroup(PythonGroup):
 
 _thread_world = threading.local()
 _installed: list[tuple[ThreadedWorld, Any]] = []  # (world, c10d registry it replaced)
+
+
+def binop_reduce(tensors: Sequence[torch.Tensor], op: Callable[..., Any]) -> torch.Tensor:
+    """Reduce ``tensors`` with ``op`` over a new first dimension
+    (``torch.sum``, ``torch.mean``, ``torch.prod``, ``torch.min``,
+    ``torch.max``), as upstream's threaded group does; for min and max,
+    the values."""
+    result = op(torch.stack(list(tensors)), dim=0)
+    return result if isinstance(result, torch.Tensor) else result.values
+
+
+def bitwise_reduce(tensors: Sequence[torch.Tensor], op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                   ) -> torch.Tensor:
+    """Fold ``tensors`` with the elementwise ``op`` (``torch.bitwise_and``...)."""
+    import functools
+
+    return functools.reduce(op, tensors)
 
 
 def _current_world() -> ThreadedWorld:
