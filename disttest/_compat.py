@@ -675,3 +675,57 @@ def cuda_multicast_support(device_index: int = 0) -> bool:
     except ImportError:
         return False
     return bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device_index))
+
+
+def inductor_config() -> Any:
+    """Inductor's private config module (``torch._inductor.config``:
+    ``compile_threads``...), imported on first use."""
+    import torch._inductor.config as module
+
+    return module
+
+
+def has_triton() -> bool:
+    """``torch.utils._triton.has_triton()``: Triton and a device it can compile for."""
+    from torch.utils._triton import has_triton as probe
+
+    return bool(probe())
+
+
+def cuda_sleep(cycles: int) -> None:
+    """``torch.cuda._sleep``: keep the current CUDA stream busy for ``cycles``."""
+    import torch
+
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]  # torch: _sleep is unannotated
+
+
+def fsdp_runtime_utils() -> Any:
+    """FSDP1's private runtime module (``torch.distributed.fsdp._runtime_utils``:
+    ``_reshard``)."""
+    import torch.distributed.fsdp._runtime_utils as module
+
+    return module
+
+
+def shard_api() -> Any:
+    """torch's sharded-tensor package (``torch.distributed._shard``), with its
+    ``sharded_tensor`` (``ShardedTensor``, ``rand``...) and ``sharding_spec``
+    (``ChunkShardingSpec``, ``EnumerableShardingSpec``, ``ShardMetadata``)
+    modules imported."""
+    import torch.distributed._shard as module
+    import torch.distributed._shard.sharded_tensor
+    import torch.distributed._shard.sharding_spec  # noqa: F401  (loads the attribute)
+
+    return module
+
+
+def shard_chunk_sizes() -> tuple[Callable[[int, int], int], Callable[[int, int, int], int]]:
+    """``(get_split_size, get_chunked_dim_size)`` of
+    ``torch.distributed._shard.sharding_spec._internals``: how
+    ``ChunkShardingSpec`` sizes its chunks."""
+    from torch.distributed._shard.sharding_spec._internals import (
+        get_chunked_dim_size,
+        get_split_size,
+    )
+
+    return get_split_size, get_chunked_dim_size

@@ -9,7 +9,9 @@ by changing one import:
 - :class:`FSDPTestContinuous`: one pool of rank processes per class, a
   barrier around every test.
 - :func:`check_sharded_parity`, the ``patch_*`` context managers, and the
-  reference models (:mod:`disttest.bases.fsdp_models`).
+  reference models (:mod:`disttest.bases.fsdp_models`,
+  :mod:`disttest.bases.fsdp_models_more`) and helpers
+  (:mod:`disttest.bases.fsdp_helpers`).
 
 Unlike upstream, which skips every ``FSDPTest`` on a host without
 accelerators, the bases run on CPU with gloo there (2 ranks by default); a
@@ -33,6 +35,12 @@ from torch import nn
 from disttest import _compat
 from disttest.bases import fsdp_models
 from disttest.bases.dtensor import _DTensorProcesses
+from disttest.bases.fsdp_helpers import (
+    DummyProcessGroup,
+    compiled_fsdp_test,
+    get_full_params,
+    subtest_name,
+)
 from disttest.bases.fsdp_models import (
     MLP,
     DEVICEInitMode,
@@ -43,6 +51,17 @@ from disttest.bases.fsdp_models import (
     NestedWrappedModule,
     TransformerWithSharedParams,
     get_devtype,
+)
+from disttest.bases.fsdp_models_more import (
+    AlwaysWrapNestedWrappedModule,
+    DummyDDP,
+    MixtureOfExperts,
+    ModuleWithDelay,
+    NestedLinear,
+    NestedWrappedModuleWithDelay,
+    NonUniformReqGradNWM,
+    SkipModel,
+    SkipModule,
 )
 from disttest.runners.case import set_rng_seed
 from disttest.runners.continuous import MultiProcContinousTest
@@ -58,8 +77,11 @@ __all__ = [
     "DEVICE_TYPE",
     "DISTRIBUTED_BACKEND",
     "MLP",
+    "AlwaysWrapNestedWrappedModule",
     "DEVICEInitMode",
     "DoubleLinear",
+    "DummyDDP",
+    "DummyProcessGroup",
     "FSDPInitMode",
     "FSDPTest",
     "FSDPTestContinuous",
@@ -67,10 +89,19 @@ __all__ = [
     "FSDPTestModel",
     "FSDPTestMultiThread",
     "MLPStack",
+    "MixtureOfExperts",
+    "ModuleWithDelay",
+    "NestedLinear",
     "NestedWrappedModule",
+    "NestedWrappedModuleWithDelay",
+    "NonUniformReqGradNWM",
+    "SkipModel",
+    "SkipModule",
     "TransformerWithSharedParams",
     "check_sharded_parity",
+    "compiled_fsdp_test",
     "get_devtype",
+    "get_full_params",
     "patch_all_gather",
     "patch_all_reduce",
     "patch_foreach_all_gather",
@@ -81,6 +112,7 @@ __all__ = [
     "patch_reshard",
     "patch_unshard",
     "reduce_scatter_with_assert",
+    "subtest_name",
 ]
 
 #: The device type the FSDP bases and their models use, the accelerator's

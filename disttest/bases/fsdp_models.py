@@ -90,6 +90,15 @@ def _to_device(module: nn.Module, move: bool) -> nn.Module:
     return module.to(DEVICE_TYPE) if move else module
 
 
+def _device_kwargs(fsdp_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``fsdp_kwargs`` with ``device_id="cpu"`` added on a host without
+    accelerators, where FSDP (1) refuses a CPU module without a device; a
+    ``device_id`` given is kept. Upstream never builds these models on CPU."""
+    if DEVICE_TYPE == "cpu" and "device_id" not in fsdp_kwargs:
+        return {**fsdp_kwargs, "device_id": "cpu"}
+    return fsdp_kwargs
+
+
 class TransformerWithSharedParams(FSDPTestModel):
     """A small ``nn.Transformer`` whose embedding and output projection share
     their weight, with a float and a long buffer (and optionally BatchNorm)."""
@@ -156,7 +165,7 @@ class TransformerWithSharedParams(FSDPTestModel):
         hybrid = _compat.hybrid_sharding_strategies()
         fsdp_pg = None if fsdp_kwargs.get("sharding_strategy") in hybrid and not isinstance(group, tuple) else group
         model = TransformerWithSharedParams(tformer_pg, device_init_mode, add_bn, deterministic)
-        wrapped: nn.Module = FSDP(model, fsdp_pg, auto_wrap_policy=policy, **fsdp_kwargs)
+        wrapped: nn.Module = FSDP(model, fsdp_pg, auto_wrap_policy=policy, **_device_kwargs(fsdp_kwargs))
         if device_init_mode == DEVICEInitMode.DEVICE_AFTER:
             wrapped = wrapped.to(DEVICE_TYPE)
         return wrapped
@@ -181,7 +190,7 @@ class NestedWrappedModule(FSDPTestModel):
                 return layer
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-            return FSDP(layer, group, **fsdp_kwargs)
+            return FSDP(layer, group, **_device_kwargs(fsdp_kwargs))
 
         if deterministic:
             torch.manual_seed(0)
