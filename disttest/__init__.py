@@ -118,6 +118,7 @@ __all__ = [
     "BarrierTimeout",
     "BatchNormNet",
     "COLLECTIVES_OBJECT_TEST_LIST",
+    "C10dTorchCommsTestBase",
     "CollectiveAborted",
     "CollectiveMismatch",
     "CollectiveTimeout",
@@ -228,6 +229,7 @@ __all__ = [
     "run_in",
     "run_subtests",
     "set_rng_seed",
+    "setup_torchcomms_pg",
     "simple_sparse_reduce_tests",
     "skip_if_rocm_arch_multiprocess",
     "skip_if_rocm_ver_lessthan_multiprocess",
@@ -254,6 +256,8 @@ __all__.sort()
 # torch._dynamo (seconds to import) loads only for the dynamo test cases, and
 # torch.distributed.rpc only for the RPC helpers.
 _LAZY_FROM = {
+    "C10dTorchCommsTestBase": "disttest.bases.torchcomms",
+    "setup_torchcomms_pg": "disttest.bases.torchcomms",
     "PLATFORM_SUPPORTS_SYMM_MEM": "disttest.support.platform",
     "TORCHCOMM_HAS_GLOO": "disttest.support.platform",
     "TORCHCOMM_HAS_NCCL": "disttest.support.platform",

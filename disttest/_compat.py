@@ -24,29 +24,45 @@ __all__ = [
     "activation_checkpoint",
     "backend_creator",
     "c10d_world",
+    "checkpoint_extension",
+    "clear_cublas_workspaces",
+    "clear_sharding_prop_cache",
+    "concatenate_meshes",
+    "cuda_multicast_support",
+    "cuda_sleep",
     "default_backend_for_device",
     "default_group",
     "dtensor_sharding_prop_lock",
+    "dtensor_spec",
     "dynamo_config_patch",
     "enable_record_function",
     "ensure_fake_backend",
     "fake_process_group",
-    "install_fake_backend",
     "flight_status",
     "fsdp_param_group",
+    "fsdp_runtime_utils",
+    "functional_collectives",
+    "gather_state_dict",
     "group_name",
     "has_feature",
+    "has_triton",
     "hybrid_sharding_strategies",
+    "inductor_config",
+    "install_fake_backend",
     "is_functional_tensor",
     "load_faulty_rpc_agent",
     "local_tensor",
+    "mark_uncoalesced",
     "missing_feature",
     "new_c10d_world",
     "preload_dynamo",
     "premul_sum",
+    "privateuse1_backend_name",
     "pytree",
+    "redistribute_local_tensor",
     "reduce_op_parts",
     "register_backend",
+    "register_op_strategy",
     "register_python_group_backend",
     "registered_backend_names",
     "remove_dynamo_trace_handler",
@@ -55,12 +71,22 @@ __all__ = [
     "rref_debug_info",
     "set_c10d_world",
     "set_device_index",
+    "set_dtensor_spec",
     "set_rref_leak_check",
     "set_thread_isolation",
+    "shard_api",
+    "shard_chunk_sizes",
+    "shard_order_entry",
+    "sharding_propagator",
     "silence_dynamo_trace_log",
+    "sparse_coo_raw",
     "thread_local_modes",
     "torch_at_least",
     "torch_version",
+    "torchcomms_process_group",
+    "use_shard_order_spec",
+    "use_torchcomms",
+    "wait_tensor",
     "work_base",
 ]
 
@@ -666,17 +692,6 @@ def fsdp_param_group() -> Any:
     return module
 
 
-def cuda_multicast_support(device_index: int = 0) -> bool:
-    """Whether CUDA device ``device_index`` supports multicast for symmetric
-    memory (``torch._C._distributed_c10d._SymmetricMemory.has_multicast_support``)."""
-    try:
-        from torch._C._autograd import DeviceType
-        from torch._C._distributed_c10d import _SymmetricMemory
-    except ImportError:
-        return False
-    return bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device_index))
-
-
 def inductor_config() -> Any:
     """Inductor's private config module (``torch._inductor.config``:
     ``compile_threads``...), imported on first use."""
@@ -729,3 +744,172 @@ def shard_chunk_sizes() -> tuple[Callable[[int, int], int], Callable[[int, int, 
     )
 
     return get_split_size, get_chunked_dim_size
+
+
+def checkpoint_extension() -> Any:
+    """Distributed checkpoint's private extension module
+    (``torch.distributed.checkpoint._extension``: ``ExtensionRegistry``,
+    ``StreamTransformExtension``)."""
+    import torch.distributed.checkpoint._extension as module
+
+    return module
+
+
+def gather_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``torch.distributed._state_dict_utils._gather_state_dict``: the state dict
+    with every DTensor and ShardedTensor gathered into a full tensor
+    (collective over their groups)."""
+    from torch.distributed._state_dict_utils import _gather_state_dict
+
+    return _gather_state_dict(state_dict)
+
+
+def sparse_coo_raw(t: Any) -> tuple[Any, Any]:
+    """A COO tensor's indices and values as stored, also when it is not
+    coalesced (``Tensor._indices``, ``Tensor._values``)."""
+    return t._indices(), t._values()
+
+
+def mark_uncoalesced(t: Any) -> Any:
+    """Flag a COO tensor as not coalesced (``Tensor._coalesced_(False)``); return it."""
+    return t._coalesced_(False)
+
+
+def clear_cublas_workspaces() -> None:
+    """Free cuBLAS workspaces, which a CUDA memory check must not count as a
+    leak (``torch._C._cuda_clearCublasWorkspaces``); nothing without CUDA."""
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+def privateuse1_backend_name() -> str:
+    """The name of the PrivateUse1 device (``torch._C._get_privateuse1_backend_name``)."""
+    import torch
+
+    return str(torch._C._get_privateuse1_backend_name())
+
+
+def shard_order_entry() -> type:
+    """DTensor's ``ShardOrderEntry(tensor_dim, mesh_dims)``
+    (``torch.distributed.tensor._dtensor_spec``)."""
+    from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
+
+    return ShardOrderEntry
+
+
+def dtensor_spec(dt: Any) -> Any:
+    """A DTensor's spec (``DTensor._spec``: mesh, placements, shard order)."""
+    return dt._spec
+
+
+def set_dtensor_spec(dt: Any, spec: Any) -> None:
+    """Replace a DTensor's spec (``DTensor._spec``)."""
+    dt._spec = spec
+
+
+def use_shard_order_spec(dt: Any) -> None:
+    """Make a DTensor's spec keep an explicit shard order instead of reading
+    one from ``_StridedShard`` placements (``DTensorSpec.__post_init__``)."""
+    spec = dt._spec
+    spec.use_strided_shard_as_shard_order = False
+    spec.__post_init__()
+
+
+def redistribute_local_tensor(local: Any, current_spec: Any, target_spec: Any,
+                              use_graph_based_transform: bool | None = None) -> Any:
+    """One rank's shard moved from ``current_spec`` to ``target_spec``
+    (``torch.distributed.tensor._redistribute.redistribute_local_tensor``)."""
+    from torch.distributed.tensor._redistribute import redistribute_local_tensor as move
+
+    return move(local, current_spec, target_spec, use_graph_based_transform=use_graph_based_transform)
+
+
+def sharding_propagator() -> Any:
+    """DTensor's sharding propagator (``DTensor._op_dispatcher.sharding_propagator``:
+    ``op_strategy_funcs``, ``op_to_schema_info``)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher.sharding_propagator
+
+
+def register_op_strategy(op: Any, strategy_func: Any, schema_info: Any = None) -> None:
+    """Register ``strategy_func`` as DTensor's strategy for ``op``
+    (``torch.distributed.tensor._ops.utils.register_op_strategy``)."""
+    from torch.distributed.tensor._ops.utils import register_op_strategy as register
+
+    register(op, schema_info=schema_info)(strategy_func)
+
+
+def clear_sharding_prop_cache() -> None:
+    """Clear DTensor's sharding-propagation caches
+    (``torch.distributed.tensor.debug._clear_sharding_prop_cache``)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()  # type: ignore[no-untyped-call]  # torch: unannotated
+
+
+def functional_collectives() -> Any:
+    """torch's functional collectives (``torch.distributed._functional_collectives``:
+    ``all_gather_single_autograd``, ``reduce_scatter_single_autograd``)."""
+    import torch.distributed._functional_collectives as module
+
+    return module
+
+
+def wait_tensor(t: Any) -> Any:
+    """Wait for a functional collective's result (``torch.ops._c10d_functional.wait_tensor``)."""
+    import torch
+
+    return torch.ops._c10d_functional.wait_tensor(t)
+
+
+def concatenate_meshes(meshes: list[Any]) -> Any:
+    """One DeviceMesh over the dimensions of ``meshes``, slices of one mesh
+    (``DeviceMesh._concatenate``)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh._concatenate(meshes)
+
+
+def cuda_multicast_support(device_index: int = 0) -> bool:
+    """Whether CUDA device ``device_index`` supports multicast for symmetric
+    memory (``torch._C._distributed_c10d._SymmetricMemory.has_multicast_support``)."""
+    try:
+        from torch._C._autograd import DeviceType
+        from torch._C._distributed_c10d import _SymmetricMemory
+    except ImportError:
+        return False
+    return bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device_index))
+
+
+def use_torchcomms(enabled: bool) -> None:
+    """Route c10d through torchcomms (``torch.distributed.config.use_torchcomms``)."""
+    import importlib
+
+    config: Any = importlib.import_module("torch.distributed.config")
+    config.use_torchcomms = enabled
+
+
+def torchcomms_process_group(backend: str, rank: int, world_size: int, device: Any, store_path: str,
+                             group_name: str) -> Any:
+    """A ProcessGroup over a torchcomms comm, published in c10d's world
+    (``distributed_c10d._BackendWrapper``, ``_register_pg_in_world``), as
+    upstream's ``setup_torchcomms_pg`` builds it."""
+    import importlib
+
+    torchcomms: Any = importlib.import_module("torchcomms")
+    c10d: Any = importlib.import_module("torch.distributed.distributed_c10d")
+    file_store = c10d.FileStore(store_path, world_size)
+    comm = torchcomms.new_comm(backend, device, name=f"{group_name}_comm",
+                               store=c10d.PrefixStore(f"{group_name}_tc/", file_store),
+                               hints={"persistent_store": "true"})
+    pg = c10d.ProcessGroup(c10d.PrefixStore(f"{group_name}_pg/", file_store), comm.get_rank(), comm.get_size())
+    pg._register_backend(comm.get_device(), c10d.ProcessGroup.BackendType.NCCL, c10d._BackendWrapper(comm))
+    pg._set_default_backend(c10d.ProcessGroup.BackendType.NCCL)
+    pg._set_group_name(group_name)
+    c10d._register_pg_in_world(pg, backend_name=backend, store=file_store, group_name=group_name,
+                               backend_config=backend, rank_mapping={r: r for r in range(world_size)})
+    return pg

@@ -141,3 +141,28 @@ class GroupsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TorchcommsTest(unittest.TestCase):
+    def test_without_torchcomms_the_group_and_the_base_skip_naming_the_backend(self):
+        from disttest.bases.torchcomms import C10dTorchCommsTestBase
+
+        with self.assertRaises(unittest.SkipTest) as cm:
+            disttest.setup_torchcomms_pg("nccl", 0, 1, torch.device("cpu"), "/nonexistent", "g")
+        self.assertEqual(str(cm.exception), "torchcomms nccl backend is not available")
+
+        class Suite(C10dTorchCommsTestBase):
+            world_size = 2
+
+            def test_x(self):
+                raise AssertionError("must not run")
+
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(Suite).run(result)
+        self.assertEqual(result.errors + result.failures, [])
+        self.assertEqual([reason for _, reason in result.skipped], ["torchcomms gloo backend is not available"])
+
+    def test_backend_by_device(self):
+        from disttest.bases.torchcomms import C10dTorchCommsTestBase as Base
+
+        self.assertEqual([Base.backend(d) for d in ("cuda:1", "xpu", "hpu", "cpu")], ["nccl", "xccl", "hccl", "gloo"])

@@ -11,8 +11,13 @@ so a DTensor suite ports by changing one import:
 - :class:`DTensorContinuousTestBase`: one pool of rank processes per class
   (:class:`~disttest.MultiProcContinousTest`).
 - :class:`LocalDTensorTestBase`, :class:`LocalDTensorOpTestBase`,
+  :class:`LocalDTensorContinuousTestBase`,
   :func:`create_local_tensor_test_class`: every rank simulated in the test
   process by torch's local-tensor mode (where the installed torch has it).
+
+Also here: the models, expert styles and op helpers of
+:mod:`~disttest.bases.dtensor_models`, :mod:`~disttest.bases.dtensor_experts`
+and :mod:`~disttest.bases.dtensor_ops`.
 
 Timeouts, fail-fast, stacks and desync reports are the runners'. Importing
 this module does no tensor work and changes nothing in torch.
@@ -20,7 +25,6 @@ this module does no tensor work and changes nothing in torch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import threading
@@ -33,15 +37,18 @@ import torch.distributed as dist
 from torch import nn
 
 from disttest import _compat
-from disttest.bases import dtensor_models
+from disttest._runner import settings
+from disttest.bases import dtensor_models, dtensor_ops
 from disttest.bases.dtensor_models import *  # noqa: F403  (dtensor_models.__all__)
+from disttest.bases.dtensor_ops import *  # noqa: F403  (dtensor_ops.__all__)
 from disttest.config import ConfigError
+from disttest.runners.case import TestCase
 from disttest.runners.continuous import MultiProcContinousTest
 from disttest.runners.multiprocess import MultiProcessTestCase
 from disttest.runners.multithread import MultiThreadedTestCase
 from disttest.support.devices import ACCELERATOR_DIST_BACKENDS, accelerator_count, accelerator_type
 from disttest.support.helpers import run_subtests
-from disttest.support.skips import DistSkip, TestSkip, _gpu_skip, skip_if_lt_x_gpu
+from disttest.support.skips import DistSkip, TestSkip, _gpu_skip, precheck_skip, skip_if_lt_x_gpu
 
 __unittest = True
 
@@ -56,8 +63,10 @@ __all__ = [
     "DTensorOpTestBase",
     "DTensorTestBase",
     "DTensorTestMixin",
+    "LocalDTensorContinuousTestBase",
     "LocalDTensorOpTestBase",
     "LocalDTensorTestBase",
+    "TestFunc",
     "create_local_tensor_test_class",
     "map_local_for_rank",
     "map_local_tensor_for_rank",
@@ -65,9 +74,27 @@ __all__ = [
     "skip_unless_torch_gpu",
     "with_comms",
 ]
-__all__ += dtensor_models.__all__  # upstream's models, importable from here
+# Upstream's models, op helpers and expert styles, importable from here; the
+# styles subclass torch's ParallelStyle, so they load on first use.
+_EXPERT_STYLES = ["ExpertParallel", "ExpertParallelWithTP", "TensorParallelForExpert"]
+__all__ += dtensor_models.__all__ + dtensor_ops.__all__ + _EXPERT_STYLES
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPERT_STYLES:
+        from disttest.bases import dtensor_experts
+
+        return getattr(dtensor_experts, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPERT_STYLES])
+
 
 T = TypeVar("T")
+#: A test method, as ``with_comms`` takes and returns it (upstream's alias).
+TestFunc = Callable[..., object]
 
 #: The accelerator type of this host ("cuda", "xpu"...), else "cpu".
 DEVICE_TYPE: str = accelerator_type() or "cpu"
@@ -411,9 +438,9 @@ def _local_tensor_module() -> Any:
     return lt
 
 
-class _LocalMixin:
-    """What the local-tensor bases share: no ranks to start, the ``fake``
-    group, a symbolic ``rank`` that holds every rank's value."""
+class _LocalRanks:
+    """What the local-tensor bases share: every rank is this process, under
+    torch's local-tensor mode; ``rank`` is symbolic and holds every rank's value."""
 
     world_size: Any
 
@@ -436,9 +463,6 @@ class _LocalMixin:
     def rank(self, rank: Any) -> None:
         pass  # the runners set a main rank; here every rank is this process
 
-    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        return fn
-
     def _local_setup(self) -> None:
         _local_tensor_module()  # skips on a torch without the mode
         _compat.enable_record_function(False)
@@ -448,6 +472,17 @@ class _LocalMixin:
     def build_device_mesh(self) -> Any:
         with _local_tensor_module().maybe_disable_local_tensor_mode():
             return super().build_device_mesh()  # type: ignore[misc]
+
+    def init_manual_seed_for_rank(self) -> None:
+        torch.manual_seed(0)
+
+
+class _LocalMixin(_LocalRanks):
+    """The per-test local-tensor bases: no ranks to start; ``with_comms``
+    makes the ``fake`` group for the test."""
+
+    def join_or_run(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        return fn
 
     def init_pg(self, eager_init: bool, backend: str | None = None) -> None:
         from disttest.pg.fake import FakeStore
@@ -470,9 +505,6 @@ class _LocalMixin:
     def run_test(self, test_name: str, parent_pipe: Any = None) -> None:
         getattr(self, test_name)()
 
-    def init_manual_seed_for_rank(self) -> None:
-        torch.manual_seed(0)
-
 
 class LocalDTensorTestBase(_LocalMixin, DTensorTestBase):
     """:class:`DTensorTestBase` with every rank simulated in the test process
@@ -492,15 +524,64 @@ class LocalDTensorOpTestBase(_LocalMixin, DTensorOpTestBase):
         self._local_setup()
 
 
-def _in_local_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapped(self: Any) -> Any:
-        _compat.reset_dynamo()
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self._get_local_tensor_mode())
-            return fn(self)
+class LocalDTensorContinuousTestBase(_LocalRanks, DTensorContinuousTestBase):  # type: ignore[misc]
+    """:class:`DTensorContinuousTestBase` with every rank simulated in the
+    test process (torch's local-tensor mode): no pool.
 
-    return wrapped
+    The class's first test makes the ``fake`` default group (``cls.pg``) of
+    ``world_size`` (default ``NUM_DEVICES``, or the test's recorded size);
+    the class's tests share it and ``tearDownClass`` destroys it
+    (``@with_comms`` changes nothing here). A test enters the mode itself
+    (``with self._get_local_tensor_mode():``), or its class comes from
+    :func:`create_local_tensor_test_class` with this ``base_class``.
+    """
+
+    world_size: int = NUM_DEVICES
+    _local_group_size: int | None = None
+
+    def _dispatching(self) -> bool:
+        return False  # every rank is this process: no pool to dispatch to
+
+    def _callSetUp(self) -> None:
+        method = getattr(type(self), self._testMethodName, None)
+        skip = precheck_skip(self, method) if method is not None else None
+        if skip is not None:
+            raise skip
+        super()._callSetUp()
+
+    def _callTestMethod(self, method: Any) -> None:
+        self._phase = "test"
+        TestCase._callTestMethod(self, method)  # no rank process to arm faults in
+
+    def setUp(self) -> None:
+        owner = type(self)
+        size = settings.world_size(self, self._testMethodName)
+        settings.pin_world_size(self, size)
+        super().setUp()
+        self._local_setup()
+        if owner.__dict__.get("_local_group_size") != size or not dist.is_initialized():
+            owner._destroy_local_group()
+            from disttest.pg.fake import FakeStore
+
+            _compat.ensure_fake_backend()
+            dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
+            owner.pg, owner._local_group_size = _compat.default_group(), size
+
+    @classmethod
+    def _destroy_local_group(cls) -> None:
+        if cls.__dict__.get("_local_group_size") is not None:
+            cls.pg, cls._local_group_size = None, None
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls._destroy_local_group()
+        super().tearDownClass()
+
+
+def _in_local_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return dtensor_ops.make_wrapped(fn, [lambda test: test._get_local_tensor_mode()])
 
 
 def create_local_tensor_test_class(orig_cls: type, skipped_tests: Sequence[str] | None = None,

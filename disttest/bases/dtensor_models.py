@@ -1,8 +1,9 @@
 """The reference models of upstream's DTensor tests (``common_dtensor``).
 
-Classes only at import: nothing is built and the tensor-parallel styles load
-only when ``Transformer.parallelize`` runs. The expert layers of upstream's
-toy transformer are not carried over (``ModelArgs.num_experts`` must be 0).
+Classes only at import: nothing is built, and the tensor-parallel styles
+(torch's and the expert styles of :mod:`disttest.bases.dtensor_experts`) load
+only when ``Transformer.parallelize`` runs. With ``ModelArgs.num_experts`` > 0
+each block's feed-forward is an :class:`ExpertLayer`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __unittest = True
 
 __all__ = [
     "Attention",
+    "ExpertLayer",
+    "Experts",
     "FeedForward",
     "MLPModule",
     "MLPStacked",
@@ -27,8 +30,12 @@ __all__ = [
     "TransformerBlock",
 ]
 
-NO_EXPERTS = "ModelArgs.num_experts={n}: disttest's Transformer has no expert layers; use 0 (disttest)"
-NO_EP_MESH = "Transformer.parallelize(ep_mesh=...): expert parallelism is not carried over (disttest)"
+NO_MESH = "Transformer.parallelize(tp_mesh=None, ep_mesh=None): give at least one of the two meshes (disttest)"
+SEQ_EXPERTS = (
+    "Transformer.parallelize(use_seq_parallel=True) on a model with experts (ModelArgs.num_experts={n}): "
+    "the expert layers take no sequence-sharded input (upstream's plan fails in forward); "
+    "use use_seq_parallel=False (disttest)"
+)
 
 
 class RMSNormPython(nn.Module):
@@ -134,22 +141,75 @@ class FeedForward(nn.Module):
         return cast(torch.Tensor, self.resid_dropout(self.w2(self.gelu(self.w1(x)))))
 
 
+class Experts(nn.Module):
+    """``num_experts`` GELU MLPs (dim -> hidden_dim -> dim) in two stacked
+    weights, ``w1`` (experts, hidden_dim, dim) and ``w2`` (experts, dim,
+    hidden_dim), initialised N(0, 0.02); every token goes through every
+    expert and the outputs are summed.
+
+    Input: (tokens, dim). Weights sharded into DTensors (by the expert
+    styles) are used through their local shards, so each rank computes its
+    own experts' (or hidden slice's) share.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.reset_parameters()
+        self.gelu = nn.GELU()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.w1, std=0.02)
+        nn.init.normal_(self.w2, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        w1: torch.Tensor = self.w1
+        w2: torch.Tensor = self.w2
+        if isinstance(w1, DTensor):  # sharded by a style; x was dispatched by its hooks
+            w1, w2 = w1.to_local(), cast(DTensor, w2).to_local()
+        x_exp = x.unsqueeze(0).expand(w1.shape[0], -1, -1)
+        h = self.gelu(torch.bmm(x_exp, w1.transpose(-2, -1)))
+        return torch.bmm(h, w2.transpose(-2, -1)).sum(dim=0)
+
+
+class ExpertLayer(nn.Module):
+    """:class:`Experts` over (batch, seq, dim) input, their summed output
+    divided by ``num_experts``."""
+
+    def __init__(self, num_experts: int, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.experts = Experts(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bs, slen, dim = x.shape
+        out = cast(torch.Tensor, self.experts(x.view(-1, dim))) / self.num_experts
+        return out.view(bs, slen, dim)
+
+
 class TransformerBlock(nn.Module):
-    """LayerNorm, attention, LayerNorm, feed-forward, with residuals."""
+    """LayerNorm, attention, LayerNorm, feed-forward (an :class:`ExpertLayer`
+    when ``args.num_experts`` > 0), with residuals."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        if args.num_experts:
-            raise ValueError(NO_EXPERTS.format(n=args.num_experts))
         self.attention_norm = nn.LayerNorm(args.dim)
         self.attention = Attention(args)
         self.ffn_norm = nn.LayerNorm(args.dim)
-        self.has_experts = False
-        self.feed_forward = FeedForward(args.dim, hidden_dim=4 * args.dim, dropout_p=args.dropout_p)
+        self.has_experts = args.num_experts > 0
+        if self.has_experts:
+            self.expert_layer = ExpertLayer(args.num_experts, dim=args.dim, hidden_dim=4 * args.dim)
+        else:
+            self.feed_forward = FeedForward(args.dim, hidden_dim=4 * args.dim, dropout_p=args.dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + cast(torch.Tensor, self.attention(self.attention_norm(x)))
-        return h + cast(torch.Tensor, self.feed_forward(self.ffn_norm(h)))
+        ffn = self.expert_layer if self.has_experts else self.feed_forward
+        return h + cast(torch.Tensor, ffn(self.ffn_norm(h)))
 
 
 class Transformer(nn.Module):
@@ -186,8 +246,16 @@ class Transformer(nn.Module):
     @staticmethod
     def parallelize(module: Transformer, tp_mesh: Any, use_seq_parallel: bool,
                     local_output_for_attn: bool = False, ep_mesh: Any = None) -> nn.Module:
-        """Tensor-parallel over ``tp_mesh`` (with sequence parallelism when
-        ``use_seq_parallel``), as upstream's plan."""
+        """Parallelize ``module`` in place, as upstream's plan, and return it.
+
+        Over ``tp_mesh``: tensor parallelism (with sequence parallelism when
+        ``use_seq_parallel``), experts included
+        (:class:`~disttest.bases.dtensor_experts.TensorParallelForExpert`)
+        unless ``ep_mesh`` is given. Over ``ep_mesh``: expert parallelism
+        (:class:`~disttest.bases.dtensor_experts.ExpertParallel`, or
+        :class:`~disttest.bases.dtensor_experts.ExpertParallelWithTP` with
+        ``tp_mesh`` too). Every rank of the meshes calls it.
+        """
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -197,39 +265,57 @@ class Transformer(nn.Module):
             parallelize_module,
         )
 
+        from disttest.bases import dtensor_experts as ep
+
         if not isinstance(module, Transformer):
             raise TypeError(f"Transformer.parallelize needs a Transformer, got {type(module).__name__} (disttest)")
-        if ep_mesh is not None:
-            raise ValueError(NO_EP_MESH)
-        if tp_mesh is None:
-            raise ValueError("Transformer.parallelize(tp_mesh=None): a tensor-parallel mesh is needed (disttest)")
+        if tp_mesh is None and ep_mesh is None:
+            raise ValueError(NO_MESH)
         seq = use_seq_parallel
-        root: dict[str, Any] = {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if seq else Replicate()),
-            "pos_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0) if seq else Replicate()),
-        }
-        if seq:
-            root["norm"] = SequenceParallel()
-        parallelize_module(module, tp_mesh, root)
-        for layer in module.layers:
-            plan: dict[str, Any] = {}
+        if seq and tp_mesh is not None and module.model_args.num_experts > 0:
+            raise ValueError(SEQ_EXPERTS.format(n=module.model_args.num_experts))
+        if tp_mesh is not None:
+            root: dict[str, Any] = {
+                "tok_embeddings": RowwiseParallel(input_layouts=Replicate(),
+                                                  output_layouts=Shard(1) if seq else Replicate()),
+                "pos_embeddings": RowwiseParallel(input_layouts=Replicate(),
+                                                  output_layouts=Shard(0) if seq else Replicate()),
+            }
             if seq:
-                plan["attention"] = PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())
-                plan["attention_norm"] = SequenceParallel()
-                plan["ffn_norm"] = SequenceParallel()
-            for name in ("wq", "wk", "wv"):
-                plan[f"attention.{name}"] = ColwiseParallel(use_local_output=local_output_for_attn)
-            plan["attention.wo"] = RowwiseParallel(output_layouts=Shard(1)) if seq else RowwiseParallel()
-            plan["feed_forward.w1"] = ColwiseParallel(input_layouts=Shard(1)) if seq else ColwiseParallel()
-            plan["feed_forward.w2"] = RowwiseParallel(output_layouts=Shard(1)) if seq else RowwiseParallel()
-            parallelize_module(layer, tp_mesh, plan)
-        output_plan = (ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()) if seq
-                       else ColwiseParallel(output_layouts=Replicate()))
-        parallelize_module(module.output, tp_mesh, output_plan)
-        if local_output_for_attn:
-            for layer in module.layers:
-                attention: Any = layer.attention
-                attention.n_heads = module.model_args.n_heads // tp_mesh.size()
-        if module.model_args.weight_tying:
-            module.output.weight = module.tok_embeddings.weight
+                root["norm"] = SequenceParallel()
+            parallelize_module(module, tp_mesh, root)
+        for block in module.layers:
+            layer: Any = block
+            if tp_mesh is not None:
+                plan: dict[str, Any] = {}
+                if seq:
+                    plan["attention"] = PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())
+                    plan["attention_norm"] = SequenceParallel()
+                    plan["ffn_norm"] = SequenceParallel()
+                for name in ("wq", "wk", "wv"):
+                    plan[f"attention.{name}"] = ColwiseParallel(use_local_output=local_output_for_attn)
+                plan["attention.wo"] = RowwiseParallel(output_layouts=Shard(1)) if seq else RowwiseParallel()
+                if not layer.has_experts:
+                    plan["feed_forward.w1"] = ColwiseParallel(input_layouts=Shard(1)) if seq else ColwiseParallel()
+                    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=Shard(1)) if seq else RowwiseParallel()
+                elif ep_mesh is None:
+                    plan["expert_layer.experts"] = (
+                        ep.TensorParallelForExpert(input_layouts=Shard(0), output_layouts=Shard(0)) if seq
+                        else ep.TensorParallelForExpert())
+                parallelize_module(layer, tp_mesh, plan)
+            if ep_mesh is not None and layer.has_experts:
+                if tp_mesh is not None:
+                    parallelize_module(layer.expert_layer, ep_mesh, ep.ExpertParallelWithTP(ep_mesh, tp_mesh))
+                else:
+                    parallelize_module(layer.expert_layer.experts, ep_mesh, ep.ExpertParallel())
+        if tp_mesh is not None:
+            output_plan = (ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()) if seq
+                           else ColwiseParallel(output_layouts=Replicate()))
+            parallelize_module(module.output, tp_mesh, output_plan)
+            if local_output_for_attn:
+                for layer in module.layers:
+                    attention: Any = layer.attention
+                    attention.n_heads = module.model_args.n_heads // tp_mesh.size()
+            if module.model_args.weight_tying:
+                module.output.weight = module.tok_embeddings.weight
         return module

@@ -274,8 +274,8 @@ def module_names(modules: Sequence[str]) -> Lookup:
                 cache[home] = None
         if name == "*":  # whether the home exists
             return cache[home] is not None
-        found = getattr(cache[home], name, None)
+        found = getattr(cache[home], name, types)  # (a value that is never a name's)
         # Not a submodule of disttest's (``disttest.fake`` is an old module path, not a name).
-        return found is not None and not isinstance(found, types.ModuleType)
+        return found is not types and not isinstance(found, types.ModuleType)
 
     return offers

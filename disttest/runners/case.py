@@ -17,6 +17,7 @@ import expecttest
 import numpy as np
 import torch
 
+from disttest.runners.case_parity import CaseParityMixin
 from disttest.support.devices import HAS_ACCELERATOR
 from disttest.support.skips import DistSkip, skip_for_exit_code
 
@@ -186,8 +187,11 @@ def _compare(
         _fail(path, user_msg, f"{actual!r} != {expected!r}")
 
 
-class TestCase(expecttest.TestCase):
+class TestCase(CaseParityMixin, expecttest.TestCase):
     """A unittest TestCase with tensor-aware equality and seeded RNGs.
+
+    It has every method upstream's ``common_utils.TestCase`` adds to
+    unittest's (:class:`~disttest.runners.case_parity.CaseParityMixin`).
 
     ``setUp`` seeds torch, numpy and ``random`` with ``seed`` (a class
     attribute, default :data:`DEFAULT_SEED`); the runners call it in every
