@@ -1,4 +1,7 @@
-"""The examples run, in a subprocess, and print what their suites promise."""
+"""An example runs, in a subprocess, and prints what its suite promises.
+
+Every example suite runs in CI through the README's command (``make
+examples``, in ``.ci/run``); the one here checks a skip's report in detail."""
 
 from __future__ import annotations
 
@@ -11,17 +14,6 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
 class ExamplesTest(unittest.TestCase):
-    def test_run_all(self):
-        proc = subprocess.run(
-            [sys.executable, str(EXAMPLES / "run_all.py")],
-            capture_output=True, text=True, timeout=900,
-        )
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        suites = sorted(p.name for p in EXAMPLES.glob("test_*.py"))
-        for name in suites:
-            self.assertRegex(proc.stdout, rf"ok +{name} ")
-        self.assertIn(f"{len(suites)} passed, 0 failed", proc.stdout)
-
     def test_tensor_asserts_example(self):
         proc = subprocess.run(
             [sys.executable, "-m", "unittest", "-v", "test_tensor_asserts.py"],

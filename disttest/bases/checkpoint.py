@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import IO, Any, TypeVar, cast, overload
 
 import torch.distributed as dist
 
@@ -38,7 +38,7 @@ from disttest.pg.fake import BACKEND as MOCK_BACKEND
 
 __unittest = True
 
-__all__ = [
+__all__ = [  # noqa: F822 (torch's classes and Rot13Example come through __getattr__)
     "ExtensionRegistry",
     "Rot13Example",
     "StreamTransformExtension",
@@ -50,13 +50,6 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    # NB: torch's ``_extension`` module is private; at run time it is reached
-    # through disttest._compat only.
-    from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
-else:
-    ExtensionRegistry = _compat.checkpoint_extension().ExtensionRegistry
-    StreamTransformExtension = _compat.checkpoint_extension().StreamTransformExtension
 
 UNKNOWN_VERSION = (
     "Rot13Example cannot read version {version!r} of the {name!r} extension, only version 1 "
@@ -127,49 +120,66 @@ class _Rot13Reader(io.RawIOBase):
         return self.input.tell()
 
 
-class Rot13Example(StreamTransformExtension):
-    """A stream transform extension for tests: it swaps the case of every ASCII
-    letter of the stream (upstream's "rot13" does exactly that, so checkpoints
-    written by either class read back with the other).
+@functools.cache
+def _rot13_class() -> Any:
+    """Rot13Example, made when first asked for (its base is torch's)."""
+    base: Any = _compat.checkpoint_extension().StreamTransformExtension
 
-    Give an instance to ``FileSystemWriter(..., _extensions=[...])``; read
-    back through a reader with :func:`get_test_extension_registry`. It runs
-    in the rank that writes or reads, chunk by chunk.
-    """
+    class Rot13Example(base):  # type: ignore[misc]  # torch's class, found at run time
+        """A stream transform extension for tests: it swaps the case of every ASCII
+        letter of the stream (upstream's "rot13" does exactly that, so checkpoints
+        written by either class read back with the other).
 
-    def __init__(self, chunk_size: int = io.DEFAULT_BUFFER_SIZE) -> None:
-        super().__init__()
-        self._chunk_size = chunk_size
+        Give an instance to ``FileSystemWriter(..., _extensions=[...])``; read
+        back through a reader with :func:`get_test_extension_registry`. It runs
+        in the rank that writes or reads, chunk by chunk.
+        """
 
-    @staticmethod
-    def from_descriptor(version: str) -> Rot13Example:
-        """The extension for ``version`` of the descriptor (only "1" and "1.x")."""
-        if version.partition(".")[0] != "1":
-            raise ValueError(UNKNOWN_VERSION.format(version=version, name=Rot13Example.registry_name()))
-        return Rot13Example()
+        def __init__(self, chunk_size: int = io.DEFAULT_BUFFER_SIZE) -> None:
+            super().__init__()
+            self._chunk_size = chunk_size
 
-    @staticmethod
-    def registry_name() -> str:
-        """The name the extension is registered and recorded under: "stream.rot13"."""
-        return "stream.rot13"
+        @staticmethod
+        def from_descriptor(version: str) -> Rot13Example:
+            """The extension for ``version`` of the descriptor (only "1" and "1.x")."""
+            if version.partition(".")[0] != "1":
+                raise ValueError(UNKNOWN_VERSION.format(version=version, name=Rot13Example.registry_name()))
+            return Rot13Example()
 
-    def get_descriptor(self) -> str:
-        """The descriptor written into the checkpoint's metadata: "stream.rot13/1"."""
-        return f"{self.registry_name()}/1"
+        @staticmethod
+        def registry_name() -> str:
+            """The name the extension is registered and recorded under: "stream.rot13"."""
+            return "stream.rot13"
 
-    def transform_to(self, output: IO[bytes]) -> IO[bytes]:
-        """A writable stream that writes the transform of its input to ``output``."""
-        return cast(IO[bytes], _Rot13Writer(output))
+        def get_descriptor(self) -> str:
+            """The descriptor written into the checkpoint's metadata: "stream.rot13/1"."""
+            return f"{self.registry_name()}/1"
 
-    def transform_from(self, input: IO[bytes]) -> IO[bytes]:
-        """A readable stream that reads ``input`` and undoes the transform."""
-        return cast(IO[bytes], _Rot13Reader(input))
+        def transform_to(self, output: IO[bytes]) -> IO[bytes]:
+            """A writable stream that writes the transform of its input to ``output``."""
+            return cast(IO[bytes], _Rot13Writer(output))
+
+        def transform_from(self, input: IO[bytes]) -> IO[bytes]:
+            """A readable stream that reads ``input`` and undoes the transform."""
+            return cast(IO[bytes], _Rot13Reader(input))
+
+    Rot13Example.__module__ = __name__
+    return Rot13Example
 
 
-def get_test_extension_registry() -> ExtensionRegistry:
+def __getattr__(name: str) -> Any:
+    # torch's checkpoint classes, and the one built on them, when first asked for.
+    if name in ("ExtensionRegistry", "StreamTransformExtension"):
+        return getattr(_compat.checkpoint_extension(), name)
+    if name == "Rot13Example":
+        return _rot13_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_test_extension_registry() -> Any:
     """A new ``ExtensionRegistry`` with torch's own extensions and :class:`Rot13Example`."""
-    registry = ExtensionRegistry()
-    registry.register(Rot13Example)
+    registry = _compat.checkpoint_extension().ExtensionRegistry()
+    registry.register(_rot13_class())
     return registry
 
 

@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from disttest import _compat
 
 __unittest = True
 
-__all__ = [
+__all__ = [  # noqa: F822 (torch's names come through __getattr__)
     "DTensor",
     "FusionEmbedding",
     "FusionEmbeddingWithHook",
@@ -43,15 +41,36 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    # NB: ``torch.distributed._shard`` is private; at run time it is reached
-    # through disttest._compat only.
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    # These torch packages are imported when first needed, never at import
+    # (importing them changes torch.distributed); ``torch.distributed._shard``
+    # is private and reached through disttest._compat only.
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.tensor import DTensor
 
     _Case = unittest.TestCase
 else:
     _Case = object
-    # (torch.distributed.checkpoint.state_dict has imported its package already)
-    ShardedTensor = _compat.shard_api().sharded_tensor.ShardedTensor
+
+
+def _distributed_types() -> tuple[type, ...]:
+    from torch.distributed.tensor import DTensor
+
+    return (DTensor, _compat.shard_api().sharded_tensor.ShardedTensor)
+
+
+def __getattr__(name: str) -> Any:
+    # torch's names handed on, as upstream's module does, imported when asked for.
+    if name == "DTensor":
+        from torch.distributed.tensor import DTensor
+
+        return DTensor
+    if name == "ShardedTensor":
+        return _compat.shard_api().sharded_tensor.ShardedTensor
+    if name in ("StateDictOptions", "set_state_dict"):
+        import torch.distributed.checkpoint.state_dict as module
+
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: The keys of an optimizer state dict (``torch.optim.Optimizer.state_dict``).
 _STATE = "state"
@@ -79,7 +98,7 @@ class VerifyStateDictMixin(_Case):
         """Check that ``dist_tensor`` (gathered if distributed) is a tensor close
         to ``orig_tensor`` (both moved to CPU first if ``offload_to_cpu``)."""
         dist_type = type(dist_tensor).__name__
-        if isinstance(dist_tensor, (DTensor, ShardedTensor)):
+        if isinstance(dist_tensor, _distributed_types()):
             dist_tensor = _compat.gather_state_dict({"mykey": dist_tensor}).pop("mykey")
         if offload_to_cpu:
             orig_tensor = orig_tensor.cpu()
@@ -168,6 +187,8 @@ class VerifyStateDictMixin(_Case):
                             new_optim: torch.optim.Optimizer, dist_osd: dict[str, Any]) -> None:
         """Check ``dist_osd`` by loading it (gathered) into ``new_optim`` with
         ``set_state_dict``: its state dict must then equal ``optim``'s."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         new_dist_osd = _compat.gather_state_dict(dist_osd)
         set_state_dict(model, optimizers=new_optim, model_state_dict={}, optim_state_dict=new_dist_osd)
         self.assertEqual(optim.state_dict(), new_optim.state_dict())
