@@ -18,6 +18,7 @@ import fsdp_more_cases as cases
 import torch
 import torch.distributed as dist
 import torch.testing._internal.common_fsdp as upstream
+from test_fsdp import ok  # one copy of the helpers
 
 import disttest.bases.fsdp as fsdp
 from disttest import _compat
@@ -25,17 +26,6 @@ from disttest.bases import fsdp_helpers, fsdp_models_more
 
 NEVER = fsdp.DEVICEInitMode.DEVICE_NEVER
 NO_FSDP = fsdp.FSDPInitMode.NO_FSDP
-
-
-def run(case: unittest.TestCase) -> unittest.TestResult:
-    result = unittest.TestResult()
-    case.run(result)
-    return result
-
-
-def ok(test: unittest.TestCase, result: unittest.TestResult) -> None:
-    test.assertTrue(result.wasSuccessful() and not result.skipped,
-                    result.errors + result.failures + result.skipped)
 
 
 def upstream_public_names() -> set[str]:

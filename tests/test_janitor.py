@@ -12,7 +12,7 @@ import textwrap
 import time
 import unittest
 
-import psutil
+from test_hostile import _running as _alive
 
 CHILD = textwrap.dedent("""
     import os, subprocess, sys, time
@@ -38,11 +38,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 class ReaperTest(unittest.TestCase):
