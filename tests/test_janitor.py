@@ -19,11 +19,15 @@ CHILD = textwrap.dedent("""
     from disttest._runner import janitor
 
     folder, mode = sys.argv[1], sys.argv[2]
+    if mode == "token":  # as a pool does: the ranks' environment before the registration
+        env = dict(os.environ, **janitor.rank_environ())
     token = janitor.register(lambda: None, paths=[folder])
     if mode == "unregistered":
         janitor.unregister(token)
     if mode == "token":
-        env = dict(os.environ, **janitor.rank_environ())
+        import psutil  # one reaper (the one the ranks' token names), and it is the one disttest knows
+        reapers = {p.pid for p in psutil.Process().children() if "-S" in p.cmdline()}
+        assert reapers == janitor.reaper_pids() and len(reapers) == 1, (reapers, janitor.reaper_pids())
         sleeper = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
         print(sleeper.pid, flush=True)
     if mode == "fork":

@@ -54,11 +54,7 @@ def register(cleanup: Callable[[], object], paths: Sequence[str] = ()) -> int:
     """Run ``cleanup`` (kill ranks now, remove files; fast, never raising
     beyond Exception) if the process ends before :func:`unregister`; and
     remove the folders ``paths`` even if it ends without running it."""
-    if _owner != [os.getpid()]:  # first use, or a forked child: start afresh
-        _cleanups.clear()
-        _paths.clear()
-        _reaper.clear()
-        _owner[:] = [os.getpid()]
+    _own()
     _install_sigterm()
     token = next(_ids)
     _cleanups[token] = cleanup
@@ -66,6 +62,16 @@ def register(cleanup: Callable[[], object], paths: Sequence[str] = ()) -> int:
         _paths[token] = tuple(os.path.abspath(p) for p in paths)
         _tell_reaper("+", _paths[token])
     return token
+
+
+def _own() -> None:
+    """Make this process the owner of the registrations (first use, or a
+    forked child: start afresh)."""
+    if _owner != [os.getpid()]:
+        _cleanups.clear()
+        _paths.clear()
+        _reaper.clear()
+        _owner[:] = [os.getpid()]
 
 
 def unregister(token: int) -> None:
@@ -136,6 +142,7 @@ def _tell_reaper(op: str, paths: Sequence[str]) -> None:
 def rank_environ() -> dict[str, str]:
     """What a rank process adds to its environment: the token by which the
     reaper finds it and what it started, if the test process is killed."""
+    _own()  # (before any registration too: the same reaper serves both)
     with _reaper_lock:
         if not _reaper:
             _reaper[:] = [_start_reaper()]
