@@ -4,4 +4,6 @@ import sys
 
 from disttest.migrate import main
 
+__unittest = True
+
 sys.exit(main())
