@@ -32,6 +32,7 @@ __all__ = [
     "cuda_sleep",
     "default_backend_for_device",
     "default_group",
+    "default_tolerances",
     "dtensor_sharding_prop_lock",
     "dtensor_spec",
     "dynamo_config_patch",
@@ -913,3 +914,13 @@ def torchcomms_process_group(backend: str, rank: int, world_size: int, device: A
     c10d._register_pg_in_world(pg, backend_name=backend, store=file_store, group_name=group_name,
                                backend_config=backend, rank_mapping={r: r for r in range(world_size)})
     return pg
+
+
+def default_tolerances(*inputs: Any) -> tuple[float, float]:
+    """``torch.testing.assert_close``'s default (rtol, atol) for ``inputs``'
+    dtypes (``torch.testing._comparison.default_tolerances``)."""
+    import torch
+    from torch.testing._comparison import default_tolerances as tolerances
+
+    rtol, atol = tolerances(*(x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in inputs))
+    return float(rtol), float(atol)

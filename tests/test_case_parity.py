@@ -641,3 +641,39 @@ class SubprocessTest(unittest.TestCase, Cases):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ToleranceOverrideTest(unittest.TestCase):
+    """``precision``/``rel_tol`` (set by upstream's ``@precisionOverride`` and
+    ``@toleranceOverride``) raise assertEqual's tolerances as upstream's do."""
+
+    def test_the_same_verdicts_as_upstreams(self):
+        import numpy as np
+        import torch
+        from torch.testing._internal.common_utils import TestCase as Upstream
+
+        import disttest
+
+        def verdicts(cls, attr):
+            case = type("Case", (cls,), {"runTest": lambda self: None})()
+            out = []
+            for value, (a, b) in [
+                (0.0, (torch.tensor(1.0), torch.tensor(1.05))), (0.1, (torch.tensor(1.0), torch.tensor(1.05))),
+                (0.1, (1.0, 1.05)), (0.1, (np.array([1.0]), np.array([1.05]))),
+                (0.1, ([torch.tensor(1.0)], [torch.tensor(1.05)])), (0.1, (torch.tensor(1), torch.tensor(2))),
+                (0.01, (torch.tensor(1.0), torch.tensor(1.05))), (0.1, (torch.tensor(100.0), torch.tensor(105.0))),
+            ]:
+                setattr(case, attr, value)
+                try:
+                    case.assertEqual(a, b)
+                    out.append("pass")
+                except AssertionError:
+                    out.append("fail")
+            return out
+
+        for attr in ("precision", "rel_tol"):
+            with self.subTest(attr=attr):
+                ours = verdicts(disttest.TestCase, attr)
+                self.assertEqual(ours, verdicts(Upstream, attr))
+                self.assertIn("pass", ours[1:])  # the override acts
+                self.assertEqual(ours[0], "fail")

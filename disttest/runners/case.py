@@ -17,6 +17,7 @@ import expecttest
 import numpy as np
 import torch
 
+from disttest import _compat
 from disttest.runners.case_parity import CaseParityMixin
 from disttest.support.devices import HAS_ACCELERATOR
 from disttest.support.skips import DistSkip, skip_for_exit_code
@@ -101,6 +102,8 @@ def assert_equal(
     equal_nan: bool = True,
     exact_dtype: bool = True,
     exact_device: bool = False,
+    rtol_override: float = 0.0,
+    atol_override: float = 0.0,
 ) -> None:
     """Assert that ``actual`` equals ``expected``, recursing into containers.
 
@@ -108,11 +111,14 @@ def assert_equal(
     ``torch.testing.assert_close``; other leaves compare with ``==``. A
     mismatch raises ``AssertionError`` naming the path of the first differing
     leaf (``at [1]['w']``). With only one of ``rtol``/``atol`` given, the other
-    is 0.
+    is 0. ``rtol_override``/``atol_override`` raise each leaf's tolerances (the
+    given ones, else the dtype's defaults) to at least themselves, as
+    upstream's ``TestCase.rel_tol``/``precision`` do.
     """
     if (rtol is None) != (atol is None):
         rtol, atol = rtol or 0.0, atol or 0.0
-    _compare(actual, expected, "", msg, rtol, atol, equal_nan, exact_dtype, exact_device)
+    floors = (rtol_override, atol_override)
+    _compare(actual, expected, "", msg, rtol, atol, equal_nan, exact_dtype, exact_device, floors)
 
 
 def _fail(path: str, user_msg: str | None, detail: str) -> None:
@@ -131,12 +137,17 @@ def _compare(
     equal_nan: bool,
     exact_dtype: bool,
     exact_device: bool,
+    floors: tuple[float, float] = (0.0, 0.0),
 ) -> None:
     if _is_tensor_like(actual) and _is_tensor_like(expected) or (
         isinstance(actual, torch.Tensor) != isinstance(expected, torch.Tensor)
         and (_is_sequence(actual) or _is_sequence(expected))
     ):
         actual, expected, check_dtype = _coerce(actual, expected, exact_dtype)
+        if floors[0] or floors[1]:
+            if rtol is None or atol is None:
+                rtol, atol = _compat.default_tolerances(actual, expected)
+            rtol, atol = max(rtol, floors[0]), max(atol, floors[1])
         try:
             torch.testing.assert_close(
                 actual,
@@ -161,7 +172,7 @@ def _compare(
         for key in expected:
             _compare(
                 actual[key], expected[key], f"{path}[{key!r}]", user_msg,
-                rtol, atol, equal_nan, exact_dtype, exact_device,
+                rtol, atol, equal_nan, exact_dtype, exact_device, floors,
             )
         return
     if _is_sequence(actual) and _is_sequence(expected):
@@ -170,7 +181,7 @@ def _compare(
         for i, (a, b) in enumerate(zip(actual, expected, strict=True)):
             _compare(
                 a, b, f"{path}[{i}]", user_msg,
-                rtol, atol, equal_nan, exact_dtype, exact_device,
+                rtol, atol, equal_nan, exact_dtype, exact_device, floors,
             )
         return
     if actual is expected:
@@ -221,7 +232,9 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
         """Fail unless ``first`` equals ``second`` (see :func:`assert_equal`,
         whose keyword options ``rtol``, ``atol``, ``equal_nan``, ``exact_dtype``
         and ``exact_device`` it takes)."""
-        assert_equal(first, second, msg, **options)
+        # upstream's @precisionOverride/@toleranceOverride set these (CaseParityMixin).
+        rel_tol, precision = getattr(self, "rel_tol", 0.0), getattr(self, "precision", 0.0)
+        assert_equal(first, second, msg, **options, rtol_override=rel_tol, atol_override=precision)
 
     def assertGreaterAlmostEqual(
         self, first: float, second: float, places: int | None = None,
