@@ -45,8 +45,6 @@ PYTHON_LANGUAGES = ("python", "py", "python3", "pycon", "ipython")
 NOT_MESSAGES = {
     "disttest._runner.thread_pool.IDLE_NAME": "a thread's name",
     "disttest.faults.pytest_options.REPEAT_SECTION": "a pytest report section's title",
-    "disttest._runner.report.RANK": "a piece of every report line (rank/world)",
-    "disttest._runner.report.RANKS": "a piece of every report line (ranks/world)",
     "disttest._runner.report.NEVER_MARK": "a prefix of the never-fired line",
     "disttest._runner.report.SECTION": "a pytest report section's title (one per group of ranks)",
 }

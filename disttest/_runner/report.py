@@ -20,7 +20,8 @@ from typing import Any
 
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
-from disttest._runner.verdict import Status, Verdict, judge
+from disttest._runner.verdict import RANK, Status, Verdict, judge
+from disttest._runner.verdict import who as _who
 
 __unittest = True
 
@@ -38,8 +39,6 @@ __all__ = [
 ]
 
 HEADER = "{test!r} {verdict} (disttest): {summary}"
-RANK = "rank {rank}/{world}"
-RANKS = "ranks {ranks}/{world}"
 TIMED_OUT = "{who} did not finish {test!r} within {timeout}s"
 DESYNC = "desync: {detail}, a collective its peer never entered"
 CRASHED = "{who} {exit} before finishing {test!r}"
@@ -108,12 +107,6 @@ class RankError(RankReport, RuntimeError):
 # that name), where they import them from.
 for _cls in (RankReport, RankFailure, RankError):
     _cls.__module__ = "disttest"
-
-
-def _who(ranks: Sequence[int], world: int) -> str:
-    if len(ranks) == 1:
-        return RANK.format(rank=ranks[0], world=world)
-    return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
 
 
 def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:

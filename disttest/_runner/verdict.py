@@ -20,10 +20,12 @@ from disttest._runner.progress import RECORDER, InFlight
 
 __unittest = True
 
-__all__ = ["CONSEQUENCE", "DESYNC_DETAIL", "PEER_LOST", "Status", "Verdict", "ended", "explain", "judge",
-           "reclassified"]
+__all__ = ["CONSEQUENCE", "DESYNC_DETAIL", "PEER_LOST", "RANK", "RANKS", "Status", "Verdict", "ended", "explain",
+           "judge", "reclassified", "who"]
 
 HARD = (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT)
+RANK = "rank {rank}/{world}"
+RANKS = "ranks {ranks}/{world}"
 DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
 CONSEQUENCE = "rank {rank}/{world} failed in {what} after {peers} had {how}"
 #: What a backend says when a peer went away: the error of a rank whose
@@ -79,8 +81,11 @@ def reclassified(outcome: Outcome, kind: Kind, detail: str) -> Outcome:
     return dataclasses.replace(outcome, kind=kind, detail=detail)
 
 
-def _who(ranks: Sequence[int], world: int) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}/{world}"
+def who(ranks: Sequence[int], world: int) -> str:
+    """``rank 2/4`` or ``ranks 0, 1/4``: how every report line names ranks."""
+    if len(ranks) == 1:
+        return RANK.format(rank=ranks[0], world=world)
+    return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
 
 
 def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, tuple[int, InFlight]],
@@ -123,7 +128,7 @@ def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, t
         how = "skipped" if all(out[c].kind is Kind.SKIPPED for c in causes) else "failed"
         for r in effects:
             out[r] = reclassified(out[r], Kind.STOPPED, CONSEQUENCE.format(
-                rank=r, world=world, what=_what(out[r], flights.get(r)), peers=_who(causes, world), how=how))
+                rank=r, world=world, what=_what(out[r], flights.get(r)), peers=who(causes, world), how=how))
     return out
 
 
