@@ -67,7 +67,11 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "world_size(n, mode='threads'): run this disttest test "
                                        "(or plain function: threads or processes) with n ranks")
     try:
-        _pytest_support.apply_xdist_gpu_slice()
+        # Only in a pytest-xdist worker (it has ``workerinput``): a pytest
+        # started from inside a worker inherits the worker's PYTEST_XDIST_*
+        # variables, and the controller must see every device to hand out.
+        if getattr(config, "workerinput", None) is not None:
+            _pytest_support.apply_xdist_gpu_slice()
     except ConfigError as e:
         raise pytest.UsageError(str(e)) from None
     raw = config.getoption("disttest_timeout")

@@ -318,7 +318,11 @@ class ExpectedTest(unittest.TestCase, Cases):
                 del sys.modules[module.__name__]
 
     def test_assert_expected_reads_the_expect_file(self):
-        with self.expect_module() as (cases, expect):
+        # Upstream's message reads __main__.__file__, which a pytest-xdist
+        # worker's __main__ lacks; ours falls back. Pin it to compare the two.
+        main = sys.modules["__main__"]
+        with self.expect_module() as (cases, expect), \
+                mock.patch.object(main, "__file__", getattr(main, "__file__", "probe_main.py"), create=True):
             for case in cases:
                 with self.assertRaises(RuntimeError) as ctx:
                     case.assertExpected("output")

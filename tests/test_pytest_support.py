@@ -191,33 +191,44 @@ class XdistGpuSliceTest(unittest.TestCase):
                 xdist_visible_devices(env, lambda: 4)
             self.assertIn(f"environment variable {variable}", str(ctx.exception))
 
-    def test_each_xdist_worker_gets_its_own_gpus(self):
-        # Each worker records what it sees once configured (after the plugin).
-        conftest = textwrap.dedent("""
-            import os
-            import pytest
+    SEEN_CONFTEST = textwrap.dedent("""
+        import os
+        import pytest
 
-            @pytest.hookimpl(trylast=True)
-            def pytest_configure(config):
-                worker = os.environ.get("PYTEST_XDIST_WORKER")
-                if worker:
-                    with open(os.environ["SEEN_FILE"] + "." + worker, "w") as f:
-                        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
-        """)
+        @pytest.hookimpl(trylast=True)
+        def pytest_configure(config):
+            worker = getattr(config, "workerinput", {}).get("workerid", "main")
+            with open(os.environ["SEEN_FILE"] + "." + worker, "w") as f:
+                f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+    """)
+
+    def devices_seen(self, *args: str, **environ: str) -> dict[str, str]:
+        """Run a one-test pytest with ``args`` and four "GPUs" through the mask
+        (this host has none); what each process (``gw<N>`` or ``main``) sees
+        once configured, after the plugin."""
         with tempfile.TemporaryDirectory() as tmp:
-            for name, text in (("conftest.py", conftest), ("test_gpus.py", "def test_nothing():\n    pass\n")):
+            for name, text in (("conftest.py", self.SEEN_CONFTEST), ("test_gpus.py", "def test_nothing():\n    pass\n")):
                 with open(os.path.join(tmp, name), "w") as f:
                     f.write(text)
             seen = os.path.join(tmp, "seen")
-            # Four "GPUs" through the mask (this host has none), two workers.
-            env = dict(os.environ, SEEN_FILE=seen, CUDA_VISIBLE_DEVICES="0,1,2,3")
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "test_gpus.py"],
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+            env.update(environ, SEEN_FILE=seen, CUDA_VISIBLE_DEVICES="0,1,2,3")
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "test_gpus.py"],
                                   cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
             self.assertEqual(proc.returncode, 0, proc.stdout[-3000:])
-            got = {name.rsplit(".", 1)[1]: open(os.path.join(tmp, name)).read()
-                   for name in os.listdir(tmp) if name.startswith("seen.")}
-        self.assertEqual(got, {"gw0": "0,1", "gw1": "2,3"})
+            return {name.rsplit(".", 1)[1]: open(os.path.join(tmp, name)).read()
+                    for name in os.listdir(tmp) if name.startswith("seen.")}
 
+    def test_each_xdist_worker_gets_its_own_gpus(self):
+        self.assertEqual(self.devices_seen("-n", "2"), {"main": "0,1,2,3", "gw0": "0,1", "gw1": "2,3"})
+
+    def test_a_pytest_inside_a_worker_is_not_a_worker(self):
+        # A pytest started by a test that runs in worker gw1 inherits its
+        # PYTEST_XDIST_* variables; it took them as its own and kept half the
+        # devices, handing its own workers slices of that half.
+        inherited = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
+        self.assertEqual(self.devices_seen(**inherited), {"main": "0,1,2,3"})
+        self.assertEqual(self.devices_seen("-n", "2", **inherited), {"main": "0,1,2,3", "gw0": "0,1", "gw1": "2,3"})
 
 if __name__ == "__main__":
     unittest.main()
