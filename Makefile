@@ -22,8 +22,10 @@ install: $(STAMP)
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
 
+# The suite runs on every core (pytest-xdist), a class or module per worker:
+# a pool is started once per class, not once per worker.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadscope tests
 
 examples: $(STAMP)
 	$(PY) examples/run_all.py

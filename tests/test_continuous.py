@@ -205,7 +205,10 @@ class LaunchersTest(unittest.TestCase):
 
     def test_two_torchrun_nodes_on_loopback(self):
         port = str(disttest.find_free_port())
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        # torchrun leaves its log folder (torchelastic_*) in the temp folder.
+        tmp = tempfile.mkdtemp(prefix="disttest-torchrun-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp)
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
