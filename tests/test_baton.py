@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import unittest
+import unittest.mock
 
 from torch.futures import Future
 
@@ -90,10 +91,39 @@ class BatonTest(unittest.TestCase):
         threads = _Threads(baton, [blocked, other])
         time.sleep(HOLD_LIMIT * 4)
         self.assertEqual(log, ["blocked"])  # not started while the turn is held...
-        self.assertTrue(baton.watch())  # ...until the launcher's watch finds it held too long
+        self.assertFalse(baton.watch())  # (the first watch of a long turn looks at the holder's CPU time)
+        time.sleep(HOLD_LIMIT * 2)
+        self.assertTrue(baton.watch())  # ...until a watch finds it held too long, not running
         threads.join()
         self.assertEqual(log, ["blocked", "other"])
         self.assertFalse(baton.holds())
+
+    @unittest.skipUnless(_baton._cpu_seconds(threading.get_native_id()) is not None,
+                         "needs per-thread CPU times (Linux schedstat)")
+    def test_a_holder_that_computes_keeps_the_turn_up_to_the_busy_limit(self):
+        # Issue 26: the last of 1024 ranks into a collective hands out the
+        # results for longer than HOLD_LIMIT; the world went free and every
+        # later hand-off woke all the threads.
+        baton, log = Baton(), []
+        stop = threading.Event()
+
+        def busy():  # runs Python, holding the turn, until told
+            log.append("busy")
+            while not stop.is_set():
+                sum(range(1000))
+            baton.leave()
+
+        threads = _Threads(baton, [busy, lambda: log.append("other")])
+        watched = []
+        for _ in range(4):
+            time.sleep(HOLD_LIMIT * 3)
+            watched.append(baton.watch())
+        self.assertEqual((watched, log), ([False] * 4, ["busy"]))  # busy: it keeps the turn
+        with unittest.mock.patch.object(_baton, "BUSY_HOLD_LIMIT", 0.0):
+            self.assertTrue(baton.watch())  # past the limit: a spin must not hold the others for ever
+        stop.set()
+        threads.join()
+        self.assertEqual(log, ["busy", "other"])
 
     def test_a_short_turn_is_not_taken_for_a_stuck_one(self):
         baton = Baton()

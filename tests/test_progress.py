@@ -7,9 +7,10 @@ import os
 import tempfile
 import threading
 import unittest
+from unittest import mock
 
 from disttest._runner import progress
-from disttest._runner.progress import WAITING, ProgressBoard, find_desync
+from disttest._runner.progress import WAITING, MemoryBoard, ProgressBoard, find_desync
 
 
 class BoardTest(unittest.TestCase):
@@ -25,10 +26,27 @@ class BoardTest(unittest.TestCase):
         tracker = progress._Tracker(board, 5)
         tracker.enter("all_reduce", progress.DEFAULT_GROUP, list(range(256)), waits=True)
         flight = board.in_flight(5)
-        self.assertEqual(flight.peers, tuple(range(256)))
+        self.assertEqual(flight.peers, range(256))  # a whole group: O(1) to record and to ask
         self.assertEqual((flight.op, flight.seq), ("all_reduce", 1))
         board.write(200, {"counts": {}, "state": 0})  # rank 200 finished, never entered it
         self.assertEqual(find_desync(board, [5], [200]), [(200, flight)])
+
+    def test_a_desync_check_reads_each_finished_peer_once(self):
+        # Issue 26: 1024 thread ranks, half finished and half waiting in the
+        # last barrier, made every poll read W x F records.
+        world = 1024
+        board = MemoryBoard(world)
+        for r in range(world):
+            tracker = progress._Tracker(board, r)
+            tracker.enter("barrier", progress.DEFAULT_GROUP, range(world), waits=r >= 512)
+        reads = []
+        counts = board.counts
+        with mock.patch.object(board, "counts", side_effect=lambda r: reads.append(r) or counts(r)):
+            self.assertEqual(find_desync(board, range(512, world), range(512)), [])
+        self.assertEqual(sorted(reads), list(range(512)))
+        board.write(7, {"counts": {}, "state": 0})  # rank 7 finished without entering it
+        found = find_desync(board, range(512, world), range(512))
+        self.assertEqual([peer for peer, _ in found], [7] * 512)
 
     def test_all_pairs_point_to_point_at_64_ranks(self):
         board = self.board(64)

@@ -23,6 +23,9 @@ __unittest = True
 __all__ = ["POLL_INTERVAL", "join"]
 
 POLL_INTERVAL = 0.01
+#: The join loop waits this many times as long as its last desync check
+#: took before the next one.
+DESYNC_SHARE = 9
 #: After the first failure, how long the other ranks get to report their own
 #: (ranks often fail together, a few ms apart) before they are stopped.
 FAIL_GRACE = 0.5
@@ -91,6 +94,7 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     deadline = time.monotonic() + timeout
     grace_end: float | None = None
     outcomes: dict[int, Outcome] = {}  # the facts: as each rank ended
+    next_check = 0.0  # when to look for a desync next
     while True:
         for r, status in launcher.poll().items():
             if r not in outcomes:
@@ -113,7 +117,14 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         # desync now, not once the rank's exit has broken the collective.
         reported = [r for r in live if _passed(launcher.outcome(r))]
         waiting = [r for r in live if r not in reported]
-        found = launcher.desync(waiting, [*finished, *reported]) if waiting else []
+        found = []
+        if waiting and time.monotonic() >= next_check:
+            began = time.monotonic()
+            found = launcher.desync(waiting, [*finished, *reported])
+            # The check reads every waiting rank's record: with a thousand
+            # thread ranks (which share the GIL with it) it may take at most
+            # a tenth of the time.
+            next_check = time.monotonic() + DESYNC_SHARE * (time.monotonic() - began)
         if found:
             kinds = {f[1].rank: Kind.DESYNC for f in found}
             _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found})

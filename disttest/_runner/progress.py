@@ -25,7 +25,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +48,11 @@ def slot_size(world_size: int) -> int:
     return max(SLOT, 64 * world_size + 1024)
 
 
-def _runs(ranks: list[int]) -> list[list[int]]:
-    """``[0, 1, 2, 5]`` as ``[[0, 2], [5, 5]]``: 256 peers in a few bytes."""
+def _runs(ranks: Sequence[int]) -> list[list[int]]:
+    """``[0, 1, 2, 5]`` as ``[[0, 2], [5, 5]]``: 256 peers in a few bytes
+    (a ``range``, a whole group, at no cost per rank)."""
+    if isinstance(ranks, range) and ranks.step == 1:
+        return [[ranks.start, ranks.stop - 1]] if ranks else []
     out: list[list[int]] = []
     for r in ranks:
         if out and r == out[-1][1] + 1:
@@ -59,7 +62,11 @@ def _runs(ranks: list[int]) -> list[list[int]]:
     return out
 
 
-def _unruns(runs: list[list[int]]) -> tuple[int, ...]:
+def _unruns(runs: list[list[int]]) -> Sequence[int]:
+    """The ranks of ``runs``: one run (a whole group) as a ``range``, which
+    answers ``in`` at once however wide the world."""
+    if len(runs) == 1:
+        return range(runs[0][0], runs[0][1] + 1)
     return tuple(r for a, b in runs for r in range(a, b + 1))
 
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
@@ -85,7 +92,7 @@ class InFlight:
     op: str
     seq: int
     group: str
-    peers: tuple[int, ...]
+    peers: Sequence[int]  # a range for a whole group
 
     def describe(self) -> str:
         if self.group.startswith(("send>", "recv<")):
@@ -261,6 +268,8 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
     never entered (or, without ``entered_counts``, merely takes part in)."""
     finished = list(finished)
     found = []
+    absent: dict[tuple[str, int, Sequence[int]], list[int]] = {}
+    counts: dict[int, dict[str, int] | None] = {}
     for rank in ranks if finished else ():
         flight = board.in_flight(rank, include_failed=ended)
         if flight is None:
@@ -275,14 +284,28 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
             if peer is not None:
                 found.append((peer, flight))
             continue
-        for peer in finished:
-            if peer not in flight.peers or peer == rank:
-                continue
-            entered = board.counts(peer) if entered_counts else {}
-            if entered is not None and (not entered_counts or entered.get(flight.group, 0) < flight.seq):
-                found.append((peer, flight))
-                break
+        # Ranks waiting in one collective share the answer: asked once per
+        # collective, not once per rank (O(world), not O(world^2), a poll).
+        key = (flight.group, flight.seq, flight.peers)
+        if key not in absent:
+            absent[key] = [peer for peer in finished if peer in flight.peers and _never_entered(
+                counts, board, peer, flight, entered_counts)]
+        peer = next((p for p in absent[key] if p != rank), None)
+        if peer is not None:
+            found.append((peer, flight))
     return found
+
+
+def _never_entered(counts: dict[int, dict[str, int] | None], board: Board, peer: int, flight: InFlight,
+                   entered_counts: bool) -> bool:
+    """Whether ``peer`` never entered ``flight`` (without ``entered_counts``:
+    whether it is known at all); ``counts`` caches what the board says."""
+    if not entered_counts:
+        return True
+    if peer not in counts:
+        counts[peer] = board.counts(peer)
+    entered = counts[peer]
+    return entered is not None and entered.get(flight.group, 0) < flight.seq
 
 
 def _recorded_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[int],
@@ -355,7 +378,7 @@ class _Tracker:
     def depth(self, value: int) -> None:
         self._local.depth = value
 
-    def enter(self, op: str, group: str, peers: list[int], waits: bool) -> None:
+    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool) -> None:
         self.counts[group] = self.counts.get(group, 0) + 1
         with self._lock:
             self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
@@ -491,15 +514,17 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         # record, so that an injected raise is not counted as entered.
         after = _hook[0](name, tracker.rank) if _hook else None
         try:
-            ranks: list[int] | None
+            ranks: Sequence[int] | None
+            # NB: a whole group is a range (O(1) to record): a list of every
+            # rank would cost each rank O(world) per call.
             if name in _RENDEZVOUS:
-                group, ranks = RENDEZVOUS_GROUP, list(range(tracker.board.world_size))
+                group, ranks = RENDEZVOUS_GROUP, range(tracker.board.world_size)
             elif name == "batch_isend_irecv":
                 group, ranks = P2P_GROUP, []
             else:
                 group, ranks = _group_of(dist, get_group(args, kwargs))
             if ranks is None:
-                ranks = list(range(dist.get_world_size()))
+                ranks = range(dist.get_world_size())
             if get_peer is not None and get_group_peer is not None:
                 peer = get_peer(args, kwargs)
                 peer = get_group_peer(args, kwargs) if peer is None else peer

@@ -112,8 +112,11 @@ class ThreadLauncher:
     def start(self) -> None:
         # NB: torch.testing.assert_close imports torch.distributed.tensor on
         # first use; two rank threads doing it at once register its operators
-        # twice ("Tried to register an operator ... multiple times").
-        import torch.distributed.tensor  # noqa: F401
+        # twice ("Tried to register an operator ... multiple times"). With
+        # turns a thread keeps its turn while it imports (disttest.pg._baton),
+        # so only free-running threads need it imported first (0.5 s).
+        if self.world.baton.free:
+            import torch.distributed.tensor  # noqa: F401
 
         self._untrack = install_tracking()
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}

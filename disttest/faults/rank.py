@@ -205,7 +205,7 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
     nth = state.counts[op] = state.counts.get(op, 0) + 1
     state.total += 1
     if state.rng is not None:
-        time.sleep(chaos_delay(state.rng))
+        _sleep(state, chaos_delay(state.rng))
     after = None
     for index, fault in state.faults:
         if (fault.at == op and fault.nth == nth) or (fault.at == ANY and fault.nth == state.total):
@@ -235,9 +235,18 @@ def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
                             rank, op, nth)
     if action == "hang":
         while True:
-            time.sleep(HANG_TICK)
-    time.sleep(fault.seconds or 0)  # delay
+            _sleep(state, HANG_TICK)
+    _sleep(state, fault.seconds or 0)  # delay
     return None
+
+
+def _sleep(state: _State, seconds: float) -> None:
+    """An injected wait. Thread ranks first go free (the rest of the test
+    runs without turns, :mod:`disttest.pg._baton`): a delay is there to let
+    the other ranks run meanwhile, in whatever order."""
+    if state.thread_world is not None and seconds > 0:
+        state.thread_world.baton.go_free()
+    time.sleep(seconds)
 
 
 def _corrupt_after(state: _State, index: int, fault: Fault, op: str,

@@ -15,12 +15,14 @@ and no idle CPU has to be woken: on a 2-CPU VM a hand-off then costs about
 
 The turn is a performance hint, never a condition for progress: a thread
 that holds the turn while it blocks where disttest cannot see (a C++
-``Future.wait``, a ``threading.Event`` between ranks, ``time.sleep``, a
-long computation) keeps the others waiting only until the launcher's next
-poll finds the turn held longer than :data:`HOLD_LIMIT` with threads
-waiting for it; then the world goes *free* for the rest of the test: every
-waiting thread is woken and they run as plain threads (as without turns).
-An aborted world goes free at once.
+``Future.wait``, a ``threading.Event`` between ranks, ``time.sleep``)
+keeps the others waiting only until the launcher's polls find the turn held
+longer than :data:`HOLD_LIMIT` with threads waiting for it and the holder
+not using the CPU between two polls (a holder that computes, for instance
+the last rank into a collective of a thousand, keeps the turn up to
+:data:`BUSY_HOLD_LIMIT`); then the world goes *free* for the rest of the
+test: every waiting thread is woken and they run as plain threads (as
+without turns). An aborted world goes free at once.
 
 Self-contained: used by :mod:`disttest.pg.threaded` (its Work's ``wait``)
 and the thread launcher.
@@ -40,11 +42,33 @@ if TYPE_CHECKING:
 
 __unittest = True
 
-__all__ = ["HOLD_LIMIT", "Baton", "give_back_cpus", "move_here"]
+__all__ = ["BUSY_HOLD_LIMIT", "BUSY_SHARE", "HOLD_LIMIT", "Baton", "give_back_cpus", "move_here"]
 
 #: Seconds a thread may keep the turn while others wait for it before the
 #: world goes free (checked at the launcher's polls, every 10 ms).
 HOLD_LIMIT = 0.005
+
+
+#: Seconds a thread that runs (uses the CPU) may keep the turn while
+#: others wait: a rank's own work (the last rank into a collective hands
+#: out a thousand results; an import) is no reason to go free, but a Python
+#: loop that spins until another rank acts must not wait for ever.
+BUSY_HOLD_LIMIT = 1.0
+#: A holder that used at least this share of a CPU between two watches runs.
+BUSY_SHARE = 0.1
+
+
+def _cpu_seconds(tid: int | None) -> float | None:
+    """CPU time thread ``tid`` (a native id) has used, or None where the
+    system does not say (Linux's schedstat; never a call that could touch a
+    thread that has ended)."""
+    if tid is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Waiter:
@@ -104,6 +128,8 @@ class Baton:
         self._lock = threading.Lock()
         self._queue: deque[_Waiter] = deque()  # ready to run, in order
         self._holder: int | None = None  # the thread ident whose turn it is
+        self._holder_tid: int | None = None  # its native id
+        self._sample: tuple[tuple[int | None, float], float, float] | None = None  # the last watch's
         self._since = 0.0  # when the turn last changed hands
         self._pinned: dict[int | None, set[int]] = {}  # thread ident -> the CPUs to give back
         self._joiner: tuple[int, int] | None = None  # (ident, native id) of the thread waiting for the ranks
@@ -125,13 +151,31 @@ class Baton:
 
     def watch(self, now: float | None = None) -> bool:
         """Go free if the turn was held longer than :data:`HOLD_LIMIT` while
-        a thread waited for it; True if the world is free."""
+        a thread waited for it (:data:`IMPORT_HOLD_LIMIT` while the holder
+        imports); True if the world is free."""
+        now = time.monotonic() if now is None else now
         with self._lock:
-            stuck = (not self.free and self._queue and
-                     (time.monotonic() if now is None else now) - self._since > HOLD_LIMIT)
-        if stuck:
+            held = now - self._since
+            waited = not self.free and bool(self._queue)
+            turn = (self._holder_tid, self._since)
+        if not waited:
+            return self.free
+        runs = self._runs(turn, now)  # every watch looks, so that the next can judge
+        if held > HOLD_LIMIT and (held > BUSY_HOLD_LIMIT or not runs):
             self.go_free()
         return self.free
+
+    def _runs(self, turn: tuple[int | None, float], now: float) -> bool:
+        """Whether the holder of ``turn`` (its native id, since when) used
+        the CPU since the last watch of the same turn; at the first watch of
+        a turn, True (unknown yet); False where the system does not say."""
+        cpu = _cpu_seconds(turn[0])
+        if cpu is None:
+            return False
+        last, self._sample = self._sample, (turn, now, cpu)
+        if last is None or last[0] != turn:
+            return True
+        return cpu - last[2] >= BUSY_SHARE * (now - last[1])
 
     def go_free(self) -> None:
         """Every thread runs freely from now on; those waiting for a turn are woken."""
@@ -139,7 +183,7 @@ class Baton:
             self.free = True
             waiting = [w for w in self._queue if w.active]
             self._queue.clear()
-            self._holder = None
+            self._holder = self._holder_tid = None
         for w in waiting:
             w.wake()
 
@@ -217,7 +261,7 @@ class Baton:
                 self._queue.append(waiter)
                 return
             if not self.free:
-                self._holder, self._since = waiter.ident, time.monotonic()
+                self._holder, self._holder_tid, self._since = waiter.ident, waiter.tid, time.monotonic()
         waiter.wake()
 
     def _pass(self) -> None:
@@ -229,6 +273,7 @@ class Baton:
                     nxt = w
                     break
             self._holder = None if nxt is None else nxt.ident
+            self._holder_tid = None if nxt is None else nxt.tid
             self._since = time.monotonic()
             if nxt is not None:
                 had = move_here(nxt.tid)

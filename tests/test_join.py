@@ -1,0 +1,73 @@
+"""The one join loop (disttest._runner.join) against a launcher stand-in:
+what it asks a launcher, and how often."""
+
+from __future__ import annotations
+
+import time
+import unittest
+
+from disttest._runner import join as join_mod
+from disttest._runner.outcome import ExitStatus, Outcome, outcome_from_exception
+
+
+class SlowBoardLauncher:
+    """Two ranks: rank 0 passes at once, rank 1 after ``until`` seconds; its
+    desync check takes ``cost`` seconds (a board of a thousand thread ranks)."""
+
+    world_size = 2
+
+    def __init__(self, until: float, cost: float) -> None:
+        self.end = time.monotonic() + until
+        self.cost = cost
+        self.checks = 0
+        self.outcomes = {0: outcome_from_exception(0, None)}
+
+    def poll(self) -> dict[int, ExitStatus]:
+        if time.monotonic() >= self.end:
+            self.outcomes[1] = outcome_from_exception(1, None)
+        return dict.fromkeys(self.outcomes, ExitStatus(code=0))
+
+    def outcome(self, rank: int) -> Outcome | None:
+        return self.outcomes.get(rank)
+
+    def output(self, rank: int) -> str:
+        return ""
+
+    def desync(self, ranks, finished, ended=False, entered_counts=True):
+        self.checks += 1
+        time.sleep(self.cost)
+        return []
+
+    def dump_stacks(self, ranks):
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def pump_output(self, final: bool = False) -> None:
+        pass
+
+
+class JoinTest(unittest.TestCase):
+    def test_a_costly_desync_check_takes_a_bounded_share_of_the_time(self):
+        # Issue 26: with 1024 thread ranks the check ran at every 10 ms poll
+        # and took the GIL from the ranks most of the time.
+        launcher = SlowBoardLauncher(until=0.6, cost=0.03)
+        outcomes = join_mod.join(launcher, timeout=30)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "PASSED"])
+        # Unbounded: 0.6 s / (30 ms + 10 ms poll) = 15 checks; bounded: one
+        # per 30 ms check + 9 x 30 ms wait.
+        self.assertLessEqual(launcher.checks, 4)
+        self.assertGreaterEqual(launcher.checks, 2)
+
+    def test_a_cheap_check_runs_at_every_poll(self):
+        launcher = SlowBoardLauncher(until=0.3, cost=0.0)
+        join_mod.join(launcher, timeout=30)
+        self.assertGreaterEqual(launcher.checks, 10)  # 0.3 s / 10 ms polls, less scheduling noise
+
+
+if __name__ == "__main__":
+    unittest.main()
