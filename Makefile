@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.disttest-installed
 
-.PHONY: install test examples docs lint backend-suite stress clean test-torch
+.PHONY: install test examples docs lint backend-suite stress clean test-torch gpu-check
 
 # `make test-torch TORCH=2.8.0`: the suite and the examples on another torch,
 # in its own venv (.venv-torch-2.8.0). NB: any torch but the local 2.13.0 CPU
@@ -26,6 +26,14 @@ $(STAMP): setup.cfg setup.py
 # a pool is started once per class, not once per worker.
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadscope tests
+
+# Every GPU test (marked gpu; most live in tests/gpu/), one process, no xdist
+# (the xdist test starts its own workers). Where CUDA or enough GPUs are
+# absent each skips, saying why (-rs lists the reasons). NB: needs a CUDA
+# build of torch to run them: the dev install's torch is the CPU wheel
+# (make test-torch TORCH=... builds a venv with a CUDA build).
+gpu-check: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -rs -m gpu tests
 
 examples: $(STAMP)
 	$(PY) examples/run_all.py

@@ -161,15 +161,16 @@ def accelerator_type() -> str | None:
     """The type of this host's accelerator (``"cuda"``, ``"xpu"``...), or None.
 
     ``torch.accelerator`` where torch has it (2.6+); before, the CUDA and XPU
-    device counts, which ask NVML/the driver without initialising CUDA (a
-    later ``fork`` stays safe).
+    device counts. Both ask NVML/the driver without initialising CUDA, so a
+    later ``fork`` stays safe (NB: not ``torch.accelerator.is_available()``,
+    which on CUDA marks the process unable to fork CUDA children).
     """
     import torch
 
     acc_mod = getattr(torch, "accelerator", None)
     if acc_mod is not None:
-        acc = acc_mod.current_accelerator() if acc_mod.is_available() else None
-        return acc.type if acc is not None else None
+        acc = acc_mod.current_accelerator()  # what torch was built for: no driver call
+        return acc.type if acc is not None and acc_mod.device_count() > 0 else None
     for name in ("cuda", "xpu"):
         module = getattr(torch, name, None)
         if module is not None and module.device_count() > 0:
@@ -183,7 +184,7 @@ def accelerator_count() -> int:
 
     acc_mod = getattr(torch, "accelerator", None)
     if acc_mod is not None:
-        return int(acc_mod.device_count()) if acc_mod.is_available() else 0
+        return int(acc_mod.device_count())  # 0 without one; NVML, fork stays safe
     kind = accelerator_type()
     return int(getattr(torch, kind).device_count()) if kind is not None else 0
 

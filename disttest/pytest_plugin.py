@@ -15,6 +15,9 @@
   own limit for a test stays below pytest-timeout's, so that a hang is
   reported by disttest, with every rank's stack, before pytest-timeout
   kills the process.
+- ``@pytest.mark.gpu(count=1)``: a test that needs CUDA and ``count``
+  GPUs; skipped, saying why, where this process sees fewer (``-m gpu``
+  selects them: ``make gpu-check``).
 - A report header line; under pytest-xdist, a slice of the GPUs per worker.
 """
 
@@ -66,6 +69,8 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "world_size(n, mode='threads'): run this disttest test "
                                        "(or plain function: threads or processes) with n ranks")
+    config.addinivalue_line("markers", "gpu(count=1): this test needs CUDA and at least count GPUs; "
+                                       "skipped, saying why, where there are fewer (disttest)")
     try:
         # Only in a pytest-xdist worker (it has ``workerinput``): a pytest
         # started from inside a worker inherits the worker's PYTEST_XDIST_*
@@ -97,6 +102,7 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
+    _skip_gpu_tests(items)
     for item in items:
         marker = item.get_closest_marker("world_size")
         if marker is None:
@@ -110,6 +116,24 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         func = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
         if func is not None:
             func._required_world_size = size
+
+
+def _skip_gpu_tests(items: list[Any]) -> None:
+    """Mark each test marked ``gpu`` that cannot run here as skipped, with why."""
+    reasons: dict[int, str | None] = {}  # by GPU count: the devices are counted once
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        try:
+            count = _pytest_support.gpu_count(marker.args, marker.kwargs, f"@pytest.mark.gpu on {item.nodeid}")
+        except ConfigError as e:
+            raise pytest.UsageError(str(e)) from None
+        if count not in reasons:
+            reasons[count] = _pytest_support.gpu_skip_reason(count)
+        reason = reasons[count]
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def _pytest_timeout(item: Any) -> float | None:

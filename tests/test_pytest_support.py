@@ -16,7 +16,12 @@ import torch
 
 from disttest.config import ConfigError
 from disttest.runners._pytest import (
+    GPU_NO_CUDA_BUILD,
+    GPU_NONE_VISIBLE,
+    GPU_TOO_FEW,
     apply_xdist_gpu_slice,
+    gpu_count,
+    gpu_skip_reason,
     header_line,
     xdist_device_slice,
     xdist_visible_devices,
@@ -229,6 +234,85 @@ class XdistGpuSliceTest(unittest.TestCase):
         inherited = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
         self.assertEqual(self.devices_seen(**inherited), {"main": "0,1,2,3"})
         self.assertEqual(self.devices_seen("-n", "2", **inherited), {"main": "0,1,2,3", "gw0": "0,1", "gw1": "2,3"})
+
+
+class GpuMarkerTest(unittest.TestCase):
+    """``@pytest.mark.gpu(count=1)``: skipped, saying why, without the GPUs."""
+
+    def test_reasons(self):
+        version = torch.__version__
+        with mock.patch.object(torch.backends.cuda, "is_built", return_value=False):
+            self.assertEqual(gpu_skip_reason(1, {}), GPU_NO_CUDA_BUILD.format(version=version))
+        with mock.patch.object(torch.backends.cuda, "is_built", return_value=True):
+            with mock.patch.object(torch.cuda, "device_count", return_value=0):
+                self.assertEqual(gpu_skip_reason(1, {}), GPU_NONE_VISIBLE.format(version=version, visible=""))
+                # An xdist worker that got no GPU (more workers than GPUs) says so.
+                self.assertEqual(gpu_skip_reason(1, {"CUDA_VISIBLE_DEVICES": ""}),
+                                 f"CUDA is not available (torch {version} sees no GPU, "
+                                 f"CUDA_VISIBLE_DEVICES='') (disttest)")
+            with mock.patch.object(torch.cuda, "device_count", return_value=1):
+                self.assertIsNone(gpu_skip_reason(1, {}))
+                self.assertEqual(gpu_skip_reason(2, {"CUDA_VISIBLE_DEVICES": "3"}), GPU_TOO_FEW.format(
+                    count=2, found=1, version=version, visible=", CUDA_VISIBLE_DEVICES='3'"))
+
+    def test_this_host(self):
+        if torch.backends.cuda.is_built():
+            self.skipTest("a CUDA build of torch")
+        self.assertEqual(gpu_skip_reason(1), f"CUDA is not available (torch {torch.__version__}, "
+                                             "a build without CUDA) (disttest)")
+
+    def test_count(self):
+        self.assertEqual(gpu_count((), {}, "here"), 1)
+        self.assertEqual(gpu_count((2,), {}, "here"), 2)
+        self.assertEqual(gpu_count((), {"count": 4}, "here"), 4)
+        for bad in (0, -1, "2", True, 1.5):
+            with self.subTest(bad=bad), self.assertRaises(ConfigError) as caught:
+                gpu_count((bad,), {}, "@pytest.mark.gpu on t")
+            self.assertIn("@pytest.mark.gpu on t", str(caught.exception))
+
+    MARKED = textwrap.dedent("""
+        import unittest
+        import pytest
+
+        pytestmark = pytest.mark.gpu
+
+        def test_function():
+            raise AssertionError("ran without a GPU")
+
+        class Case(unittest.TestCase):
+            def test_method(self):
+                raise AssertionError("ran without a GPU")
+
+        @pytest.mark.gpu(2)
+        def test_two():
+            raise AssertionError("ran without a GPU")
+    """)
+
+    def pytest(self, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_marked.py"), "w") as f:
+                f.write(source)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+            return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", *args,
+                                   "test_marked.py"], cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
+
+    def test_marked_tests_skip_with_the_reason(self):
+        with mock.patch.object(torch.backends.cuda, "is_built", return_value=False):
+            reason = gpu_skip_reason(1, {})
+        if torch.backends.cuda.is_built():
+            self.skipTest("a CUDA build of torch")
+        proc = self.pytest(self.MARKED, "-m", "gpu")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:])
+        self.assertIn("3 skipped", proc.stdout)
+        # -rs: "SKIPPED [2] test_marked.py: <reason>", counts grouped by place
+        counts = re.findall(rf"^SKIPPED \[(\d+)\] [^:]+(?::\d+)?: {re.escape(reason)}$", proc.stdout, re.M)
+        self.assertEqual(sum(map(int, counts)), 3, proc.stdout[-3000:])
+
+    def test_a_bad_count_is_a_usage_error(self):
+        proc = self.pytest("import pytest\n\n@pytest.mark.gpu(0)\ndef test_x():\n    pass\n")
+        self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+        self.assertIn("@pytest.mark.gpu on test_marked.py::test_x", proc.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

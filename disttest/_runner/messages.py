@@ -28,7 +28,7 @@ The fork server's::
 
     server -> parent ServerReady(pid)
     parent -> server Start(run, spec)            fork the ranks of run ``run``
-    server -> parent Started(run, pids) | StartFailed(run, text)
+    server -> parent Started(run, pids) | StartFailed(run, text) | ForkUnsafe(run, reason)
     server -> parent Exited(run, rank, wait_status)   per rank, when reaped
 """
 
@@ -40,8 +40,8 @@ from typing import Any
 __unittest = True
 
 __all__ = [
-    "Done", "Exited", "Hello", "Leave", "Ready", "Run", "ServerReady", "Start", "StartFailed",
-    "Started", "deliver",
+    "Done", "Exited", "ForkUnsafe", "Hello", "Leave", "Ready", "Run", "ServerReady", "Start",
+    "StartFailed", "Started", "deliver",
 ]
 
 
@@ -121,6 +121,16 @@ class StartFailed:
 
 
 @dataclass(frozen=True)
+class ForkUnsafe:
+    """The fork server will not fork the ranks of run ``run``: its ranks could
+    not use CUDA (``reason``: importing the test's module initialised CUDA
+    in the server). No rank was forked, and the server forks no more."""
+
+    run: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Exited:
     """A rank of run ``run`` ended; ``wait_status`` as ``os.waitpid`` gives it."""
 
@@ -130,7 +140,8 @@ class Exited:
 
 
 _HANDLERS: dict[type, str] = {cls: f"on_{cls.__name__.lower()}" for cls in
-             (Hello, Ready, Run, Done, Leave, ServerReady, Start, Started, StartFailed, Exited)}
+             (Hello, Ready, Run, Done, Leave, ServerReady, Start, Started, StartFailed, ForkUnsafe,
+              Exited)}
 
 
 def deliver(message: object, handler: object, *args: Any) -> bool:

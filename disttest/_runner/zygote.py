@@ -10,6 +10,15 @@ it, so no rank outlives a killed test run.
 It speaks the typed messages of :mod:`.messages` over two pipes: ``Start``
 -> ``Started`` (or ``StartFailed``), then ``Exited`` per rank. The ranks it
 forks talk to the test process over their own channel, as every rank does.
+
+CUDA (:mod:`.cuda_fork`): being a fresh interpreter, the server shares no
+CUDA state with the test process, whenever that initialised CUDA. It runs
+with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless the variable is set), so
+that ``torch.cuda.is_available()`` in an imported module does not poison its
+forks; when importing a test's module initialises CUDA in it, it answers
+``ForkUnsafe`` instead of forking, for that test and every later one: the
+client retires it (it ends once its live ranks have) and the next test
+starts a fresh server.
 """
 
 from __future__ import annotations
@@ -29,15 +38,24 @@ import traceback
 from multiprocessing.connection import Connection
 
 from disttest import _compat
+from disttest._runner import cuda_fork
 from disttest._runner import launcher as launcher_mod
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
-from disttest._runner.messages import Exited, ServerReady, Start, Started, StartFailed, deliver
+from disttest._runner.messages import (
+    Exited,
+    ForkUnsafe,
+    ServerReady,
+    Start,
+    Started,
+    StartFailed,
+    deliver,
+)
 from disttest._runner.outcome import ExitStatus
 
 __unittest = True
 
-__all__ = ["ZygoteLauncher", "ZygoteUnavailable", "main"]
+__all__ = ["ForkServerUnsafe", "ZygoteLauncher", "ZygoteUnavailable", "main"]
 
 START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
 SERVER_DIED = ("died with the fork server, which {how} (the next test starts a fresh one)")
@@ -45,6 +63,15 @@ SERVER_DIED = ("died with the fork server, which {how} (the next test starts a f
 
 class ZygoteUnavailable(RuntimeError):
     """The fork server could not run this test (it says why)."""
+
+
+class ForkServerUnsafe(ZygoteUnavailable):
+    """The fork server will not fork this test's ranks: they could not use
+    CUDA (importing the test's module initialised CUDA in the server)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 # --- server side ----------------------------------------------------------------
@@ -90,6 +117,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, tuple[int, int]] = {}  # pid -> (run_id, rank)
+    unsafe: str | None = None  # why this server's forks can no longer use CUDA
     outbox.send(ServerReady(os.getpid()))
     while True:
         ready, _, _ = select.select([inbox.fileno(), wake_r], [], [], 0.5)
@@ -117,6 +145,12 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
                 importlib.import_module(name)
         except BaseException:  # noqa: BLE001 (reported to the test process)
             outbox.send(StartFailed(run_id, traceback.format_exc()))
+            continue
+        # NB: once CUDA is initialised here, no fork of ours can use it, for
+        # this test or any later one.
+        unsafe = unsafe or cuda_fork.server_refusal(spec.module)
+        if unsafe is not None:
+            outbox.send(ForkUnsafe(run_id, unsafe))
             continue
         pids = {}
         for r in range(spec.world_size):
@@ -184,9 +218,11 @@ class _Client:
             f"import sys; sys.path[:0] = {sys.path!r}; "
             f"from disttest._runner.zygote import main; main({child_r}, {child_w}, {os.getpid()})"
         )
+        # NB: the ranks get the test process's environment back (RankSpec.environ).
+        env = {cuda_fork.NVML_CHECK_ENV: "1", **os.environ}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code], pass_fds=(child_r, child_w), close_fds=True,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, env=env,
         )
         os.close(child_r)
         os.close(child_w)
@@ -194,6 +230,7 @@ class _Client:
         self.outbox = Connection(parent_w, readable=False)
         self.runs: dict[int, ZygoteLauncher] = {}
         self.ids = itertools.count(1)
+        self.retired = False  # it forks no more; closed once its runs have ended
         if not self.inbox.poll(START_TIMEOUT):
             self.close()
             raise ZygoteUnavailable(f"the fork server did not start within {START_TIMEOUT}s")
@@ -234,8 +271,9 @@ class _Client:
 
 
 _clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its parent's
+_retired: list[_Client] = []  # servers that fork no more, until their live ranks end
 # The launcher leaves the fork servers alone when it sweeps the test process's children.
-launcher_mod.HELPER_PIDS.append(lambda: {c.proc.pid for c in _clients.values()})
+launcher_mod.HELPER_PIDS.append(lambda: {c.proc.pid for c in [*_clients.values(), *_retired]})
 
 
 def _client() -> _Client:
@@ -247,10 +285,29 @@ def _client() -> _Client:
     return client
 
 
+def _retire(client: _Client) -> None:
+    """Start no more runs on ``client``'s server; close it once its runs end."""
+    if _clients.get(os.getpid()) is client:
+        del _clients[os.getpid()]
+    if not client.retired:
+        client.retired = True
+        _retired.append(client)
+    _close_if_idle(client)
+
+
+def _close_if_idle(client: _Client) -> None:
+    if client.retired and not client.runs and client in _retired:
+        _retired.remove(client)
+        client.close()
+
+
 @atexit.register
 def _shutdown() -> None:
     client = _clients.pop(os.getpid(), None)
     if client is not None:
+        client.close()
+    for client in list(_retired):
+        _retired.remove(client)
         client.close()
 
 
@@ -262,10 +319,11 @@ class ZygoteLauncher(ProcessLauncher):
         self._client = client
         self._run_id = next(client.ids)
         self._error: str | None = None
+        self._unsafe: str | None = None
         client.runs[self._run_id] = self
         client.outbox.send(Start(self._run_id, self.spec))
         deadline = time.monotonic() + START_TIMEOUT
-        while not self.pids and self._error is None:
+        while not self.pids and self._error is None and self._unsafe is None:
             client.pump(0.05)
             if not self.pids and not client.alive():
                 # It died after forking some ranks, maybe killed by one (they die
@@ -277,6 +335,11 @@ class ZygoteLauncher(ProcessLauncher):
                 return
             if time.monotonic() > deadline:
                 raise ZygoteUnavailable("the fork server did not answer")
+        if self._unsafe is not None:
+            client.runs.pop(self._run_id, None)
+            cuda_fork.initialises_cuda_at_import(self.spec.module, learned=True)
+            _retire(client)
+            raise ForkServerUnsafe(self._unsafe)
         if self._error is not None:
             client.runs.pop(self._run_id, None)
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
@@ -286,6 +349,9 @@ class ZygoteLauncher(ProcessLauncher):
 
     def on_startfailed(self, message: StartFailed) -> None:
         self._error = message.text
+
+    def on_forkunsafe(self, message: ForkUnsafe) -> None:
+        self._unsafe = message.reason
 
     def on_exited(self, message: Exited) -> None:
         self._exits[message.rank] = ExitStatus.from_wait_status(message.wait_status)
@@ -305,3 +371,4 @@ class ZygoteLauncher(ProcessLauncher):
     def close(self) -> None:
         super().close()
         self._client.runs.pop(self._run_id, None)
+        _close_if_idle(self._client)

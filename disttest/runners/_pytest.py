@@ -8,6 +8,9 @@
 - The report header: torch version, start method, timeout.
 - pytest-xdist: each worker sees its own slice of the GPUs
   (``CUDA_VISIBLE_DEVICES``), so two workers never share one.
+- ``@pytest.mark.gpu(count=1)``: a test that needs CUDA and ``count`` GPUs
+  is skipped, saying why, where this process sees fewer (devices counted
+  through NVML, which does not initialise CUDA or poison fork).
 
 ``disttest.pytest_plugin`` registers these; this module holds the logic.
 """
@@ -26,7 +29,12 @@ __unittest = True
 
 __all__ = [
     "FUNCTION_MODES",
+    "GPU_NONE_VISIBLE",
+    "GPU_NO_CUDA_BUILD",
+    "GPU_TOO_FEW",
     "RANK_FIXTURES",
+    "gpu_count",
+    "gpu_skip_reason",
     "header_line",
     "run_function",
     "xdist_device_slice",
@@ -42,6 +50,12 @@ RANK_FIXTURES = ("rank", "world_size")
 NOT_IN_A_RANK = -1
 
 BAD_MODE = "expected one of {modes}"
+#: Why a test marked ``gpu`` is skipped: a torch built without CUDA,
+GPU_NO_CUDA_BUILD = "CUDA is not available (torch {version}, a build without CUDA) (disttest)"
+#: no GPU visible to this process (none on the host, or CUDA_VISIBLE_DEVICES hides them),
+GPU_NONE_VISIBLE = "CUDA is not available (torch {version} sees no GPU{visible}) (disttest)"
+#: fewer GPUs than the marker asks for.
+GPU_TOO_FEW = "needs {count} GPUs, this process sees {found} (torch {version}{visible}) (disttest)"
 
 
 def header_line(environ: Mapping[str, str] | None = None) -> str:
@@ -58,6 +72,35 @@ def header_line(environ: Mapping[str, str] | None = None) -> str:
     except ConfigError as e:
         timeout = f"invalid: {e}"
     return f"disttest: torch {torch.__version__}, start method {method}, timeout {timeout}"
+
+
+def gpu_count(marker_args: Sequence[Any], marker_kwargs: Mapping[str, Any], where: str) -> int:
+    """The GPUs a ``gpu`` marker asks for (``gpu``, ``gpu(2)``, ``gpu(count=2)``), checked."""
+    raw = marker_kwargs.get("count", marker_args[0] if marker_args else 1)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ConfigError("GPU count", raw, where, "expected a whole number of at least 1")
+    return raw
+
+
+def gpu_skip_reason(count: int = 1, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a test that needs ``count`` GPUs cannot run in this process, or None.
+
+    Counts through ``torch.cuda.device_count`` (NVML where it answers), which
+    neither initialises CUDA nor poisons a later fork.
+    """
+    import torch
+
+    env = os.environ if environ is None else environ
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    visible = f", CUDA_VISIBLE_DEVICES={raw!r}" if raw is not None else ""
+    if not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]  # torch: unannotated
+        return GPU_NO_CUDA_BUILD.format(version=torch.__version__)
+    found = torch.cuda.device_count()
+    if found == 0:
+        return GPU_NONE_VISIBLE.format(version=torch.__version__, visible=visible)
+    if found < count:
+        return GPU_TOO_FEW.format(count=count, found=found, version=torch.__version__, visible=visible)
+    return None
 
 
 def function_mode(kwargs: Mapping[str, Any], where: str) -> str:

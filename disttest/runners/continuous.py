@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import unittest
+import warnings
 import weakref
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -27,14 +28,14 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import janitor, settings, thread_pool
+from disttest._runner import cuda_fork, janitor, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult
 from disttest._runner.pool import Pool, PoolUnavailable
 from disttest._runner.rank import run_dir as rank_run_dir
 from disttest._runner.report import raise_for_outcomes
-from disttest._runner.zygote import ZygoteLauncher
+from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher
 from disttest.config import ConfigError, parse_world_size
 from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
 from disttest.faults.judge import Injection
@@ -85,7 +86,10 @@ class MultiProcContinousTest(TestCase):
     rdvz_file: str | None = None
     timeout: float | timedelta | None = None
     #: "fork" (default: workers forked from the test process, one OpenMP
-    #: thread each), "zygote" or "spawn".
+    #: thread each; on a host with CUDA devices, "zygote"), "zygote" or
+    #: "spawn". Where forked workers could not use CUDA (the test process, or
+    #: the fork server on importing the class's module, initialised it),
+    #: "spawn" with a warning.
     start_method: str = "fork"
     rank_threads: int | None = 1
     #: "batch" (default) or "normal": the rank processes' scheduling policy
@@ -148,7 +152,12 @@ class MultiProcContinousTest(TestCase):
 
     @classmethod
     def _start_method(cls) -> str:
-        method, _ = settings.start_method(cls)
+        return cls._start_choice()[0]
+
+    @classmethod
+    def _start_choice(cls) -> tuple[str, str, str | None]:
+        """(start method, where it came from, the warning to give if any)."""
+        method, where = settings.start_method(cls)
         if method == "fork" and threading.active_count() > 1:
             # Idle rank threads of a threaded test class are ours to end.
             thread_pool.release_idle(wait=1.0)
@@ -156,9 +165,12 @@ class MultiProcContinousTest(TestCase):
             # NB: forking a process with other threads can copy a lock they
             # hold; the fork server has none.
             method = "zygote"
+        module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        importable = "<locals>" not in cls.__qualname__ and module_file is not None
         if method == "zygote" and "<locals>" in cls.__qualname__:
             method = "fork"
-        return method
+        method, note = cuda_fork.choose(method, cls, f"the pool of {cls.__qualname__}", where, importable)
+        return method, where, note
 
     # --- the pool (in the test process) -------------------------------------------
 
@@ -187,7 +199,7 @@ class MultiProcContinousTest(TestCase):
         if unusable is not None:
             cls._pool_skip = unusable
             raise unittest.SkipTest(cls._pool_skip)
-        method = cls._start_method()
+        method, where, note = cls._start_choice()
         module = sys.modules.get(cls.__module__)
         fields = {
             "module": cls.__module__, "qualname": cls.__qualname__,
@@ -198,10 +210,16 @@ class MultiProcContinousTest(TestCase):
         }
         start_limit = max(30.0, cls._limit(None) or 0)
         try:
-            pool = Pool(cls, world_size, _LAUNCHERS[method], fields, start_limit)
+            try:
+                pool = Pool(cls, world_size, _LAUNCHERS[method], fields, start_limit)
+            except ForkServerUnsafe as e:
+                note = cuda_fork.fell_back(cls, f"the pool of {cls.__qualname__}", method, where, e.reason)
+                pool = Pool(cls, world_size, SpawnLauncher, {**fields, "threads": None}, start_limit)
         except PoolUnavailable as e:
             cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)
             raise PoolUnavailable(cls._pool_failed) from None
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
         cls._pool = pool
         _live_pools.add(pool)
         skips = [o for o in pool.init_outcomes.values() if o.skip_reason]

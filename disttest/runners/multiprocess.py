@@ -10,6 +10,7 @@ processes and a fresh process group per test, at fork speed).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -24,14 +25,14 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import janitor, settings
+from disttest._runner import cuda_fork, janitor, settings
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
 from disttest._runner.verdict import judge
-from disttest._runner.zygote import ZygoteLauncher, ZygoteUnavailable
+from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
 )
@@ -67,7 +68,9 @@ class MultiProcessTestCase(RankDispatch):
     TEST_ERROR_EXIT_CODE = rank_mod.TEST_ERROR_EXIT_CODE
     #: Per-test limit in seconds; None: ``get_timeout(self.id())``.
     timeout: float | None = None
-    #: How ranks start: "zygote" (default), "fork" or "spawn" (for CUDA).
+    #: How ranks start: "zygote" (default), "fork" or "spawn". Where forked
+    #: ranks could not use CUDA (the test process, or the fork server on
+    #: importing the test's module, initialised it), "spawn" with a warning.
     start_method: str = "zygote"
     #: OpenMP threads per forked rank (None: torch's default). NB: more than
     #: one is only safe when the forking process ran no parallel op.
@@ -136,11 +139,13 @@ class MultiProcessTestCase(RankDispatch):
         ``start_method``: "zygote", "fork" or "spawn"; default: the
         ``DISTTEST_START_METHOD`` variable, else the class's ``start_method``.
         A skip decided by the test's decorators is raised here, before any
-        rank starts.
+        rank starts. Where forked ranks could not use CUDA, they start with
+        "spawn" instead, with a warning that says why (see the GPU how-to).
         """
         self._precheck()
-        method, _ = settings.start_method(type(self), start_method)
+        method, where = settings.start_method(type(self), start_method)
         self._refuse_second_start("_spawn_processes()", self._launcher is not None)
+        self._start_source = where
         self._start_processes(method)
 
     def _start_processes(self, proc: Any = None) -> None:
@@ -148,11 +153,15 @@ class MultiProcessTestCase(RankDispatch):
         upstream ``Process`` class means "spawn")."""
         self._refuse_second_start("_start_processes()", self._launcher is not None)
         method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
+        source = getattr(self, "_start_source", "") or "_start_processes()"
         cls = type(self)
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
-        if method == "zygote" and ("<locals>" in cls.__qualname__ or module_file is None):
+        importable = "<locals>" not in cls.__qualname__ and module_file is not None
+        if method == "zygote" and not importable:
             method = "fork"  # the fork server cannot import this class by name
+        test = f"{cls.__qualname__}.{self._current_test_name()}"
+        method, note = cuda_fork.choose(method, cls, test, source, importable)
         spec = rank_mod.RankSpec(
             module=cls.__module__, qualname=cls.__qualname__, module_file=module_file,
             test_name=self._current_test_name(), world_size=self._effective_world_size(),
@@ -165,10 +174,18 @@ class MultiProcessTestCase(RankDispatch):
         launcher = _LAUNCHERS[method](spec)
         try:
             self._start(launcher, cls)
+        except ForkServerUnsafe as e:
+            note = cuda_fork.fell_back(cls, test, method, source, e.reason)
+            launcher = SpawnLauncher(dataclasses.replace(spec, threads=None))
+            self._start(launcher, cls)
         except ZygoteUnavailable as e:
             warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
-            launcher = ForkLauncher(spec)
+            method, note = cuda_fork.choose("fork", cls, test, source, importable)
+            threads = None if method == "spawn" else self.rank_threads
+            launcher = _LAUNCHERS[method](dataclasses.replace(spec, threads=threads))
             self._start(launcher, cls)
+        if note is not None:
+            warnings.warn(note, stacklevel=3)
         self._launcher = launcher
         self.processes = launcher.processes()
 

@@ -1,0 +1,136 @@
+"""Start methods and CUDA: which start method gives ranks that can use CUDA.
+
+A child forked from a process that has initialised CUDA cannot use CUDA:
+torch raises "Cannot re-initialize CUDA in forked subprocess" at the child's
+first CUDA call (and the CUDA driver does not support it either). Two of
+disttest's start methods fork:
+
+- ``fork`` forks the test process itself: unusable for CUDA once the test
+  process has initialised it (``torch.cuda.is_initialized()``: a CUDA tensor
+  at module level, ``torch.cuda.set_device``, ``get_device_capability``...);
+- ``zygote`` forks from the fork server, a fresh interpreter (started with
+  ``subprocess``, so none of the test process's CUDA state reaches it, and
+  it runs with ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so that
+  ``torch.cuda.is_available()`` does not poison its forks). It never
+  initialises CUDA itself, but it imports the test's module: when that
+  import initialises CUDA, the server refuses to fork (it answers
+  ``ForkUnsafe``) and retires; the next test gets a fresh server.
+
+Such a test's ranks start with ``spawn`` instead (a fresh interpreter per
+rank, as upstream's harness does), with a warning that says why
+(:data:`FELL_BACK`). disttest does not refuse the test: the fork methods are
+a speed choice, never a correctness one, and the ranks of a test that
+leaves CUDA alone work under ``spawn`` too. A class that ``spawn`` cannot
+import by name (defined inside a function) keeps ``fork``, with a warning
+(:data:`FORKED_ANYWAY`): its ranks work as long as they leave CUDA alone.
+
+NB: ``torch.cuda.is_available()`` (and ``torch.accelerator.is_available()``)
+poisons fork without initialising CUDA (it calls ``cuInit``), which public
+torch API cannot see: set ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` in the test
+process to avoid it there. A pool's default ``fork`` becomes ``zygote`` on a
+host with CUDA devices (counted through NVML, which poisons nothing), since
+its test process has most likely poisoned fork already.
+"""
+
+from __future__ import annotations
+
+__unittest = True
+
+__all__ = [
+    "FELL_BACK",
+    "FORKED_ANYWAY",
+    "NVML_CHECK_ENV",
+    "PARENT_INITIALISED",
+    "SERVER_INITIALISED",
+    "choose",
+    "chosen_by_disttest",
+    "cuda_devices_visible",
+    "cuda_initialised",
+    "fell_back",
+    "initialises_cuda_at_import",
+    "server_refusal",
+]
+
+#: torch's switch for an availability check through NVML, which does not poison fork.
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+PARENT_INITIALISED = "the test process has initialised CUDA (torch.cuda.is_initialized())"
+SERVER_INITIALISED = "importing {module} initialises CUDA (torch.cuda.is_initialized() in the fork server after the import)"
+FELL_BACK = (
+    "{test}: its ranks start with 'spawn' instead of {method!r} (from {source}) (disttest): {reason}, and ranks "
+    "forked after that cannot use CUDA. To choose 'spawn' yourself and silence this, set start_method = 'spawn' "
+    "on {cls} or DISTTEST_START_METHOD=spawn; to keep fork's speed, initialise CUDA only inside the ranks"
+)
+FORKED_ANYWAY = (
+    "{test}: its ranks are forked although {reason} (disttest): 'spawn' cannot import {cls} (defined inside a "
+    "function), so the ranks cannot use CUDA ('Cannot re-initialize CUDA in forked subprocess'). Define the "
+    "class at module level, or initialise CUDA only inside the ranks"
+)
+
+# Modules whose import initialised CUDA in a fork server (learned from its
+# refusal): their tests go to ``spawn`` without asking a fresh server again.
+_cuda_at_import: set[str] = set()
+
+
+def cuda_initialised() -> bool:
+    """Whether this process has initialised CUDA (its forks cannot use it)."""
+    import torch
+
+    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch: unannotated
+
+
+def cuda_devices_visible() -> bool:
+    """Whether this host has CUDA devices, asked without poisoning fork
+    (``torch.cuda.device_count`` counts through NVML where it can)."""
+    import torch
+
+    built = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]  # torch: unannotated
+    return bool(built) and torch.cuda.device_count() > 0
+
+
+def chosen_by_disttest(cls: type, source: str) -> bool:
+    """Whether the start method that came from ``source`` is disttest's
+    default (a base class's ``start_method``), not the user's choice."""
+    if not source.endswith(".start_method"):
+        return False  # the environment variable or an explicit argument
+    owner = next((k for k in cls.__mro__ if "start_method" in vars(k)), None)
+    return owner is not None and owner.__module__.startswith("disttest.")
+
+
+def initialises_cuda_at_import(module: str, learned: bool = False) -> bool:
+    """Whether importing ``module`` is known to initialise CUDA (with
+    ``learned``: record that it does, as a fork server found)."""
+    if learned:
+        _cuda_at_import.add(module)
+    return module in _cuda_at_import
+
+
+def server_refusal(module: str) -> str | None:
+    """In the fork server, after importing the test's ``module``: why it must
+    not fork the test's ranks, or None."""
+    return SERVER_INITIALISED.format(module=module) if cuda_initialised() else None
+
+
+def fell_back(cls: type, test: str, method: str, source: str, reason: str) -> str:
+    """The warning for ranks started with ``spawn`` instead of ``method``."""
+    return FELL_BACK.format(test=test, method=method, source=source, reason=reason, cls=cls.__name__)
+
+
+def choose(method: str, cls: type, test: str, source: str, importable: bool) -> tuple[str, str | None]:
+    """The start method to use instead of ``method`` (from ``source``) so that
+    the ranks of ``cls`` can use CUDA, and the warning to give, if any.
+
+    ``importable``: ``spawn`` (and the fork server) can import ``cls`` by name.
+    """
+    if method == "fork":
+        if cuda_initialised():
+            if importable:
+                return "spawn", fell_back(cls, test, method, source, PARENT_INITIALISED)
+            return method, FORKED_ANYWAY.format(test=test, reason=PARENT_INITIALISED, cls=cls.__qualname__)
+        if importable and chosen_by_disttest(cls, source) and cuda_devices_visible():
+            # The test process has most likely poisoned fork already
+            # (torch.cuda.is_available() does); the fork server has not.
+            method = "zygote"
+    if method == "zygote" and initialises_cuda_at_import(cls.__module__):
+        reason = SERVER_INITIALISED.format(module=cls.__module__)
+        return "spawn", fell_back(cls, test, method, source, reason)
+    return method, None
