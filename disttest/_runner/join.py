@@ -56,14 +56,15 @@ def _judged(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> dic
     finished = [r for r, o in outcomes.items() if _passed(o)]
     desyncs: dict[int, tuple[int, InFlight]] = {}
     flights: dict[int, InFlight] = {}
-    for r, o in outcomes.items():
-        if o.kind is Kind.ERRORED:
-            found = launcher.desync([r], finished, ended=True)
-            if found:
-                desyncs[r] = found[0]
-            found = launcher.desync([r], [p for p in range(world) if p != r], ended=True, entered_counts=False)
-            if found:
-                flights[r] = found[0][1]
+    # All errored ranks in one question each (a thousand thread ranks that
+    # were released asked a thousand questions of a thousand peers a poll).
+    errored = [r for r, o in outcomes.items() if o.kind is Kind.ERRORED]
+    if errored:
+        for found in launcher.desync(errored, finished, ended=True):
+            desyncs.setdefault(found[1].rank, found)
+        # Every peer but the rank itself (the launchers skip a rank as its own peer).
+        for found in launcher.desync(errored, range(world), ended=True, entered_counts=False):
+            flights.setdefault(found[1].rank, found[1])
     return explain(outcomes, world, desyncs, flights)
 
 

@@ -196,7 +196,9 @@ class ThreadLauncher:
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:
         found = find_desync(self.board, ranks, finished, ended, entered_counts)
-        return found or self._world_desync(ranks, finished, entered_counts)
+        seen = {flight.rank for _, flight in found}
+        rest = [r for r in ranks if r not in seen]
+        return found + (self._world_desync(rest, finished, entered_counts) if rest else [])
 
     def _world_desync(self, ranks: Sequence[int], finished: Sequence[int],
                       entered_counts: bool) -> list[tuple[int, InFlight]]:
@@ -207,18 +209,24 @@ class ThreadLauncher:
         if not finished:
             return []
         rank_of = dict(self._idents)
+        asked = set(ranks)
         now = time.time()
         found = []
+        # The peers that never joined a collective (and when they ended),
+        # once per collective, however many ranks wait in it.
+        absent: dict[tuple[str, int], list[tuple[int, float]]] = {}
         for call in self.world.pending():
             rank = rank_of.get(call.thread)
-            if rank is None or rank not in ranks or call.group_size != self.world_size:
+            if rank is None or rank not in asked or call.group_size != self.world_size:
                 continue
-            for peer in finished:
-                outcome = self._outcomes.get(peer)
-                done = outcome.at if outcome is not None else 0.0
-                never = not entered_counts or self.world.entered(call.group, peer) < call.seq
-                if never and done and now - max(call.since, done) >= FR_SETTLE:
-                    flight = InFlight(rank, call.op, call.seq, WORLD_GROUP, tuple(range(self.world_size)))
+            key = (call.group, call.seq)
+            if key not in absent:
+                absent[key] = [(peer, outcome.at) for peer in finished
+                               if (outcome := self._outcomes.get(peer)) is not None and outcome.at
+                               and (not entered_counts or self.world.entered(call.group, peer) < call.seq)]
+            for peer, done in absent[key]:
+                if peer != rank and now - max(call.since, done) >= FR_SETTLE:
+                    flight = InFlight(rank, call.op, call.seq, WORLD_GROUP, range(self.world_size))
                     found.append((peer, flight))
                     break
         return found

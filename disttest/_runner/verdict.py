@@ -81,11 +81,25 @@ def reclassified(outcome: Outcome, kind: Kind, detail: str) -> Outcome:
     return dataclasses.replace(outcome, kind=kind, detail=detail)
 
 
+#: More ranks than this are named by runs (``ranks 0-516, 518-1023/1024``).
+LISTED = 8
+
+
 def who(ranks: Sequence[int], world: int) -> str:
-    """``rank 2/4`` or ``ranks 0, 1/4``: how every report line names ranks."""
+    """``rank 2/4``, ``ranks 0, 1/4`` or, for many, ``ranks 0-516, 518-1023/1024``:
+    how every report line names ranks."""
     if len(ranks) == 1:
         return RANK.format(rank=ranks[0], world=world)
-    return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
+    if len(ranks) <= LISTED:
+        return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return RANKS.format(ranks=text, world=world)
 
 
 def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, tuple[int, InFlight]],

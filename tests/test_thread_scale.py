@@ -1,0 +1,112 @@
+"""Thread worlds of 1024 ranks (issue 26): what works at 4 ranks works there
+too (faults, reports, desyncs, turns), and nothing is paid up front."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import unittest
+
+import torch
+import torch.distributed as dist
+
+import disttest
+
+WIDE = 1024
+
+
+def run(case: unittest.TestCase) -> unittest.TestResult:
+    result = unittest.TestResult()
+    case.run(result)
+    return result
+
+
+class Wide(disttest.MultiThreadedTestCase):
+    __test__ = False  # run by WideWorldTest, which checks how each fails
+    world_size = WIDE
+    timeout = 60
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_collectives(self) -> None:
+        t = torch.ones(2) * self.rank
+        dist.all_reduce(t)
+        assert t.tolist() == [WIDE * (WIDE - 1) / 2] * 2, t
+        dist.broadcast(t, src=WIDE - 1)
+        dist.barrier()
+
+    @disttest.inject_fault(rank=517, action="kill", at="all_reduce")
+    def test_one_rank_killed(self) -> None:
+        t = torch.ones(1)
+        dist.all_reduce(t)
+
+    def test_one_rank_skips_a_barrier(self) -> None:
+        if self.rank != 3:
+            dist.barrier()
+
+    def test_one_rank_fails(self) -> None:
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert self.rank != 700, "rank 700 disagrees"
+
+
+class WideWorldTest(unittest.TestCase):
+    def check(self, name: str, *expected: str) -> float:
+        start = time.monotonic()
+        result = run(Wide(name))
+        took = time.monotonic() - start
+        problems = result.errors + result.failures
+        self.assertEqual(len(problems), 1, problems)
+        text = problems[0][1]
+        for part in expected:
+            self.assertIn(part, text)
+        self.assertLess(len(text), 200_000)  # a thousand ranks are summed up, not listed one by one
+        return took
+
+    def test_collectives_at_1024_ranks(self):
+        result = run(Wide("test_collectives"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_a_killed_rank_of_1024_is_named_within_the_timeout(self):
+        took = self.check("test_one_rank_killed", "injected by disttest (not causes): rank 517 killed at all_reduce #1",
+                          "ranks 0-516, 518-1023/1024 raised CollectiveAborted")
+        self.assertLess(took, Wide.timeout)
+
+    def test_a_desync_at_1024_ranks_names_the_rank_that_left(self):
+        self.check("test_one_rank_skips_a_barrier", "rank 3/1024")
+
+    def test_a_failing_rank_of_1024_is_the_one_cause(self):
+        self.check("test_one_rank_fails", "rank 700/1024 raised AssertionError", "rank 700 disagrees")
+
+
+class UpFrontTest(unittest.TestCase):
+    def test_the_first_threaded_test_imports_no_dtensor(self):
+        # Issue 26: it imported torch.distributed.tensor (0.5 s) before the
+        # rank threads started, for a race that turns already prevent.
+        code = textwrap.dedent("""
+            import sys, unittest
+            import torch, torch.distributed as dist
+            import disttest
+
+            class T(disttest.MultiThreadedTestCase):
+                world_size = 4
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_threads()
+                def test_x(self):
+                    dist.all_reduce(torch.ones(1))
+
+            assert unittest.TextTestRunner().run(T("test_x")).wasSuccessful()
+            print("dtensor imported:", "torch.distributed.tensor" in sys.modules)
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("dtensor imported: False", proc.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
