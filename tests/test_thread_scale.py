@@ -3,6 +3,7 @@ too (faults, reports, desyncs, turns), and nothing is paid up front."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -81,6 +82,39 @@ class WideWorldTest(unittest.TestCase):
 
     def test_a_failing_rank_of_1024_is_the_one_cause(self):
         self.check("test_one_rank_fails", "rank 700/1024 raised AssertionError", "rank 700 disagrees")
+
+
+class Frozen(disttest.MultiThreadedTestCase):
+    __test__ = False
+    world_size = 2
+    seen: list[int] = []
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_count(self) -> None:
+        self.seen.append(gc.get_freeze_count())
+
+
+class CollectorTest(unittest.TestCase):
+    def setUp(self):
+        Frozen.seen = []
+        self.addCleanup(gc.unfreeze)
+
+    def test_objects_from_before_are_left_alone_while_ranks_run(self):
+        gc.collect()
+        self.assertEqual(gc.get_freeze_count(), 0)
+        self.assertTrue(run(Frozen("test_count")).wasSuccessful())
+        self.assertEqual(len(Frozen.seen), 2)
+        self.assertTrue(all(n > 0 for n in Frozen.seen), Frozen.seen)  # frozen while they ran
+        self.assertEqual(gc.get_freeze_count(), 0)  # and given back after
+
+    def test_what_the_process_froze_itself_stays_frozen(self):
+        gc.freeze()
+        before = gc.get_freeze_count()
+        self.assertTrue(run(Frozen("test_count")).wasSuccessful())
+        self.assertGreater(gc.get_freeze_count(), before // 2)  # not unfrozen (some objects died meanwhile)
 
 
 class UpFrontTest(unittest.TestCase):
