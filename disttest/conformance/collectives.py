@@ -29,6 +29,13 @@ LARGE = 1 << 20  # about 1M elements
 SIZE_TAGS = {0: "size0", 1: "size1", N: "size7", LARGE: "size1M"}
 
 
+def _shared(c: Ctx, n: int, share: bool) -> int:
+    """With ``share``: ``n`` elements in all, split over the world (a chunk
+    per peer), for collectives whose data grows with the world squared: 1M
+    elements from each of 64 ranks to each is 16 GB in one process."""
+    return max(1, n // c.world) if share else n
+
+
 def _members(c: Ctx, group: str) -> list[tuple[list[int], Any, int]]:
     return [(ranks, g, salt) for ranks, g, salt in c.groups(group) if c.rank in ranks]
 
@@ -41,7 +48,7 @@ def all_reduce(c: Ctx, dtype: str, op: str, n: int, layout: str, mode: str, grou
         t, base = c.tensor(ref.rank_input(c.rank, n, dtype, salt), dtype, layout)
         work = dist.all_reduce(t, op=reduce_op(op), group=g, async_op=mode == "async")
         c.finish(work, mode)
-        want = ref.expected_reduce(op, [ref.rank_input(r, n, dtype, salt) for r in ranks], dtype)
+        want = ref.expected_reduce_of(op, tuple(ranks), n, dtype, salt)
         c.check(t, want, dtype, f"all_reduce {op} on {dtype}")
         c.check_gaps(base, dtype, "all_reduce")
 
@@ -53,7 +60,7 @@ def reduce(c: Ctx, dtype: str, op: str, root: int, n: int, layout: str, mode: st
         work = dist.reduce(t, dst=dst, op=reduce_op(op), group=g, async_op=mode == "async")
         c.finish(work, mode)
         if c.rank == dst:  # the others' tensors are undefined after reduce
-            want = ref.expected_reduce(op, [ref.rank_input(r, n, dtype, salt) for r in ranks], dtype)
+            want = ref.expected_reduce_of(op, tuple(ranks), n, dtype, salt)
             c.check(t, want, dtype, f"reduce {op} to rank {dst}")
             c.check_gaps(base, dtype, "reduce")
 
@@ -63,7 +70,9 @@ def _scatter_inputs(rank: int, ranks: list[int], n: int, dtype: str, salt: int) 
     return [ref.rank_input(rank, n, dtype, 10 + salt + j) for j in range(len(ranks))]
 
 
-def reduce_scatter(c: Ctx, dtype: str, op: str, n: int, layout: str, mode: str, group: str, form: str) -> None:
+def reduce_scatter(c: Ctx, dtype: str, op: str, n: int, layout: str, mode: str, group: str, form: str,
+        share: bool = False) -> None:
+    n = _shared(c, n, share)
     for ranks, g, salt in _members(c, group):
         me = ranks.index(c.rank)
         pieces = _scatter_inputs(c.rank, ranks, n, dtype, salt)
@@ -78,7 +87,7 @@ def reduce_scatter(c: Ctx, dtype: str, op: str, n: int, layout: str, mode: str, 
             call = dist.reduce_scatter_single if form == "single" else dist.reduce_scatter_tensor
             work = call(out, inputs[0], op=reduce_op(op), group=g, async_op=mode == "async")
         c.finish(work, mode)
-        want = ref.expected_reduce(op, [ref.rank_input(r, n, dtype, 10 + salt + me) for r in ranks], dtype)
+        want = ref.expected_reduce_of(op, tuple(ranks), n, dtype, 10 + salt + me)
         c.check(out, want, dtype, f"reduce_scatter {op} on {dtype}")
         c.check_gaps(base, dtype, "reduce_scatter output")
         c.unchanged(before, inputs, "reduce_scatter input")
@@ -90,7 +99,7 @@ def all_reduce_coalesced(c: Ctx, dtype: str, op: str) -> None:
         warnings.simplefilter("ignore")  # deprecated, still public
         dist.all_reduce_coalesced(ts, op=reduce_op(op))
     for k, t in zip((N, 3), ts, strict=True):
-        want = ref.expected_reduce(op, [ref.rank_input(r, k, dtype, k) for r in range(c.world)], dtype)
+        want = ref.expected_reduce_of(op, tuple(range(c.world)), k, dtype, k)
         c.check(t, want, dtype, f"all_reduce_coalesced {op} (tensor of {k})")
 
 
@@ -140,7 +149,9 @@ def scatter(c: Ctx, dtype: str, src: int, n: int, layout: str, mode: str, group:
 # --- gathers and all-to-all ---------------------------------------------------------
 
 
-def all_gather(c: Ctx, dtype: str, n: int, layout: str, mode: str, group: str, form: str) -> None:
+def all_gather(c: Ctx, dtype: str, n: int, layout: str, mode: str, group: str, form: str,
+        share: bool = False) -> None:
+    n = _shared(c, n, share)
     for ranks, g, salt in _members(c, group):
         t, _ = c.tensor(ref.rank_input(c.rank, n, dtype, salt), dtype, layout)
         before = c.snapshot([t])
@@ -189,7 +200,9 @@ def _split(src: int, dst: int, n: int, uneven: bool) -> int:
     return (src + 2 * dst) % 3 + 1 if uneven else n
 
 
-def all_to_all_single(c: Ctx, dtype: str, n: int, mode: str, group: str, form: str) -> None:
+def all_to_all_single(c: Ctx, dtype: str, n: int, mode: str, group: str, form: str,
+        share: bool = False) -> None:
+    n = _shared(c, n, share)
     for ranks, g, salt in _members(c, group):
         me, k = ranks.index(c.rank), len(ranks)
         uneven = form != "even"
@@ -392,12 +405,14 @@ def _register() -> None:
         st = SIZE_TAGS[n]
         _add("broadcast", f"float32_{st}", p(broadcast, dtype="float32", src=0, n=n, layout=contig, mode=sync,
             group=world), dtype="float32", tags=[st])
+        # The large cases move about 1M elements per rank whatever the world size.
+        share = n == LARGE
         _add("all_gather_into_tensor", f"float32_{st}", p(all_gather, dtype="float32", n=n, layout=contig,
-            mode=sync, group=world, form="flat"), dtype="float32", tags=[st])
+            mode=sync, group=world, form="flat", share=share), dtype="float32", tags=[st])
         _add("reduce_scatter_tensor", f"float32_SUM_{st}", p(reduce_scatter, dtype="float32", op="SUM", n=n,
-            layout=contig, mode=sync, group=world, form="tensor"), dtype="float32", op="SUM", tags=[st])
-        _add("all_to_all_single", f"float32_{st}", p(all_to_all_single, dtype="float32", n=n // 3 if n == LARGE
-            else n, mode=sync, group=world, form="even"), dtype="float32", tags=[st])
+            layout=contig, mode=sync, group=world, form="tensor", share=share), dtype="float32", op="SUM", tags=[st])
+        _add("all_to_all_single", f"float32_{st}", p(all_to_all_single, dtype="float32", n=n, mode=sync,
+            group=world, form="even", share=share), dtype="float32", tags=[st])
         if n != LARGE:
             _add("all_gather", f"float32_{st}", p(all_gather, dtype="float32", n=n, layout=contig, mode=sync,
                 group=world, form="list"), dtype="float32", tags=[st])
