@@ -163,6 +163,8 @@ __all__ = [
     "RpcTestCase",
     "SaveForwardInputsModel",
     "SaveForwardInputsModule",
+    "SimulatedTestCase",
+    "SpmdMixin",
     "TIMEOUT_DEFAULT",
     "TIMEOUT_OVERRIDE",
     "TORCHCOMM_HAS_GLOO",
@@ -227,6 +229,7 @@ __all__ = [
     "retrieve_result_from_completion_queue",
     "retry_on_connect_failures",
     "run_in",
+    "run_simulated",
     "run_subtests",
     "set_rng_seed",
     "setup_torchcomms_pg",
@@ -253,8 +256,9 @@ __all__.sort()
 
 # Read on access, not at import: a bad DISTTEST_TIMEOUT fails the first test
 # that needs it, the shared models are built only when asked for, and
-# torch._dynamo (seconds to import) loads only for the dynamo test cases, and
-# torch.distributed.rpc only for the RPC helpers.
+# torch._dynamo (seconds to import) loads only for the dynamo test cases,
+# torch.distributed.rpc only for the RPC helpers, and the simulated base
+# only for simulated tests.
 _LAZY_FROM = {
     "C10dTorchCommsTestBase": "disttest.bases.torchcomms",
     "setup_torchcomms_pg": "disttest.bases.torchcomms",
@@ -288,6 +292,9 @@ _LAZY_FROM = {
     "_dynamo_dist_per_rank_init": "disttest.bases.dynamo",
     "dynamo_dist_per_rank_init": "disttest.bases.dynamo",
     "TIMEOUT_DEFAULT": "disttest.config",
+    "SimulatedTestCase": "disttest.bases.simulated",
+    "SpmdMixin": "disttest.bases.simulated",
+    "run_simulated": "disttest.bases.simulated",
     "BN_NET": "disttest.support.models",
     "BN_NET_NO_AFFINE": "disttest.support.models",
     "COLLECTIVES_OBJECT_TEST_LIST": "disttest.support.models",

@@ -1,0 +1,279 @@
+"""Simulated worlds: thousands of ranks in the test's own thread.
+
+:class:`SimulatedTestCase` runs each test once, in the test process, under
+torch's ``LocalTensorMode`` over the ``fake`` process group: a tensor the test
+makes is a LocalTensor that holds one value per simulated rank, every op runs
+once per rank, and collectives combine the ranks' values. So a DTensor or
+DeviceMesh test runs at a world size no machine has (4096 ranks on a
+16x16x16 mesh), skipped, saying why, where the installed torch lacks the mode.
+
+For the test's duration (installed in ``setUp``, undone in a cleanup, never
+at import) disttest replaces parts of the mode whose cost grows with the
+square of the world or costs per rank more than the op does
+(:data:`~disttest._compat.LOCAL_TENSOR_SPEEDUPS`); every rank gets the same
+values and RNG streams as under upstream's. ``speedups = ()`` on a class runs
+upstream's code unchanged.
+
+:class:`SpmdMixin` holds what a test body needs in every mode (a mesh, a
+per-rank assertion, the ranks' values, the value they share); :func:`run_simulated` makes the
+simulated class of a body that :func:`~disttest.run_in` also runs as threads
+and processes.
+
+Layer: a subsystem base (imports the runners, the process groups and
+``_compat``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import unittest
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disttest import _compat
+from disttest.config import parse_world_size
+from disttest.runners.case import TestCase, assert_equal
+from disttest.runners.modes import MODE_ENV
+
+__unittest = True
+
+__all__ = [
+    "RANKS_DIFFER",
+    "SIMULATED_MODE",
+    "SimulatedTestCase",
+    "SpmdMixin",
+    "run_simulated",
+]
+
+#: The mode name of a simulated class (``<Class>_simulated``; ``DISTTEST_MODE``).
+SIMULATED_MODE = "simulated"
+
+#: A per-rank comparison failed: how many of the ranks checked differ (every
+#: rank in a simulated test, this rank as threads or processes), and the
+#: first few, each as ``rank 17: got [...] expected [...]`` and why.
+RANKS_DIFFER = "{count} of the {total} ranks checked differ (disttest){msg}:\n{details}"
+RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
+#: How many differing ranks a failure shows.
+SHOWN_RANKS = 5
+#: How many values of a tensor a failure shows.
+SHOWN_VALUES = 16
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().reshape(-1)
+        if flat.numel() <= SHOWN_VALUES:
+            return str(value.tolist())
+        head = flat[:SHOWN_VALUES].tolist()
+        return f"{str(head)[:-1]}, ...] (shape {tuple(value.shape)})"
+    return repr(value)
+
+
+def _per_rank(value: Any) -> dict[int, Any] | None:
+    """A simulated value's per-rank values, or None for a plain value."""
+    shards = _compat.local_tensor_shards(value)
+    return shards if shards is not None else _compat.local_int_values(value)
+
+
+def _plain() -> contextlib.AbstractContextManager[Any]:
+    """The local-tensor mode disabled (plain tensors, plain ops) while inside."""
+    lt = _compat.local_tensor()
+    return lt.maybe_disable_local_tensor_mode() if lt is not None else contextlib.nullcontext()
+
+
+class SpmdMixin:
+    """What a test body uses in every mode: simulated, threads, processes.
+
+    In a simulated test every rank is this thread and a value holds every
+    rank's; as threads or processes a value is this rank's. The helpers hide
+    the difference, so one body runs as all three (see :func:`run_simulated`).
+    """
+
+    world_size: Any
+    rank: Any
+    #: The device type of :meth:`mesh` ("cpu").
+    device_type: str = "cpu"
+
+    def mesh(self, *shape: int, names: tuple[str, ...] | None = None) -> Any:
+        """A DeviceMesh of ``shape`` (default: one dimension of ``world_size``)
+        over the default group (``init_device_mesh``; with the simulated mode
+        disabled while it is built, as upstream's local bases do)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        with _plain():
+            return init_device_mesh(self.device_type, shape or (self.world_size,), mesh_dim_names=names)
+
+    def rank_values(self, value: Any) -> dict[int, Any]:
+        """``{rank: value on that rank}``: every rank's in a simulated test
+        (its LocalTensor's tensors, a per-rank int's ints), else this rank's."""
+        per_rank = _per_rank(value)
+        if per_rank is not None:
+            return per_rank
+        lt = _compat.local_tensor()
+        mode = lt.local_tensor_mode() if lt is not None else None  # enabled or not
+        if mode is not None:
+            return dict.fromkeys(sorted(mode.ranks), value)
+        return {int(self.rank): value}
+
+    def replicated(self, value: Any) -> Any:
+        """The value every rank holds, as a plain value: in a simulated test a
+        LocalTensor or per-rank int whose ranks all agree (an AssertionError
+        naming those that differ otherwise); as threads or processes,
+        ``value``. Index this, not the LocalTensor, in an expected-value
+        function: an op on a LocalTensor runs once per rank."""
+        per_rank = _per_rank(value)
+        if per_rank is None:
+            return value
+        first = next(iter(per_rank.values()))
+        with _plain():
+            _assert_ranks_equal(per_rank, dict.fromkeys(per_rank, first), "not the same on every rank", {})
+            return first.clone() if isinstance(first, torch.Tensor) else first
+
+    def assertRanksEqual(self, actual: Any, expected: Any, msg: str | None = None, **options: Any) -> None:
+        """Fail unless every rank's ``actual`` equals its ``expected``: a
+        function of the rank, a ``{rank: value}`` mapping, a simulated value,
+        or one value for all. A failure names the ranks that differ (the first
+        :data:`SHOWN_RANKS`, with both values) and how many do. Takes
+        :meth:`~disttest.TestCase.assertEqual`'s options (``rtol``, ``atol``...)."""
+        got = self.rank_values(actual)
+        with _plain():
+            if callable(expected) and not isinstance(expected, torch.Tensor):
+                want = {r: expected(r) for r in got}
+            elif isinstance(expected, Mapping):
+                want = {r: expected[r] for r in got}
+            else:
+                per_rank = _per_rank(expected)
+                want = {r: (per_rank[r] if per_rank is not None else expected) for r in got}
+            _assert_ranks_equal(got, want, msg, options)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b)))
+
+
+def _assert_ranks_equal(got: dict[int, Any], want: dict[int, Any], msg: str | None,
+                        options: dict[str, Any]) -> None:
+    differ: list[tuple[int, str]] = []
+    for rank in sorted(got):
+        if _same(got[rank], want[rank]):
+            continue
+        try:
+            assert_equal(got[rank], want[rank], **options)
+        except AssertionError as e:
+            differ.append((rank, str(e)))
+    if not differ:
+        return
+    details = []
+    for rank, why in differ[:SHOWN_RANKS]:
+        details.append(RANK_DIFFERS.format(rank=rank, got=_show(got[rank]), expected=_show(want[rank])))
+        lines = [line.strip() for line in why.strip().splitlines()]
+        details.append("  " + "; ".join(line for line in lines if line and line != "Tensor-likes are not close!"))
+    if len(differ) > SHOWN_RANKS:
+        details.append(f"... and {len(differ) - SHOWN_RANKS} more")
+    raise AssertionError(RANKS_DIFFER.format(count=len(differ), total=len(got), msg=f": {msg}" if msg else "",
+                                             details="\n".join(details)))
+
+
+class SimulatedTestCase(SpmdMixin, TestCase):
+    """Each test runs once, in the test process, with ``world_size`` ranks
+    simulated by torch's ``LocalTensorMode``.
+
+    ``setUp`` makes the default group (c10d's ``fake`` backend, ``world_size``
+    ranks, this process rank 0 of it), installs disttest's speedups
+    (``speedups``), then enters the mode for every rank; cleanups undo each
+    in reverse. The test body, and a subclass's ``setUp`` after
+    ``super().setUp()``, run inside the mode: a tensor it makes holds one
+    value per rank, ``self.rank`` is a per-rank int, and :meth:`assertEqual`
+    compares rank by rank, naming the ranks that differ. No threads or
+    processes start, so there is no per-rank timeout or stack dump: a test
+    that hangs, hangs in this thread.
+
+    Skips, saying why, where the installed torch lacks ``LocalTensorMode`` or
+    the ``fake`` backend.
+
+    Class attributes: ``world_size`` (any int >= 1, default 4),
+    ``device_type`` ("cpu"), ``speedups`` (names from
+    :data:`~disttest._compat.LOCAL_TENSOR_SPEEDUPS`, default all; ``()`` runs
+    upstream's code unchanged).
+    """
+
+    world_size: int = 4
+    speedups: tuple[str, ...] = _compat.LOCAL_TENSOR_SPEEDUPS
+
+    #: The test's LocalTensorMode (entered in ``setUp``).
+    mode: Any = None
+
+    def setUp(self) -> None:
+        super().setUp()
+        lt = _compat.local_tensor()
+        if lt is None:
+            raise unittest.SkipTest(_compat.LOCAL_TENSOR_MISSING.format(version=torch.__version__))
+        reason = _compat.missing_feature("Backend.FAKE")
+        if reason is not None:
+            raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
+        size = parse_world_size(self.world_size, f"{type(self).__name__}.world_size")
+        undo_fake = _compat.install_fake_backend()
+        if undo_fake is not None:
+            self.addCleanup(undo_fake)
+        from disttest.pg.fake import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
+        self.addCleanup(_destroy_default_group)
+        self.addCleanup(_compat.reset_dtensor_rng_tracker)
+        self.addCleanup(_compat.install_local_tensor_speedups(self.speedups))
+        self.mode = lt.LocalTensorMode(frozenset(range(size)))
+        self.mode.__enter__()
+        self.addCleanup(self.mode.__exit__, None, None, None)
+
+    @property
+    def rank(self) -> Any:
+        """Every rank's number, as a per-rank int (``SymInt``)."""
+        lt = _compat.local_tensor()
+        return torch.SymInt(lt.LocalIntNode({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
+
+    def assertEqual(self, first: Any, second: Any, msg: str | None = None, **options: Any) -> None:
+        """Fail unless ``first`` equals ``second``; where either holds per-rank
+        values (a LocalTensor, a per-rank int), rank by rank, naming the ranks
+        that differ (see :meth:`assertRanksEqual`)."""
+        if _per_rank(first) is None and _per_rank(second) is None:
+            with _plain():
+                super().assertEqual(first, second, msg, **options)
+            return
+        self.assertRanksEqual(first, second, msg, **options)
+
+
+def _destroy_default_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_simulated(body: type | None = None, *, world_size: int | None = None) -> Any:
+    """Class decorator: a :class:`SimulatedTestCase` of the test methods of
+    ``body`` (a plain class, as :func:`~disttest.run_in` takes), named
+    ``<Class>_simulated``, in the body's module; ``world_size`` overrides the
+    body's (so one body can run as 8 threads and as 4096 simulated ranks).
+    Stacks with ``@run_in(...)``; with ``DISTTEST_MODE`` naming another mode
+    the simulated class skips, saying why. Returns the body unchanged."""
+
+    def decorator(cls: type) -> type:
+        if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+            raise TypeError(f"run_simulated: {cls.__name__} must be a plain class of test methods, "
+                            "not a TestCase (disttest makes the TestCase)")
+        where = f"run_simulated({cls.__name__})" if world_size is not None else f"{cls.__name__}.world_size"
+        size = parse_world_size(world_size if world_size is not None else getattr(cls, "world_size", 4), where)
+        made: Any = type(f"{cls.__name__}_{SIMULATED_MODE}", (cls, SimulatedTestCase),
+                         {"world_size": size, "__module__": cls.__module__})
+        made.__qualname__ = made.__name__
+        forced = os.environ.get(MODE_ENV)
+        if forced and forced != SIMULATED_MODE:
+            made = unittest.skip(f"{MODE_ENV}={forced} runs the {forced} mode only")(made)
+        setattr(sys.modules[cls.__module__], made.__name__, made)
+        return cls
+
+    return decorator(body) if body is not None else decorator

@@ -1,0 +1,616 @@
+"""disttest.SimulatedTestCase: worlds of thousands of ranks in the test's
+thread (issue 26), and the speedups it installs for a test's duration, each
+proved against torch's own code (same local values, ints and RNG streams per
+rank) and shown to be in effect."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import unittest
+from unittest import mock
+
+import simulated_cases as cases
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+import disttest
+from disttest import _compat
+from disttest.bases import simulated
+from disttest.bases.dtensor import map_local_tensor_for_rank
+
+lt = _compat.local_tensor()
+needs_mode = unittest.skipIf(lt is None, "this torch has no LocalTensorMode")
+ALL = _compat.LOCAL_TENSOR_SPEEDUPS
+
+
+def run(cls: type, *names: str) -> unittest.TestResult:
+    result = unittest.TestResult()
+    loader = unittest.defaultTestLoader
+    suite = unittest.TestSuite([cls(n) for n in names]) if names else loader.loadTestsFromTestCase(cls)
+    suite.run(result)
+    return result
+
+
+def problems(result: unittest.TestResult) -> list[str]:
+    return [text for _, text in result.errors + result.failures]
+
+
+def per_rank(value):
+    """``value`` as plain data: {rank: tensor} for a LocalTensor, {rank: int}
+    for a per-rank int, a list for a list; call with the mode disabled."""
+    if isinstance(value, (list, tuple)):
+        return [per_rank(v) for v in value]
+    shards = _compat.local_tensor_shards(value)
+    if shards is not None:
+        return {r: t.clone() for r, t in shards.items()}
+    ints = _compat.local_int_values(value)
+    if ints is not None:
+        return list(ints.items())  # in order: upstream's dicts keep the ranks' order
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def workload(case) -> dict:
+    """What a simulated test does, with the RNG in every role: distribute,
+    redistribute (uneven shards), full_tensor, submesh and flattened-mesh
+    coordinates, views, in-place ops, split, random ops on the ranks' shared
+    and per-rank streams, a per-rank Python function that draws random
+    numbers, and ops LocalTensor dispatches itself (a nested mode)."""
+    out = {}
+    mesh = case.mesh(2, 3, 2, names=("a", "b", "c"))
+    x = torch.arange(35.0).reshape(7, 5)
+    d = distribute_tensor(x, mesh, [Shard(0), Shard(1), Replicate()])
+    moved = d.redistribute(mesh, [Replicate(), Shard(0), Shard(1)])
+    out["distributed"], out["redistributed"], out["full"] = d.to_local(), moved.to_local(), moved.full_tensor()
+    # NB: submeshes held: upstream caches coordinates by id(), and a dead
+    # mesh's id may be reused (see test_a_cached_mesh_outlives_its_last_use)
+    sub_b, sub_ac, flat_ab = mesh["b"], mesh["a", "c"], mesh["a", "b"]._flatten()
+    out["local_rank_b"] = sub_b.get_local_rank()
+    out["coordinate_ac"] = sub_ac.get_coordinate()
+    out["local_rank_flat"] = flat_ab.get_local_rank()
+    out["noise"] = torch.rand(3)  # every rank from the same state
+    torch.manual_seed(case.rank * 3 + 1)  # per-rank streams from here
+    out["seeded"] = torch.randn(2)
+    local = moved.to_local().clone()
+    local.view(-1)[:2].add_(1.0)
+    out["viewed"] = local
+    out["split"] = list(torch.split(local, 1))
+    out["dropout"] = torch.nn.functional.dropout(torch.ones(4, 4) + case.rank, p=0.5)
+    out["per_rank_fn"] = map_local_tensor_for_rank(local, case.rank, lambda t, r: t * r + torch.rand(1))
+    out["ints"] = case.rank * 3 + 1
+    # ranks whose shards share a shape but not strides
+    out["strides"] = list(case.mode.rank_map(lambda r: torch.zeros(2, 3) if r % 2 else torch.zeros(3, 2).t()).stride())
+    # upstream leaves the generator at the last rank's state after every op,
+    # also one that draws nothing: a draw outside the mode sees that
+    with case.mode.disable():
+        torch.rand(5)
+    local * 2
+    with case.mode.disable():
+        out["outside"] = torch.rand(2)
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():  # LocalTensor's own dispatch enters a mode per op
+        out["nested_random"] = torch.rand_like(local)
+        out["nested_add"] = local + 1
+    out["after"] = torch.randn(3)
+    with case.mode.disable():
+        result = {k: per_rank(v) for k, v in out.items()}
+        result["rng_states"] = {r: s[0].clone() for r, s in case.mode._per_rank_rng_states.items()}
+        result["global_rng"] = torch.get_rng_state()
+    return result
+
+
+def run_workload(speedups: tuple[str, ...], world_size: int = 12) -> dict:
+    found: dict = {}
+
+    class Workload(disttest.SimulatedTestCase):
+        def test_it(self):
+            found.update(workload(self))
+
+    Workload.world_size, Workload.speedups = world_size, speedups
+    result = run(Workload)
+    if not result.wasSuccessful():
+        raise AssertionError(problems(result))
+    return found
+
+
+@needs_mode
+class SpeedupsGiveUpstreamsResultsTest(unittest.TestCase):
+    """Each part alone, and all together, against torch's own code."""
+
+    upstream: dict
+
+    @classmethod
+    def setUpClass(cls):
+        cls.upstream = run_workload(())
+
+    def check(self, parts):
+        got = run_workload(parts)
+        self.assertEqual(sorted(got), sorted(self.upstream))
+        for key in self.upstream:
+            with self.subTest(parts=parts, key=key):
+                disttest.assert_equal(got[key], self.upstream[key], rtol=0, atol=0)
+
+    def test_every_part_alone(self):
+        for part in ALL:
+            self.check((part,))
+
+    def test_all_parts(self):
+        self.check(ALL)
+
+    def test_the_workload_sees_per_rank_values(self):
+        # a check that could not tell ranks apart would prove nothing
+        seeded = self.upstream["seeded"]
+        self.assertEqual(len(seeded), 12)
+        self.assertFalse(torch.equal(seeded[0], seeded[1]))
+        self.assertEqual(len({tuple(t.shape) for t in self.upstream["redistributed"].values()}), 4)
+        self.assertNotEqual(self.upstream["local_rank_b"][:3], [(0, 0), (1, 0), (2, 0)])
+
+
+@needs_mode
+class PartsAgainstUpstreamHelpersTest(unittest.TestCase):
+    """The replaced helpers called directly, on the inputs the workload
+    rarely makes."""
+
+    def test_meta_gives_upstreams_result_and_errors(self):
+        upstream = lt._compute_local_tensor_meta
+        meta = _compat._one_pass_tensor_meta(upstream)
+        z = torch.zeros(2, 3)
+        cases = {
+            "same": {0: z, 1: z.clone(), 2: z.clone()},
+            "strides differ": {0: z, 1: torch.zeros(3, 2).t(), 2: z.clone()},
+            "shapes differ": {0: z, 1: torch.zeros(1, 3), 2: torch.zeros(2, 2)},
+            "ndim differs": {0: z, 1: torch.zeros(6)},
+            "dtype": {0: z, 1: z.double()},
+            "conj": {0: z.cfloat(), 1: z.cfloat().conj()},
+            "neg": {0: z.cfloat(), 1: z.cfloat()._neg_view()},
+        }
+
+        def outcome(fn, tensors):
+            try:
+                shape, strides, device, dtype, layout, keys = fn(tensors)
+            except Exception as e:  # noqa: BLE001 (the error is the result)
+                return type(e), str(e)
+            return [per_rank(s) for s in shape], [per_rank(s) for s in strides], device, dtype, layout, keys
+
+        for name, tensors in cases.items():
+            with self.subTest(name):
+                self.assertEqual(outcome(meta, tensors), outcome(upstream, tensors))
+        self.assertIs(outcome(meta, cases["conj"])[0], AssertionError)
+
+    def test_compiled_unflatten_rebuilds_what_pytree_does(self):
+        import collections
+
+        pair = collections.namedtuple("pair", "a b")
+        trees = [
+            ((1, [2, 3], torch.Size([4, 5])), {"a": 6, "b": None}),
+            ((), {}),
+            (([[1, [2]], (3,)],), {"k": pair(4, [5])}),
+            ((collections.OrderedDict(x=1, y=(2, 3)), collections.deque([4])), {}),
+        ]
+        for tree in trees:
+            leaves, spec = lt.pytree.tree_flatten(tree)
+            marked = [("leaf", i) for i in range(len(leaves))]
+            got = _compat._compile_unflatten(spec)(marked)
+            want = spec.unflatten(marked)
+            self.assertEqual(repr(got), repr(want))
+            self.assertEqual(type(got), type(want))
+
+    def test_dispatch_still_refuses_an_unknown_subclass(self):
+        class Sub(torch.Tensor):
+            pass
+
+        seen = {}
+        for speedups in ((), ("dispatch",)):
+            class Refuse(disttest.SimulatedTestCase):
+                world_size = 4
+
+                def test_it(self):
+                    with self.mode.disable():
+                        s = torch.ones(2).as_subclass(Sub)
+                        with self.assertRaises(TypeError) as caught:
+                            torch.stack((s, s))
+                        seen[self.speedups] = str(caught.exception).replace(hex(id(self.mode)), "mode")
+
+            Refuse.speedups = speedups
+            result = run(Refuse)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(seen[("dispatch",)], seen[()])
+        self.assertIn("Multiple dispatch failed", seen[()])
+
+
+@needs_mode
+class ClosedFormCoordinatesTest(unittest.TestCase):
+    """``coordinates``: every rank's coordinate in one pass, equal to
+    upstream's get_coordinate for meshes, submeshes and flattened meshes,
+    built outside the mode and inside it (a LocalTensor rank map)."""
+
+    def compare_on(self, world_size: int, shape: tuple[int, ...], inside: bool) -> None:
+        upstream = lt._LocalDeviceMesh.__dict__["get_coordinate"].__func__
+        compared = []
+
+        class Meshes(disttest.SimulatedTestCase):
+            def test_meshes(self):
+                names = tuple("abc"[: len(shape)])
+                if inside:
+                    from torch.distributed.device_mesh import init_device_mesh
+
+                    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+                else:
+                    mesh = self.mesh(*shape, names=names)
+                meshes = {"mesh": mesh, **{n: mesh[n] for n in names}}
+                if len(names) > 1:
+                    meshes["flat"] = mesh[names[:2]]._flatten()
+                    meshes["pair"] = mesh[names[0], names[-1]]
+                for name, m in meshes.items():
+                    self.mode._coordinate_cache.clear()
+                    want = [per_rank(c) for c in upstream(m)]
+                    self.mode._coordinate_cache.clear()
+                    got = [per_rank(c) for c in _compat._closed_form_coordinate(m)]
+                    self.assertEqual(got, want, name)
+                    self.assertIs(_compat._closed_form_coordinate(m), self.mode._coordinate_cache[id(m)])
+                    compared.append(name)
+
+        Meshes.world_size, Meshes.speedups = world_size, ()
+        result = run(Meshes)
+        self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertGreaterEqual(len(compared), 2)
+
+    def test_equal_to_upstream(self):
+        for world_size, shape, inside in [(216, (6, 6, 6), False), (24, (2, 3, 4), True), (36, (4, 9), False),
+                                          (30, (30,), True), (60, (3, 4, 5), False)]:
+            with self.subTest(shape=shape, inside=inside):
+                self.compare_on(world_size, shape, inside)
+
+    def test_a_cached_mesh_outlives_its_last_use(self):
+        # upstream keys its cache by id() and lets the mesh die: a mesh made
+        # later at the same address would get the dead one's coordinates
+        import gc
+        import weakref
+
+        alive = {}
+        for speedups in (("coordinates",), ()):
+            class Temporary(disttest.SimulatedTestCase):
+                world_size = 12
+
+                def test_it(self):
+                    mesh = self.mesh(2, 3, 2, names=("a", "b", "c"))
+                    sub = mesh["a", "c"]
+                    sub.get_coordinate()
+                    ref = weakref.ref(sub)
+                    del sub
+                    gc.collect()
+                    alive[self.speedups] = ref() is not None
+
+            Temporary.speedups = speedups
+            result = run(Temporary)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(alive, {("coordinates",): True, (): False})
+
+    def test_a_rank_outside_the_mesh_fails_as_upstream(self):
+        upstream = lt._LocalDeviceMesh.__dict__["get_coordinate"].__func__
+        raised = []
+
+        class Outside(disttest.SimulatedTestCase):
+            world_size = 8
+
+            def test_it(self):
+                from torch.distributed.device_mesh import DeviceMesh
+
+                with self.mode.disable():
+                    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+                for fn in (upstream, _compat._closed_form_coordinate):
+                    self.mode._coordinate_cache.clear()
+                    with self.assertRaises(AssertionError):
+                        fn(mesh)
+                    raised.append(fn)
+
+        result = run(Outside)
+        self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(len(raised), 2)
+
+    def test_the_layout_is_computed_once_not_once_per_rank(self):
+        from torch.distributed._mesh_layout import _MeshLayout
+
+        counted: list[int] = []
+        for speedups in (("coordinates",), ()):
+            class Count(disttest.SimulatedTestCase):
+                world_size = 64
+
+                def test_it(self):
+                    mesh = self.mesh(4, 16)
+                    real = _MeshLayout.remap_to_tensor
+                    with mock.patch.object(_MeshLayout, "remap_to_tensor", autospec=True, side_effect=real) as spy:
+                        mesh.get_coordinate()
+                    counted.append(spy.call_count)
+
+            Count.speedups = speedups
+            result = run(Count)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(counted, [1, 64])
+
+
+@needs_mode
+class EachPartIsInEffectTest(unittest.TestCase):
+    """Each part changes what runs (counted calls, not seconds): without it,
+    the upstream work per rank is back."""
+
+    def count(self, part: str, target, name: str, action) -> dict[bool, int]:
+        seen: list[int] = []
+        for on in (True, False):
+            class Count(disttest.SimulatedTestCase):
+                world_size = 16
+
+                def test_it(self):
+                    t = self.mode.rank_map(lambda r: torch.full((2,), float(r)))
+                    real = getattr(target, name)
+                    with mock.patch.object(target, name, side_effect=real) as spy:
+                        action(self, t)
+                    seen.append(spy.call_count)
+
+            Count.speedups = (part,) if on else ()
+            result = run(Count)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        return {True: seen[0], False: seen[1]}
+
+    def test_rng_restores_the_generator_once_per_op(self):
+        counts = self.count("rng", lt, "_set_rng_state", lambda case, t: t + 1)
+        self.assertEqual(counts, {True: 1, False: 16})
+
+    def test_args_needs_no_unflatten_per_rank(self):
+        counts = self.count("args", lt.pytree, "tree_unflatten", lambda case, t: t + 1)
+        self.assertEqual(counts, {True: 0, False: 16})
+
+    def test_meta_reads_the_extra_keys_once(self):
+        counts = self.count("meta", lt, "_get_extra_dispatch_keys", lambda case, t: t + 1)
+        self.assertEqual(counts, {True: 1, False: 16})
+
+    def test_dispatch_flattens_no_plain_op(self):
+        def per_rank_op(case, t):
+            map_local_tensor_for_rank(t, case.rank, lambda x, r: x * 2)
+
+        counts = self.count("dispatch", lt.pytree, "tree_flatten", per_rank_op)
+        self.assertEqual(counts[False] - counts[True], 16)
+
+    def test_enter_shares_one_state_among_the_ranks(self):
+        shared = {}
+
+        class Enter(disttest.SimulatedTestCase):
+            world_size = 16
+
+            def test_it(self):
+                states = self.mode._per_rank_rng_states.values()
+                shared[self.speedups] = len({id(s[0]) for s in states})
+
+        for speedups in (("enter",), ()):
+            Enter.speedups = speedups
+            result = run(Enter)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(shared, {("enter",): 1, (): 16})
+
+
+@needs_mode
+class InstallAndUndoTest(unittest.TestCase):
+    def replaced(self):
+        return (lt._LocalDeviceMesh.__dict__["get_coordinate"], lt._for_each_rank_run_func,
+                lt._compute_local_tensor_meta, lt.LocalTensorMode.__dict__["__enter__"],
+                lt.LocalTensorMode.__dict__["__torch_dispatch__"])
+
+    def test_undo_puts_back_exactly_what_was_there(self):
+        before = self.replaced()
+        undo = _compat.install_local_tensor_speedups()
+        during = self.replaced()
+        self.assertTrue(all(a is not b for a, b in zip(before, during, strict=True)))
+        undo()
+        self.assertTrue(all(a is b for a, b in zip(before, self.replaced(), strict=True)))
+
+    def test_every_part_matches_the_installed_torch(self):
+        if not _compat.torch_version().startswith("2.13"):
+            self.skipTest("the fingerprints are of torch 2.13's code; check the parts against this torch's")
+        self.assertEqual(_compat.local_tensor_speedups_available(), ALL)
+
+    def test_a_part_whose_upstream_code_changed_is_left_out(self):
+        before = lt._compute_local_tensor_meta
+        changed = dict(_compat._SPEEDUP_FINGERPRINTS, meta=frozenset({"0" * 16}))
+        with mock.patch.object(_compat, "_SPEEDUP_FINGERPRINTS", changed):
+            self.assertNotIn("meta", _compat.local_tensor_speedups_available())
+            undo = _compat.install_local_tensor_speedups()
+            self.assertIs(lt._compute_local_tensor_meta, before)
+            undo()
+
+    def test_an_unknown_part_is_named(self):
+        with self.assertRaisesRegex(ValueError, r"unknown local-tensor speedup 'fast'"):
+            _compat.install_local_tensor_speedups(("fast",))
+
+    def test_a_test_leaves_torch_as_it_found_it(self):
+        def state():
+            return (self.replaced(), dist.is_initialized(), len(lt.get_local_tensor_mode_list()),
+                    torch._C._len_torch_dispatch_stack(), sorted(_compat.registered_backend_names()),
+                    {n: getattr(dist.DeviceMesh, n) for n in ("get_coordinate", "get_rank", "get_local_rank")})
+
+        class Passes(disttest.SimulatedTestCase):
+            def test_ok(self):
+                self.assertEqual(torch.ones(2) * 2, torch.full((2,), 2.0))
+
+            def test_fails(self):
+                self.assertEqual(torch.ones(2), torch.zeros(2))
+
+            def test_errors(self):
+                raise RuntimeError("boom")
+
+        before = state()
+        result = run(Passes)
+        self.assertEqual((result.testsRun, len(result.failures), len(result.errors)), (3, 1, 1))
+        self.assertEqual(state(), before)
+
+
+@needs_mode
+class ReportsTest(unittest.TestCase):
+    def test_a_mismatch_names_the_ranks_and_both_values(self):
+        class Mismatch(disttest.SimulatedTestCase):
+            world_size = 64
+
+            def test_it(self):
+                t = self.mode.rank_map(lambda r: torch.tensor([float(r), 1.0]))
+                off = self.mode.tensor_map(t, lambda r, v: v + (r in (17, 18, 30, 31, 40, 41, 63)))
+                self.assertEqual(off, t)
+
+        result = run(Mismatch)
+        self.assertEqual(len(result.failures), 1, problems(result))
+        text = result.failures[0][1]
+        self.assertIn("7 of the 64 ranks checked differ (disttest):", text)
+        self.assertIn("rank 17: got [18.0, 2.0] expected [17.0, 1.0]", text)
+        self.assertIn("rank 40: got [41.0, 2.0] expected [40.0, 1.0]", text)
+        self.assertNotIn("rank 41:", text)  # the first SHOWN_RANKS only
+        self.assertIn("... and 2 more", text)
+        self.assertIn("Mismatched elements: 2 / 2", text)
+
+    def test_expected_per_rank_and_plain_values(self):
+        class PerRank(disttest.SimulatedTestCase):
+            world_size = 8
+
+            def test_function(self):
+                t = self.mode.rank_map(lambda r: torch.full((2,), float(r)))
+                self.assertRanksEqual(t, lambda r: torch.full((2,), float(r)))
+                self.assertRanksEqual(self.rank * 2, {r: 2 * r for r in range(8)})
+                self.assertEqual(torch.ones(3) + 1, torch.full((3,), 2.0))  # the same on every rank
+
+            def test_mapping_mismatch(self):
+                self.assertRanksEqual(self.rank, {r: 0 for r in range(8)})
+
+        result = run(PerRank)
+        self.assertEqual(result.testsRun, 2)
+        self.assertEqual(result.errors, [])
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("7 of the 8 ranks checked differ (disttest):\nrank 1: got 1 expected 0", result.failures[0][1])
+
+    def test_replicated_is_the_shared_value_or_names_who_differs(self):
+        class Shared(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_same(self):
+                x = self.replicated(torch.arange(3.0))
+                self.assertIsNone(_compat.local_tensor_shards(x))
+                self.assertEqual(self.replicated(self.rank * 0 + 7), 7)
+
+            def test_differs(self):
+                self.replicated(self.mode.rank_map(lambda r: torch.tensor([float(r > 2)])))
+
+        result = run(Shared)
+        self.assertEqual((result.testsRun, len(result.failures), result.errors), (2, 1, []))
+        self.assertIn("1 of the 4 ranks checked differ (disttest): not the same on every rank:\n"
+                      "rank 3: got [1.0] expected [0.0]", result.failures[0][1])
+
+    def test_a_large_value_is_shortened(self):
+        self.assertEqual(simulated._show(torch.arange(40.0)),
+                         "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0, "
+                         "...] (shape (40,))")
+
+
+@needs_mode
+class SimulatedTestCaseTest(unittest.TestCase):
+    def test_4096_ranks_on_a_16x16x16_mesh(self):
+        class Large(disttest.SimulatedTestCase):
+            world_size = 4096
+
+            def test_redistribute(self):
+                mesh = self.mesh(16, 16, 16)
+                x = torch.arange(2048.0).reshape(64, 32)
+                whole = self.replicated(x)
+                d = distribute_tensor(x, mesh, [Shard(0), Shard(1), Replicate()])
+                self.assertRanksEqual(d.to_local(), lambda r: whole[(r // 256) * 4:(r // 256) * 4 + 4,
+                                                                    ((r // 16) % 16) * 2:((r // 16) % 16) * 2 + 2])
+                moved = d.redistribute(mesh, [Replicate(), Shard(0), Shard(1)])
+                self.assertEqual(moved.full_tensor(), x)
+
+        result = run(Large)
+        self.assertTrue(result.wasSuccessful(), problems(result))
+
+    def test_rank_and_group(self):
+        seen = {}
+
+        class Group(disttest.SimulatedTestCase):
+            world_size = 6
+
+            def test_it(self):
+                seen["world"] = (dist.get_backend(), dist.get_world_size())
+                seen["rank"] = _compat.local_int_values(self.rank)
+                with self.mode.disable():
+                    seen["plain"] = self.rank_values(3)
+                t = torch.ones(2) * (self.rank + 1)
+                dist.all_reduce(t)
+                self.assertEqual(t, torch.full((2,), 21.0))
+
+        result = run(Group)
+        self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(seen, {"world": ("fake", 6), "rank": {r: r for r in range(6)}, "plain": dict.fromkeys(range(6), 3)})
+
+    def test_skips_where_torch_lacks_the_mode(self):
+        class Skipped(disttest.SimulatedTestCase):
+            def test_it(self):
+                pass
+
+        with mock.patch.object(_compat, "local_tensor", return_value=None):
+            result = run(Skipped)
+        self.assertEqual(result.skipped[0][1], _compat.LOCAL_TENSOR_MISSING.format(version=torch.__version__))
+
+    def test_a_bad_world_size_is_named(self):
+        class Bad(disttest.SimulatedTestCase):
+            world_size = 0
+
+            def test_it(self):
+                pass
+
+        result = run(Bad)
+        self.assertIn("Invalid world size 0 from Bad.world_size (disttest)", result.errors[0][1])
+
+
+@needs_mode
+class OneBodyThreeWaysTest(unittest.TestCase):
+    """The same body (tests/simulated_cases.py) simulated, as threads and as
+    processes: every rank computes the same values in each."""
+
+    def test_the_three_runs_agree_rank_by_rank(self):
+        modes = ("simulated", "threads", "processes")
+        with tempfile.TemporaryDirectory() as out, mock.patch.dict(os.environ, {cases.OUT_ENV: out}):
+            for mode in modes:
+                with self.subTest(mode=mode):
+                    cls = getattr(cases, f"Redistribute_{mode}")
+                    result = run(cls)
+                    self.assertEqual(result.testsRun, 2)
+                    self.assertEqual(result.errors, [])
+                    self.assertEqual(len(result.failures), 1)
+                    self.assertIn("rank 5: got [[32.0, 33.0, 34.0, 35.0]", result.failures[0][1])
+                    self.assertIn("1 of the ", result.failures[0][1])
+            saved = {m: {r: torch.load(os.path.join(out, f"{m}-{r}.pt")) for r in range(8)} for m in modes}
+        self.assertEqual(sorted(saved["simulated"][3]), ["distributed", "full", "redistributed"])
+        disttest.assert_equal(saved["threads"], saved["simulated"], rtol=0, atol=0)
+        disttest.assert_equal(saved["processes"], saved["simulated"], rtol=0, atol=0)
+
+    def test_a_forced_mode_skips_the_simulated_class(self):
+        class Body:
+            def test_it(self):
+                pass
+
+        with mock.patch.dict(os.environ, {disttest.MODE_ENV: "threads"}):
+            disttest.run_simulated(Body)
+        made = globals().pop("Body_simulated")
+        self.assertTrue(made.__unittest_skip__)
+        self.assertEqual(made.__unittest_skip_why__, "DISTTEST_MODE=threads runs the threads mode only")
+
+    def test_world_size_override_and_bad_bodies(self):
+        class Body:
+            world_size = 8
+
+            def test_it(self):
+                pass
+
+        disttest.run_simulated(world_size=512)(Body)
+        self.assertEqual(globals().pop("Body_simulated").world_size, 512)
+        with self.assertRaisesRegex(TypeError, "must be a plain class"):
+            disttest.run_simulated(type("T", (unittest.TestCase,), {}))
+
+
+if __name__ == "__main__":
+    unittest.main()
