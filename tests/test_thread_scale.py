@@ -4,9 +4,11 @@ too (faults, reports, desyncs, turns), and nothing is paid up front."""
 from __future__ import annotations
 
 import gc
+import logging
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import unittest
 
@@ -144,3 +146,50 @@ class UpFrontTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _Blocking(logging.Handler):
+    """A handler whose emit waits until released (a slow log sink)."""
+
+    release = threading.Event()
+    raised: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.release.wait(10)
+        except BaseException as e:  # noqa: BLE001 (what the stop raised here)
+            self.raised.append(type(e).__name__)
+            raise
+
+
+class LogsWhenStopped(disttest.MultiThreadedTestCase):
+    __test__ = False
+    world_size = 2
+    timeout = 0.5
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_log(self) -> None:
+        if self.rank == 0:
+            logging.getLogger("disttest.test.blocking").warning("slow")
+
+
+class StopTest(unittest.TestCase):
+    def test_a_rank_inside_logging_is_not_raised_into(self):
+        # An exception raised into a thread between a handler's acquire()
+        # and its try leaks the handler's lock: after a 1024-rank test was
+        # stopped, every later log call of the process hung.
+        logger = logging.getLogger("disttest.test.blocking")
+        handler = _Blocking()
+        logger.addHandler(handler)
+        self.addCleanup(logger.removeHandler, handler)
+        _Blocking.raised = []
+        _Blocking.release.clear()
+        threading.Timer(4.0, _Blocking.release.set).start()  # after the stop gave up
+        result = run(LogsWhenStopped("test_log"))
+        self.assertEqual(len(result.errors + result.failures), 1)
+        self.assertIn("rank 0/2 timed out after 0.5s", (result.errors + result.failures)[0][1])
+        _Blocking.release.set()
+        self.assertEqual(_Blocking.raised, [])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import logging
 import os
 import sys
 import threading
@@ -271,8 +272,15 @@ class ThreadLauncher:
             # NB: only into the test body: an exception raised asynchronously
             # inside CPython internals (3.11 builds an AST to format a
             # traceback) can leave the interpreter's state corrupt.
+            # Nor into code that holds a lock across calls (logging's handler
+            # lock: an exception between its acquire and its try leaks the
+            # lock, and every later log call of the process hangs): such a
+            # thread gets it at a later look.
             if time.monotonic() - start > 0.2:
+                frames = sys._current_frames()
                 for r in (set(live) & self._in_body) - raised:
+                    if _holds_locks(frames.get(self.threads[r].ident or -1)):
+                        continue
                     self._workers[r].retired = True  # never reused: it could get it later
                     _raise_in(self.threads[r], RankStopped)
                     raised.add(r)
@@ -297,6 +305,20 @@ class ThreadLauncher:
                 sys.stdout = streams[0]
             if isinstance(sys.stderr, _Tee):
                 sys.stderr = streams[1]
+
+
+#: Where an asynchronous exception can leave a lock held: logging takes its
+#: handlers' locks with acquire() before a try.
+_LOCKING = os.path.dirname(logging.__file__) + os.sep
+
+
+def _holds_locks(frame: FrameType | None) -> bool:
+    """Whether a frame of this stack runs logging's code."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_LOCKING):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
