@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -193,3 +194,19 @@ class StopTest(unittest.TestCase):
         self.assertIn("rank 0/2 timed out after 0.5s", (result.errors + result.failures)[0][1])
         _Blocking.release.set()
         self.assertEqual(_Blocking.raised, [])
+
+
+class LockedCodeTest(unittest.TestCase):
+    def frame_in(self, path: str):
+        namespace: dict = {"sys": sys}
+        exec(compile("def where():\n    return sys._getframe()\n", path, "exec"), namespace)
+        return namespace["where"]()
+
+    def test_disttests_process_groups_and_core_are_never_raised_into(self):
+        # The threaded world's own lock leaked the same way: every rank of
+        # a stopped 1024-rank test then waited for it.
+        from disttest._runner import threads
+
+        for part in threads._OWN_LOCKING:
+            self.assertTrue(threads._holds_locks(self.frame_in(os.path.join(part, "threaded.py"))), part)
+        self.assertFalse(threads._holds_locks(self.frame_in(os.path.abspath(__file__))))

@@ -272,10 +272,12 @@ class ThreadLauncher:
             # NB: only into the test body: an exception raised asynchronously
             # inside CPython internals (3.11 builds an AST to format a
             # traceback) can leave the interpreter's state corrupt.
-            # Nor into code that holds a lock across calls (logging's handler
-            # lock: an exception between its acquire and its try leaks the
-            # lock, and every later log call of the process hangs): such a
-            # thread gets it at a later look.
+            # Nor into code that holds a lock across calls (an exception
+            # between a lock's acquire and the code that releases it leaks
+            # the lock: logging's handler lock, and every later log call of
+            # the process hangs; the threaded world's own lock, and every
+            # rank hangs): disttest's own code and logging's. Such a thread
+            # gets it at a later look.
             if time.monotonic() - start > 0.2:
                 frames = sys._current_frames()
                 for r in (set(live) & self._in_body) - raised:
@@ -312,8 +314,16 @@ class ThreadLauncher:
 _LOCKING = os.path.dirname(logging.__file__) + os.sep
 
 
+#: disttest's code that takes locks: the process groups and the harness core.
+_OWN_LOCKING = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), part, "")
+                     for part in ("pg", "_runner"))
+
+
 def _holds_locks(frame: FrameType | None) -> bool:
-    """Whether a frame of this stack runs logging's code."""
+    """Whether this stack runs disttest's process groups or core (its
+    innermost frame), or logging's code (any frame)."""
+    if frame is not None and frame.f_code.co_filename.startswith(_OWN_LOCKING):
+        return True
     while frame is not None:
         if frame.f_code.co_filename.startswith(_LOCKING):
             return True
