@@ -5,6 +5,7 @@ kills what its ranks started when the process ends without Python's exit
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,12 @@ CHILD = textwrap.dedent("""
         janitor.unregister(token)
     if mode == "token":
         import psutil  # one reaper (the one the ranks' token names), and it is the one disttest knows
-        reapers = {p.pid for p in psutil.Process().children() if "-S" in p.cmdline()}
+        deadline = time.monotonic() + 10
+        while True:  # NB: a child just spawned shows its command line once it has exec'd
+            reapers = {p.pid for p in psutil.Process().children() if "-S" in p.cmdline()}
+            if reapers or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         assert reapers == janitor.reaper_pids() and len(reapers) == 1, (reapers, janitor.reaper_pids())
         sleeper = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
         print(sleeper.pid, flush=True)
@@ -47,7 +53,7 @@ CHILD = textwrap.dedent("""
 class ReaperTest(unittest.TestCase):
     def run_child(self, mode: str) -> tuple[str, list[str]]:
         folder = tempfile.mkdtemp(prefix="disttest-janitor-test-")
-        self.addCleanup(lambda: os.path.isdir(folder) and os.rmdir(folder))
+        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
         with open(os.path.join(folder, "inside"), "w") as f:
             f.write("x")
         out = subprocess.run([sys.executable, "-c", CHILD, folder, mode], capture_output=True, text=True,
