@@ -44,6 +44,7 @@ __unittest = True
 __all__ = ["RankStopped", "ThreadLauncher", "format_thread_stack"]
 
 STOP_WAIT = 2.0  # seconds for stopped threads to end
+RAISE_DELAY_PER_RANK = 0.002  # and per rank, before and while disttest raises into them
 KEPT = 4000  # characters of each rank thread's output kept for the report
 _DONE = ExitStatus(code=0)  # a rank thread's "exit": its test ended
 
@@ -263,7 +264,7 @@ class ThreadLauncher:
         self.world.baton.joiner_resumes()
         start = time.monotonic()
         raised: set[int] = set()
-        while time.monotonic() - start < STOP_WAIT:
+        while time.monotonic() - start < STOP_WAIT + 2 * RAISE_DELAY_PER_RANK * len(self.threads):
             live = [r for r in range(len(self.threads)) if r not in self._done]
             if not live:
                 break
@@ -278,7 +279,9 @@ class ThreadLauncher:
             # the process hangs; the threaded world's own lock, and every
             # rank hangs): disttest's own code and logging's. Such a thread
             # gets it at a later look.
-            if time.monotonic() - start > 0.2:
+            # (Aborted ranks end by themselves, each through c10d's exception
+            # logger: a thousand of them need longer before any is raised into.)
+            if time.monotonic() - start > 0.2 + RAISE_DELAY_PER_RANK * len(self.threads):
                 frames = sys._current_frames()
                 for r in (set(live) & self._in_body) - raised:
                     if _holds_locks(frames.get(self.threads[r].ident or -1)):
