@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import RECORDER, InFlight
+from disttest._runner.progress import _runs as runs_of
 
 __unittest = True
 
@@ -92,13 +93,7 @@ def who(ranks: Sequence[int], world: int) -> str:
         return RANK.format(rank=ranks[0], world=world)
     if len(ranks) <= LISTED:
         return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs_of(sorted(ranks)))
     return RANKS.format(ranks=text, world=world)
 
 
