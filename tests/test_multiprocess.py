@@ -171,6 +171,16 @@ class HygieneTest(OutcomeMixin, unittest.TestCase):
         self.assertPassed(result)
         self.assertLess(elapsed, 30)
 
+    def test_a_rank_gets_the_test_process_environment_exactly(self):
+        # What the fork server had but the test process no longer has is
+        # gone; what differs takes the test process's value.
+        from disttest._runner import rank as rank_mod
+
+        want = {"KEEP": "1", "CHANGED": "new", "ADDED": "x"}
+        with mock.patch.dict(os.environ, {"KEEP": "1", "CHANGED": "old", "GONE": "y"}, clear=True):
+            rank_mod._set_environ(want)
+            self.assertEqual(dict(os.environ), want)
+
     def test_report_types_are_public(self):
         self.assertTrue(issubclass(RankFailure, AssertionError))
         self.assertTrue(issubclass(RankFailure, RuntimeError))

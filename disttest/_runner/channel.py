@@ -102,8 +102,8 @@ class Channel:
     ``ready[rank]``: the rank has started (None, or the outcome of a failed
     or skipped group); ``answers[rank]``: its outcome of the current test
     (``seq``; answers to an older test are dropped). With ``first_test``
-    (a fresh-process run: a pool of one test), each rank is sent that test
-    as soon as it is ready.
+    (a fresh-process run: a pool of one test), the ranks run that test as
+    test 1 without being sent it: nothing travels before their answers.
     """
 
     def __init__(self, world_size: int, first_test: str | None = None) -> None:
@@ -115,7 +115,6 @@ class Channel:
         self.ready: dict[int, Any] = {}
         self.answers: dict[int, Any] = {}
         self.seq = 1 if first_test is not None else 0
-        self._first_test = first_test
         self._pending: list[Connection] = []
 
     def waitables(self) -> list[Any]:
@@ -171,8 +170,6 @@ class Channel:
     def on_ready(self, message: Ready, conn: Connection) -> None:
         if self.conns.get(message.rank) is conn:
             self.ready[message.rank] = message.failure
-            if self._first_test is not None:
-                self.send(message.rank, Run(self.seq, self._first_test))
 
     def on_done(self, message: Done, conn: Connection) -> None:
         rank = getattr(message.outcome, "rank", None)

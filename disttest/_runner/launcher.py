@@ -275,9 +275,7 @@ class ProcessLauncher:
                 p.kill()
         psutil.wait_procs(procs, timeout=1.0)
         if not self._was_subreaper and sys.platform.startswith("linux"):
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(rank_mod.PR_SET_CHILD_SUBREAPER, 0)
+            rank_mod._libc().prctl(rank_mod.PR_SET_CHILD_SUBREAPER, 0)
 
     def _log(self, rank: int) -> str:
         return rank_mod.paths(self.spec.run_dir, rank)["log"]
@@ -331,7 +329,7 @@ def _subreaper() -> bool:
     import ctypes
 
     flag = ctypes.c_int(0)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
+    rank_mod._libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
     return bool(flag.value)
 
 

@@ -12,7 +12,8 @@ A rank's conversation (a fresh-process test is a pool of one test)::
 
     rank -> parent   Hello(rank, token)          first, on connecting
     rank -> parent   Ready(rank, failure)        the class's group is made (pool) or not needed
-    parent -> rank   Run(seq, test)              run a test
+    parent -> rank   Run(seq, test)              run a test (a fresh-process rank runs
+                                                 its one test, seq 1, unasked)
     rank -> parent   Done(seq, outcome)          its outcome (phase, traceback, output tail...)
     parent -> rank   Leave()                     every rank has reported (or the pool closes)
 

@@ -8,9 +8,10 @@ OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the
 parent, and then runs the loop every rank process runs: be ready (a pool
 worker makes the class's group first), then for each ``Run`` message run the
 test through unittest's machinery and answer ``Done`` with its outcome,
-until told to ``Leave``. A fresh-process rank is a pool of one test: its
-``_run`` hook (upstream's) runs the test, and after answering it stays until
-the parent says every rank has answered, or a moment (see :data:`LINGER`).
+until told to ``Leave``. A fresh-process rank is a pool of one test, which
+it starts without waiting for the parent's ``Run``: its ``_run`` hook
+(upstream's) runs the test, and after answering it stays until the parent
+says every rank has answered, or a moment (see :data:`LINGER`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import functools
 import importlib
 import importlib.util
 import os
@@ -167,8 +169,7 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     """Get ``sig`` when the parent dies (Linux): SIGKILL ends a rank even
     while it is blocked in C++; exit now if the parent has died already."""
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, sig)
+        _libc().prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:
         os._exit(1)
 
@@ -178,7 +179,13 @@ def set_child_subreaper() -> None:
     test started in a new session, or whose parent has exited, stays
     reachable, so that :func:`kill_descendants` finds it."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once (a fork server's ranks inherit it)."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
@@ -263,8 +270,7 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
             if os.sched_getscheduler(0) == os.SCHED_OTHER:
                 os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     os.chdir(spec.cwd)
-    os.environ.clear()
-    os.environ.update(spec.environ)
+    _set_environ(spec.environ)
     sys.path[:] = spec.sys_path
     log_fd = os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout.flush()
@@ -291,6 +297,17 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # works (for the rank's life: it is the test's process).
     _compat.install_fake_backend()
     return files
+
+
+def _set_environ(environ: dict[str, str]) -> None:
+    """Make ``os.environ`` equal to ``environ``, touching only what differs
+    (each change is a putenv; a fork server's environment is mostly the
+    test process's already)."""
+    for key in [k for k in os.environ if k not in environ]:
+        del os.environ[key]
+    for key, value in environ.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def publish_progress(passed: bool = False) -> None:
@@ -399,11 +416,16 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)
         conn.send(Ready(rank, part.init()))
         passed = False
+        # A fresh-process rank knows its one test: it starts it at once
+        # instead of waiting a round trip for the parent's Run (the parent may
+        # still be busy starting the other ranks).
+        first: Run | None = Run(1, spec.test_name) if part.single else None
         while True:
             try:
-                message = conn.recv()
+                message = first if first is not None else conn.recv()
             except (EOFError, OSError):
                 break  # the parent has gone
+            first = None
             if not isinstance(message, Run):
                 break  # Leave
             outcome = _run_one(part, ctx, files, message.test)
