@@ -92,6 +92,7 @@ from disttest.support.platform import (
     requires_nccl_shrink,
     retrieve_result_from_completion_queue,
     skip_if_rocm_arch_multiprocess,
+    skip_if_rocm_ver_atleast_multiprocess,
     skip_if_rocm_ver_lessthan_multiprocess,
     sm_is_or_higher_than,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "DistributedTestBase",
     "DynamoDistributedMultiProcTestCase",
     "DynamoDistributedSingleProcTestCase",
+    "EFA_PROBE_RESULT",
     "EXPECTED_FIELDS",
     "EmbeddingNetDifferentParams",
     "FC2",
@@ -235,6 +237,7 @@ __all__ = [
     "setup_torchcomms_pg",
     "simple_sparse_reduce_tests",
     "skip_if_rocm_arch_multiprocess",
+    "skip_if_rocm_ver_atleast_multiprocess",
     "skip_if_rocm_ver_lessthan_multiprocess",
     "sm_is_or_higher_than",
     "spawn_threads_and_init_comms",
@@ -261,6 +264,7 @@ __all__.sort()
 # only for simulated tests.
 _LAZY_FROM = {
     "C10dTorchCommsTestBase": "disttest.bases.torchcomms",
+    "EFA_PROBE_RESULT": "disttest.support.devices",
     "setup_torchcomms_pg": "disttest.bases.torchcomms",
     "PLATFORM_SUPPORTS_SYMM_MEM": "disttest.support.platform",
     "TORCHCOMM_HAS_GLOO": "disttest.support.platform",

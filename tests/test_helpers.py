@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import subprocess
 import sys
 import unittest
 from unittest import mock
@@ -13,6 +14,7 @@ from unittest import mock
 import torch
 
 import disttest
+from disttest.support import devices
 
 
 class HelpersTest(disttest.TestCase):
@@ -102,3 +104,18 @@ class HelpersTest(disttest.TestCase):
             self.assertEqual(disttest.init_multigpu_helper(4, "nccl")[3], [3])
         self.assertIn(disttest.tp_transports(), (None, ["shm", "uv"]))
         self.assertIsNotNone(disttest.create_device())
+
+    def test_efa_probe_result_is_none_until_has_efa_asks(self):
+        # Upstream's EFA_PROBE_RESULT (torch 2.7 to 2.9): has_efa's cached answer.
+        devices.has_efa.cache_clear()
+        self.addCleanup(devices.has_efa.cache_clear)
+        self.assertIsNone(disttest.EFA_PROBE_RESULT)
+        answers = mock.Mock(return_value=subprocess.CompletedProcess(["fi_info"], 0))
+        with mock.patch.object(devices.shutil, "which", return_value="/usr/bin/fi_info"), \
+                mock.patch.object(devices.subprocess, "run", answers):
+            self.assertIs(disttest.has_efa(), True)
+            self.assertIs(disttest.EFA_PROBE_RESULT, True)
+            self.assertIs(devices.EFA_PROBE_RESULT, True)
+        self.assertEqual(answers.call_count, 1)  # asked once, as upstream's global
+        with self.assertRaises(AttributeError):
+            devices.NO_SUCH_NAME  # noqa: B018

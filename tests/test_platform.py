@@ -65,6 +65,7 @@ class DecoratorsTest(unittest.TestCase):
     def test_rocm_decorators_skip_only_on_rocm(self):
         self.assertEqual(outcome(disttest.skip_if_rocm_arch_multiprocess(("gfx90a",)))[0], "ran")
         self.assertEqual(outcome(disttest.skip_if_rocm_ver_lessthan_multiprocess((6, 0)))[0], "ran")
+        self.assertEqual(outcome(disttest.skip_if_rocm_ver_atleast_multiprocess((5, 0)))[0], "ran")
         props = types.SimpleNamespace(gcnArchName="gfx90a:sramecc+:xnack-")
         with mock.patch.object(platform, "_on_rocm", return_value=True), \
                 mock.patch("torch.cuda.get_device_properties", return_value=props), \
@@ -75,6 +76,11 @@ class DecoratorsTest(unittest.TestCase):
             self.assertEqual(outcome(disttest.skip_if_rocm_ver_lessthan_multiprocess((6, 0))), (
                 "skipped", "skip_if_rocm_ver_lessthan_multiprocess: ROCm (5, 7, 1) is available but (6, 0) required"))
             self.assertEqual(outcome(disttest.skip_if_rocm_ver_lessthan_multiprocess((5, 0)))[0], "ran")
+            # torch 2.14's: a known failure from a ROCm version on.
+            self.assertEqual(outcome(disttest.skip_if_rocm_ver_atleast_multiprocess((5, 7))), (
+                "skipped", "skip_if_rocm_ver_atleast_multiprocess: known failure on ROCm (5, 7, 1) (>= (5, 7))"))
+            self.assertEqual(outcome(disttest.skip_if_rocm_ver_atleast_multiprocess((5, 7, 2)))[0], "ran")
+            self.assertEqual(outcome(disttest.skip_if_rocm_ver_atleast_multiprocess())[0], "ran")
 
     def test_small_answers(self):
         self.assertTrue(disttest.requires_ddp_rank("cuda"))

@@ -106,6 +106,13 @@ class SpecsTest(TestCase):
         self.assertEqual({p.device() for p in spec.placements}, {torch.device("cpu")})
         self.assertEqual(st.placement(3, "xpu"), "rank:3/xpu:3")
 
+    def test_device_type_places_the_ranks_on_the_hosts_device(self):
+        # torch 2.14's device_type: its specs place the ranks on it.
+        self.assertEqual(st.device_type, st.accelerator_type() or "cpu")
+        spec = st.generate_chunk_sharding_specs_for_test(0, device=st.device_type)[0]
+        self.assertEqual({p.device().type for p in spec.placements}, {st.device_type})
+        self.assertEqual([p.rank() for p in spec.placements], [0, 1, 2, 3])
+
     def test_shuffled_specs_are_upstreams_from_a_fresh_process(self):
         common = upstream(UPSTREAM_MODULES[1])
         for dims, seed in (([0], 0), ([0, 1, 0], 5), ([1, 1], 11)):

@@ -18,6 +18,7 @@ ran: list[str] = []
 #: NCCL's skip reason on this build: a CPU-only torch lacks NCCL; a CUDA build
 #: on a host without GPUs has it but cannot use it (tests/test_cuda_build.py).
 NCCL_REASON = disttest.support.skips.NCCL_NOT_BUILT if not torch.distributed.is_nccl_available() else disttest.support.skips.NCCL_NO_GPU
+XCCL_REASON = disttest.support.skips.XCCL_NOT_BUILT if not torch.distributed.is_xccl_available() else disttest.support.skips.XCCL_NO_XPU
 
 # (decorator, world size of the test class, env, expected outcome, upstream key
 #  or message). This host has no accelerator and only gloo among the usable
@@ -40,6 +41,7 @@ CASES = [
     (disttest.requires_nccl(), 2, {}, SKIP, NCCL_REASON),
     (disttest.requires_ucc(), 2, {}, SKIP, "c10d was not compiled with the UCC backend"),
     (disttest.requires_mpi(), 2, {}, SKIP, "c10d was not compiled with the MPI backend"),
+    (disttest.requires_xccl(), 2, {}, SKIP, XCCL_REASON),
     (disttest.requires_nccl_version((2, 0), "x"), 2, {}, SKIP, NCCL_REASON),
     (disttest.requires_accelerator_dist_backend(), 2, {}, SKIP,
      "No accelerator communication backend available among ['nccl', 'xccl', 'hccl']"),
@@ -103,6 +105,20 @@ class DecoratorTableTest(unittest.TestCase):
             with self.assertRaises(DistSkip) as ctx:
                 make_case(disttest.import_transformers_or_skip(), 2).test_body()
         self.assertEqual(ctx.exception.exit_code, TEST_SKIPS["importerror"].exit_code)
+
+
+class XcclTest(unittest.TestCase):
+    def test_requires_xccl_needs_the_build_and_an_xpu(self):
+        skips = disttest.support.skips
+        for built, xpus, expected in ((False, 1, skips.XCCL_NOT_BUILT), (True, 0, skips.XCCL_NO_XPU), (True, 2, None)):
+            with self.subTest(built=built, xpus=xpus), \
+                    mock.patch.object(torch.distributed, "is_xccl_available", return_value=built), \
+                    mock.patch.object(torch.xpu, "device_count", return_value=xpus):
+                ran.clear()
+                result = unittest.TestResult()
+                make_case(disttest.requires_xccl(), 2).run(result)
+                self.assertEqual([reason for _, reason in result.skipped], [] if expected is None else [expected])
+                self.assertEqual(len(ran), int(expected is None))
 
 
 class ExitCodeMappingTest(unittest.TestCase):

@@ -14,6 +14,8 @@ sharded-tensor suite ports by changing imports:
 
 Upstream's specs place rank ``r`` on ``cuda:r``; the ``device`` keyword
 gives the same specs on another device (``device="cpu"`` for gloo ranks).
+torch 2.14's place them on ``device_type``, the host's accelerator or the
+CPU: ``device=device_type`` gives those.
 A model placed on GPUs the host lacks skips its test
 (``unittest.SkipTest``) instead of failing.
 
@@ -63,6 +65,7 @@ __all__ = [
     "SimpleMegatronLM",
     "_chunk_sharding_specs_list_for_test",
     "clone_module_parameter",
+    "device_type",
     "gen_binary_op_func",
     "generate_chunk_sharding_specs_for_test",
     "generate_enumerable_sharding_specs_for_test",
@@ -75,6 +78,9 @@ __all__ = [
 TEST_GPU_NUM = 4
 #: Ranks that ``_test_st_common``'s specs place (upstream's ``DEFAULT_GPU_NUM``).
 DEFAULT_GPU_NUM = 4
+#: The host's accelerator type, else ``"cpu"`` (read at import): where torch
+#: 2.14's ``_test_st_common`` and ``_test_ops_common`` place their specs' ranks.
+device_type: str = accelerator_type() or "cpu"
 #: Backends ``init_pg`` accepts (upstream's list).
 SUPPORTED_BACKENDS = ("nccl", "gloo", "mpi", "hccl", "xccl")
 

@@ -3,6 +3,9 @@
 Counting devices goes through ``torch.accelerator`` (through ``_compat``, so
 that torch before 2.6 counts CUDA/XPU devices instead), which does not poison
 a later ``fork`` on CUDA hosts where NVML answers.
+
+``EFA_PROBE_RESULT`` (torch 2.7 to 2.9 have it) is read through the module
+``__getattr__``: what :func:`has_efa` found, None before it first asks.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import functools
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import torch
 
@@ -18,8 +22,10 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = [
+# EFA_PROBE_RESULT is read through the module __getattr__.
+__all__ = [  # noqa: F822
     "ACCELERATOR_DIST_BACKENDS",
+    "EFA_PROBE_RESULT",
     "HAS_ACCELERATOR",
     "accelerator_count",
     "accelerator_type",
@@ -89,6 +95,14 @@ def has_efa() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return result.returncode == 0
+
+
+def __getattr__(name: str) -> Any:
+    # Upstream's has_efa() keeps its answer in this module global (torch 2.7
+    # to 2.9); here the cache of has_efa is the one place it is kept.
+    if name == "EFA_PROBE_RESULT":
+        return has_efa() if has_efa.cache_info().currsize else None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tp_transports() -> list[str] | None:

@@ -41,6 +41,7 @@ __all__ = [  # noqa: F822
     "requires_nccl_shrink",
     "retrieve_result_from_completion_queue",
     "skip_if_rocm_arch_multiprocess",
+    "skip_if_rocm_ver_atleast_multiprocess",
     "skip_if_rocm_ver_lessthan_multiprocess",
     "sm_is_or_higher_than",
     "tmp_dir",
@@ -74,6 +75,16 @@ def _on_rocm() -> bool:
     import torch
 
     return torch.version.hip is not None and torch.cuda.is_available()
+
+
+def _rocm_version() -> tuple[int, ...] | None:
+    """This ROCm's version (``(6, 4, 1)``, its git sha dropped), or None off ROCm."""
+    if not _on_rocm():
+        return None
+    import torch
+
+    found = str(torch.version.hip).split("-", maxsplit=1)[0]
+    return tuple(int(x) for x in found.split(".") if x.isdigit())
 
 
 def evaluate_platform_supports_symm_mem() -> bool:
@@ -164,14 +175,24 @@ def skip_if_rocm_ver_lessthan_multiprocess(version: tuple[int, ...] | None = Non
 
     def decorate(func: F) -> F:
         reason = None
-        if _on_rocm():
-            import torch
+        found = _rocm_version()
+        if found is not None and (version is None or found < tuple(version)):
+            reason = (f"skip_if_rocm_ver_lessthan_multiprocess: ROCm {found} is available but "
+                      f"{version} required")
+        return unittest.skipIf(reason is not None, reason or "")(func)
 
-            found = str(torch.version.hip).split("-", maxsplit=1)[0]
-            found_tuple = tuple(int(x) for x in found.split(".") if x.isdigit())
-            if version is None or found_tuple < tuple(version):
-                reason = (f"skip_if_rocm_ver_lessthan_multiprocess: ROCm {found_tuple} is available but "
-                          f"{version} required")
+    return decorate
+
+
+def skip_if_rocm_ver_atleast_multiprocess(version: tuple[int, ...] | None = None) -> Callable[[F], F]:
+    """Skip on ROCm ``version`` or newer, a known failure there (never off
+    ROCm, nor with no ``version``)."""
+
+    def decorate(func: F) -> F:
+        reason = None
+        found = _rocm_version()
+        if found is not None and version is not None and found >= tuple(version):
+            reason = f"skip_if_rocm_ver_atleast_multiprocess: known failure on ROCm {found} (>= {version})"
         return unittest.skipIf(reason is not None, reason or "")(func)
 
     return decorate

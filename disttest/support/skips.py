@@ -56,6 +56,7 @@ __all__ = [
     "requires_torch_feature",
     "requires_ucc",
     "requires_world_size",
+    "requires_xccl",
     "skip_but_pass_in_sandcastle",
     "skip_but_pass_in_sandcastle_if",
     "skip_for_exit_code",
@@ -359,6 +360,28 @@ def backend_skip_reason(backend: str | None) -> str | None:
 def requires_nccl() -> Callable[[F], F]:
     """Skip unless c10d has the NCCL backend and a GPU is visible."""
     reason = nccl_skip_reason()
+    return skip_but_pass_in_sandcastle_if(reason is not None, reason or "")
+
+
+XCCL_NOT_BUILT = "c10d was not compiled with the XCCL backend"
+XCCL_NO_XPU = (
+    "XCCL needs an XPU: this torch has XCCL but sees none (torch.xpu.device_count() == 0) (disttest)"
+)
+
+
+def xccl_skip_reason() -> str | None:
+    """Why XCCL cannot run here (not built; built but no XPU visible), or None when it can."""
+    if not (dist.is_available() and dist.is_xccl_available()):
+        return XCCL_NOT_BUILT
+    if torch.xpu.device_count() == 0:
+        return XCCL_NO_XPU
+    return None
+
+
+def requires_xccl() -> Callable[[F], F]:
+    """Skip unless c10d has the XCCL backend (Intel GPUs) and an XPU is
+    visible (torch 2.14's ``requires_xccl``; upstream checks the build only)."""
+    reason = xccl_skip_reason()
     return skip_but_pass_in_sandcastle_if(reason is not None, reason or "")
 
 
