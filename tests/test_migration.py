@@ -66,10 +66,14 @@ class MigrationGuideTest(unittest.TestCase):
     @unittest.skipUnless(_compat.torch_at_least("2.13"), "needs torch >= 2.13 (the upstream names listed)")
     def test_names_exist_upstream(self):
         import torch.testing._internal.common_distributed as upstream
+        from surface_names import recorded
 
+        # Or in the harness of another release of the supported range (EFA_PROBE_RESULT, requires_xccl...).
+        elsewhere = {n for modules in recorded().values() for n in modules["common_distributed"]}
         listed = migration_map()["``common_distributed``"]
         # Upstream's own spelling of the pool is MultiProcContinuousTest only.
-        missing = [n for n in listed if not hasattr(upstream, n) and n != "MultiProcContinousTest"]
+        missing = [n for n in listed if not hasattr(upstream, n) and n not in elsewhere
+                   and n != "MultiProcContinousTest"]
         self.assertEqual(missing, [])
 
     def test_the_command_ports_imports(self):

@@ -91,7 +91,7 @@ class DistributionTest(unittest.TestCase):
             top = tar.getnames()[0].split("/")[0]
             names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
         for needed in ["LICENSE", "README.rst", "CHANGELOG.rst", "pyproject.toml", "setup.cfg", "setup.py",
-                       "tests/toy_backend.py", "tests/mp_cases.py", *_tracked("tests"), *_tracked("examples")]:
+                       "tests/toy_backend.py", "tests/mp_cases.py", "tests/surface_names.json", *_tracked("tests"), *_tracked("examples")]:
             self.assertIn(needed, names, f"{needed} missing from {top}")
 
     def test_installing_the_wheel_keeps_the_installed_torch(self):

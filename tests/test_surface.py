@@ -1,81 +1,114 @@
 """The whole upstream testing surface (issue 25): every public name of
-torch's private distributed testing modules, as the installed wheel defines
-them, has a home in disttest that ``python -m disttest.migrate`` finds."""
+torch's private distributed testing modules has a home in disttest that
+``python -m disttest.migrate`` finds, for the installed wheel and for every
+torch release of the supported range (the names recorded in
+``tests/surface_names.json``; ``tests/surface_names.py`` enumerates both,
+read from source, and regenerates the record)."""
 
 from __future__ import annotations
 
-import ast
 import os
+import tempfile
 import unittest
+from collections.abc import Iterable, Mapping
 
 import torch
+from surface_names import (
+    DATA,
+    MODULES,
+    _dumps,
+    main,
+    names_in_source,
+    recorded,
+    surface,
+    upstream_names,
+)
 
 from disttest.migrate._cli import HOMES
-from disttest.migrate._homes import PREFIX
 from disttest.migrate._rewrite import _home_for, module_names
 
-INTERNAL = os.path.join(os.path.dirname(torch.__file__), "testing", "_internal")
-#: The modules of the issue, as paths under torch/testing/_internal.
-MODULES = (
-    "common_distributed", "dist_utils", "common_fsdp", "common_dist_composable",
-    "distributed.distributed_utils", "distributed.fake_pg", "distributed.multi_threaded_pg",
-    "distributed._tensor.common_dtensor", "distributed.checkpoint_utils", "distributed.common_state_dict",
-    "distributed._shard.sharded_tensor", "distributed._shard.sharded_tensor._test_st_common",
-    "distributed._shard.sharded_tensor._test_ops_common", "distributed._shard.test_common",
-)
-#: Names no test imports: the threaded group's collective implementations.
-NOT_OFFERED = {
-    "distributed.multi_threaded_pg": {"AllGather", "AllReduce", "AllToAll", "AllToAllBase", "Barrier",
-                                      "Broadcast", "Collective", "Gather", "ReduceScatter", "Scatter",
-                                      "bitwise_reduce_ops", "flatten_list", "ret_work", "ThreadLocalWorld",
-                                      "WorldData"},
-}
-#: Underscored names that upstream's tests import, so they count.
-UNDERSCORED = {"_chunk_sharding_specs_list_for_test", "_install_threaded_pg", "_uninstall_threaded_pg",
-               "_create_fake_pg", "_dynamo_dist_per_rank_init"}
+#: The releases of disttest's supported range (torch >= 2.7) the record must cover.
+SUPPORTED_MINORS = ("2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14")
 
 
-def _path(module: str) -> str:
-    base = os.path.join(INTERNAL, *module.split("."))
-    return os.path.join(base, "__init__.py") if os.path.isdir(base) else base + ".py"
-
-
-def upstream_names(module: str) -> set[str]:
-    """The names ``module`` defines, and those it hands on from the other
-    modules of the list, read from its source (nothing of it is imported)."""
-    with open(_path(module)) as f:
-        tree = ast.parse(f.read())
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PREFIX + "."):
-            if node.module[len(PREFIX) + 1:] in MODULES:
-                names |= {a.asname or a.name for a in node.names if a.name != "*"}
-    return {n for n in names if not n.startswith("_") or n in UNDERSCORED} - NOT_OFFERED.get(module, set())
+def missing(modules: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
+    """``{module: names}`` of the names that have no disttest home."""
+    offers = module_names(HOMES)
+    lost = {m: sorted(n for n in names if _home_for(m, n, offers) is None) for m, names in modules.items()}
+    return {m: names for m, names in lost.items() if names}
 
 
 class SurfaceTest(unittest.TestCase):
     def test_every_public_name_has_a_disttest_home(self):
-        offers = module_names(HOMES)
-        missing = {}
-        for module in MODULES:
-            if not os.path.exists(_path(module)):
-                continue  # not in this torch
-            lost = sorted(n for n in upstream_names(module) if _home_for(module, n, offers) is None)
-            if lost:
-                missing[module] = lost
-        self.assertEqual(missing, {}, "names without a disttest home")
+        self.assertEqual(missing(surface()), {}, "names without a disttest home")
+
+    def test_every_recorded_release_has_a_disttest_home_for_every_name(self):
+        for version, modules in recorded().items():
+            with self.subTest(torch=version):
+                self.assertEqual(missing(modules), {}, f"names of torch {version} without a disttest home")
+
+    def test_a_name_disttest_lacks_is_reported(self):
+        lost = missing({"common_distributed": ["MultiProcessTestCase", "no_such_helper_anywhere"]})
+        self.assertEqual(lost, {"common_distributed": ["no_such_helper_anywhere"]})
 
     def test_the_enumeration_reads_what_it_should(self):
         self.assertIn("MultiProcessTestCase", upstream_names("common_distributed"))
         self.assertIn("skip_if_lt_x_gpu", upstream_names("distributed._tensor.common_dtensor"))  # handed on
         self.assertNotIn("AllReduce", upstream_names("distributed.multi_threaded_pg"))
         self.assertNotIn("torch", upstream_names("common_fsdp"))
+        self.assertIsNone(upstream_names("distributed.no_such_module"))
+
+    def test_the_enumeration_reads_source_text(self):
+        source = ("import torch\nEFA_PROBE_RESULT = None\ndef _private(): pass\n"
+                  "from torch.testing._internal.common_utils import TestCase\n"
+                  "from torch.testing._internal.common_distributed import MultiProcessTestCase as MPTC\n"
+                  "class AllReduce: pass\n")
+        self.assertEqual(names_in_source("common_distributed", source), {"EFA_PROBE_RESULT", "MPTC", "AllReduce"})
+        self.assertEqual(names_in_source("distributed.multi_threaded_pg", source), {"EFA_PROBE_RESULT", "MPTC"})
+
+    def test_the_record_covers_the_supported_range(self):
+        minors = {".".join(v.split(".")[:2]) for v in recorded()}
+        self.assertLessEqual(set(SUPPORTED_MINORS), minors)
+        for modules in recorded().values():
+            self.assertLessEqual(set(modules), set(MODULES))
+            self.assertIn("common_distributed", modules)
+
+    def test_the_record_has_names_only_older_releases_define(self):
+        names = recorded()
+        # has_efa's cache is gone from torch 2.10 on; the misspelled base from common_distributed from 2.9 on.
+        self.assertIn("EFA_PROBE_RESULT", names["2.7.0"]["common_distributed"])
+        self.assertNotIn("EFA_PROBE_RESULT", names["2.13.0"]["common_distributed"])
+        self.assertIn("MultiProcContinousTest", names["2.8.0"]["common_distributed"])
+        self.assertNotIn("MultiProcContinousTest", names["2.9.0"]["common_distributed"])
+
+    def test_the_record_matches_the_installed_torch(self):
+        # The same rules read the installed wheel: a changed rule needs a regenerated record.
+        version = torch.__version__.split("+")[0]
+        if version not in recorded():
+            self.skipTest(f"torch {version} is not recorded in {DATA}")
+        self.assertEqual(recorded()[version], surface())
+
+    def test_the_record_is_as_the_script_writes_it(self):
+        with open(DATA) as f:
+            self.assertEqual(f.read(), _dumps(recorded()))
+
+
+    def test_the_script_regenerates_and_checks_the_record(self):
+        with tempfile.TemporaryDirectory() as sources:
+            for version, body in (("2.10.0", "def has_efa(): pass\n"), ("2.9.1", "EFA_PROBE_RESULT = None\n")):
+                internal = os.path.join(sources, version, "torch", "testing", "_internal")
+                os.makedirs(internal)
+                with open(os.path.join(internal, "common_distributed.py"), "w") as f:
+                    f.write(body)
+            out = os.path.join(sources, "names.json")
+            self.assertEqual(main([sources, "--output", out]), 0)
+            with open(out) as f:
+                self.assertEqual(f.read(), _dumps({"2.9.1": {"common_distributed": ["EFA_PROBE_RESULT"]},
+                                                   "2.10.0": {"common_distributed": ["has_efa"]}}))
+            self.assertEqual(main([sources, "--output", out, "--check"]), 0)
+            with open(os.path.join(internal, "common_distributed.py"), "a") as f:
+                f.write("def requires_xccl(): pass\n")
+            self.assertEqual(main([sources, "--output", out, "--check"]), 1)
 
 
 if __name__ == "__main__":
