@@ -2,8 +2,9 @@
 
 - ``--disttest-timeout=SECONDS``: the default per-test limit of disttest's
   runners (as ``DISTTEST_TIMEOUT``); a bad value is a usage error naming it.
-- ``--disttest-mode=threads|processes|pool``: run tests made with
-  ``disttest.run_in`` in that mode only (as ``DISTTEST_MODE``).
+- ``--disttest-mode=threads|processes|pool|simulated``: run tests made with
+  ``disttest.run_in`` (and ``disttest.run_simulated``) in that mode only (as
+  ``DISTTEST_MODE``).
 - ``--disttest-fault``, ``--disttest-chaos``, ``--disttest-repeat``: fault
   injection and schedule fuzzing (:mod:`disttest.faults.pytest_options`).
 - ``@pytest.mark.world_size(n)``: run a disttest test (or every test of a
@@ -33,7 +34,7 @@ from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
 from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
-from disttest.runners.modes import MODE_ENV, MODES
+from disttest.runners.modes import FORCED_MODES, MODE_ENV
 
 __all__ = [
     "pytest_addoption",
@@ -53,7 +54,7 @@ def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("disttest", "distributed tests (disttest)")
     group.addoption("--disttest-timeout", dest="disttest_timeout", default=None, metavar="SECONDS",
                     help="default per-test limit of disttest's runners (sets DISTTEST_TIMEOUT)")
-    group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=MODES,
+    group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=FORCED_MODES,
                     help="run disttest.run_in tests in this mode only (sets DISTTEST_MODE)")
     group.addoption("--disttest-output", dest="disttest_output", default=None,
                     choices=settings.OUTPUT_MODES,

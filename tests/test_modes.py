@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import unittest
+from unittest import mock
 
 import modes_cases as cases
 
@@ -37,8 +38,36 @@ class ModesTest(unittest.TestCase):
         self.assertIn("skipped 'DISTTEST_MODE=threads runs the threads mode only'", proc.stderr)
         self.assertIn("test_all_reduce (modes_cases.Collectives_threads.test_all_reduce) ... ok", proc.stderr)
 
+    def test_simulated_forced_skips_every_run_in_class_under_pytest(self):
+        # The plugin's option takes the mode of run_simulated's classes too.
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                               "--disttest-mode=simulated", "modes_cases.py"], cwd=HERE,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("6 skipped", proc.stdout)
+        self.assertIn("DISTTEST_MODE=simulated runs the simulated mode only", proc.stdout)
+
+    def test_forcing_leaves_the_forced_mode_alone(self):
+        class Body:
+            def test_it(self):
+                pass
+
+        for forced in disttest.MODES:
+            with self.subTest(forced=forced), mock.patch.dict(os.environ, {disttest.MODE_ENV: forced}):
+                disttest.run_in()(Body)
+                made = {mode: globals().pop(f"Body_{mode}") for mode in disttest.MODES}
+                for mode, cls in made.items():
+                    skipped = getattr(cls, "__unittest_skip__", False)
+                    self.assertEqual(skipped, mode != forced, mode)
+
     def test_bad_mode_is_named(self):
         with self.assertRaisesRegex(disttest.ConfigError, r"Invalid mode 'gpu' from run_in"):
             disttest.run_in("gpu")
+        with self.assertRaisesRegex(disttest.ConfigError, r"Invalid mode 'simulated' from run_in.*run_simulated"):
+            disttest.run_in("simulated")
+        with mock.patch.dict(os.environ, {disttest.MODE_ENV: "thread"}), \
+                self.assertRaisesRegex(disttest.ConfigError,
+                                       r"Invalid mode 'thread' from environment variable DISTTEST_MODE"):
+            disttest.run_in("threads")(type("Body", (), {}))
         with self.assertRaisesRegex(TypeError, "must be a plain class"):
             disttest.run_in("threads")(type("T", (unittest.TestCase,), {}))

@@ -598,6 +598,13 @@ class OneBodyThreeWaysTest(unittest.TestCase):
         made = globals().pop("Body_simulated")
         self.assertTrue(made.__unittest_skip__)
         self.assertEqual(made.__unittest_skip_why__, "DISTTEST_MODE=threads runs the threads mode only")
+        with mock.patch.dict(os.environ, {disttest.MODE_ENV: "simulated"}):
+            disttest.run_simulated(Body)
+        self.assertFalse(getattr(globals().pop("Body_simulated"), "__unittest_skip__", False))
+        with mock.patch.dict(os.environ, {disttest.MODE_ENV: "simulate"}), \
+                self.assertRaisesRegex(disttest.ConfigError,
+                                       r"Invalid mode 'simulate' from environment variable DISTTEST_MODE"):
+            disttest.run_simulated(Body)
 
     def test_world_size_override_and_bad_bodies(self):
         class Body:

@@ -26,7 +26,6 @@ Layer: a subsystem base (imports the runners, the process groups and
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import unittest
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest.config import parse_world_size
 from disttest.runners.case import TestCase, assert_equal
-from disttest.runners.modes import MODE_ENV
+from disttest.runners.modes import SIMULATED_MODE, only_in_forced_mode
 
 __unittest = True
 
@@ -49,9 +48,6 @@ __all__ = [
     "SpmdMixin",
     "run_simulated",
 ]
-
-#: The mode name of a simulated class (``<Class>_simulated``; ``DISTTEST_MODE``).
-SIMULATED_MODE = "simulated"
 
 #: A per-rank comparison failed: how many of the ranks checked differ (every
 #: rank in a simulated test, this rank as threads or processes), and the
@@ -270,10 +266,7 @@ def run_simulated(body: type | None = None, *, world_size: int | None = None) ->
         made: Any = type(f"{cls.__name__}_{SIMULATED_MODE}", (cls, SimulatedTestCase),
                          {"world_size": size, "__module__": cls.__module__})
         made.__qualname__ = made.__name__
-        forced = os.environ.get(MODE_ENV)
-        if forced and forced != SIMULATED_MODE:
-            made = unittest.skip(f"{MODE_ENV}={forced} runs the {forced} mode only")(made)
-        setattr(sys.modules[cls.__module__], made.__name__, made)
+        setattr(sys.modules[cls.__module__], made.__name__, only_in_forced_mode(made, SIMULATED_MODE))
         return cls
 
     return decorator(body) if body is not None else decorator

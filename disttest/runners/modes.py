@@ -7,9 +7,11 @@ default group made before its tests run (the threaded backend for threads,
 ``backend`` (default gloo) otherwise). So a collective bug can be debugged in
 threads and confirmed in processes without rewriting the test.
 
-``DISTTEST_MODE=threads`` (or ``processes``, ``pool``) runs one mode only:
-the other classes skip, saying why. The decorated class itself is left as a
-plain mixin, so it is not collected as a test.
+``DISTTEST_MODE=threads`` (or ``processes``, ``pool``, ``simulated``) runs
+one mode only: the other classes skip, saying why (``simulated`` names the
+classes :func:`disttest.run_simulated` makes, so every ``run_in`` class
+skips). The decorated class itself is left as a plain mixin, so it is not
+collected as a test.
 """
 
 from __future__ import annotations
@@ -26,19 +28,36 @@ from disttest.config import ConfigError, parse_world_size
 
 __unittest = True
 
-__all__ = ["MODES", "MODE_ENV", "run_in"]
+__all__ = ["FORCED_MODES", "MODES", "MODE_ENV", "SIMULATED_MODE", "forced_mode", "only_in_forced_mode", "run_in"]
 
 MODES = ("threads", "processes", "pool")
 MODE_ENV = "DISTTEST_MODE"
+#: The mode of the classes :func:`disttest.run_simulated` makes (``<Class>_simulated``).
+SIMULATED_MODE = "simulated"
+#: What ``DISTTEST_MODE`` (and pytest's ``--disttest-mode``) may name.
+FORCED_MODES = (*MODES, SIMULATED_MODE)
+#: Why a class of another mode skips while ``DISTTEST_MODE`` forces one.
+FORCED_SKIP = "{env}={mode} runs the {mode} mode only"
 
 
-def _forced() -> str | None:
+def forced_mode() -> str | None:
+    """The mode ``DISTTEST_MODE`` forces, or None; a value that names no
+    mode is a :class:`~disttest.ConfigError` naming it."""
     raw = os.environ.get(MODE_ENV)
     if not raw:
         return None
-    if raw not in MODES:
-        raise ConfigError("mode", raw, f"environment variable {MODE_ENV}", f"expected one of {MODES}")
+    if raw not in FORCED_MODES:
+        raise ConfigError("mode", raw, f"environment variable {MODE_ENV}", f"expected one of {FORCED_MODES}")
     return raw
+
+
+def only_in_forced_mode(cls: type, mode: str) -> type:
+    """``cls``, a class of ``mode``; skipped, saying why, while
+    ``DISTTEST_MODE`` forces another mode."""
+    forced = forced_mode()
+    if forced is None or forced == mode:
+        return cls
+    return unittest.skip(FORCED_SKIP.format(env=MODE_ENV, mode=forced))(cls)
 
 
 def _per_test(body: type, base: type, spawn: Callable[[Any], None]) -> type:
@@ -96,6 +115,10 @@ def run_in(*modes: str) -> Callable[[type], type]:
     default "gloo") and ``timeout``."""
     chosen = modes or MODES
     for mode in chosen:
+        if mode == SIMULATED_MODE:
+            raise ConfigError("mode", mode, "run_in(...)",
+                              f"expected one of {MODES}; @disttest.run_simulated makes the simulated "
+                              "class, and stacks with run_in")
         if mode not in MODES:
             raise ConfigError("mode", mode, "run_in(...)", f"expected one of {MODES}")
 
@@ -105,16 +128,14 @@ def run_in(*modes: str) -> Callable[[type], type]:
                             "not a TestCase (disttest makes the TestCase per mode)")
         size = parse_world_size(body.__dict__.get("world_size", 2), f"{body.__name__}.world_size")
         module = sys.modules[body.__module__]
-        forced = _forced()
+        forced_mode()  # a bad value is named before any class is made
         for mode in chosen:
             cls: Any = _MAKERS[mode](body)
             cls.__name__ = cls.__qualname__ = f"{body.__name__}_{mode}"
             cls.__module__ = body.__module__
             cls.world_size = size
             cls._mode_world_size = classmethod(lambda c, s=size: s)
-            if forced is not None and forced != mode:
-                cls = unittest.skip(f"{MODE_ENV}={forced} runs the {forced} mode only")(cls)
-            setattr(module, cls.__name__, cls)
+            setattr(module, cls.__name__, only_in_forced_mode(cls, mode))
         return body
 
     return decorator
