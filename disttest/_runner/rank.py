@@ -29,8 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from disttest import _compat
-from disttest._runner import progress
+from disttest._runner import progress, rank_look
 from disttest._runner.channel import connect
 from disttest._runner.messages import Done, Hello, Ready, Run
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
@@ -83,6 +82,8 @@ class RankSpec:
     token: str = ""
     #: "batch" or "normal" (``settings.rank_scheduling``).
     scheduling: str = "normal"
+    #: The test process's ``sys.argv`` (upstream's spawned ranks have it).
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
 @dataclass
@@ -256,6 +257,8 @@ def _descendants() -> frozenset[int]:
 def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     set_parent_death_signal(parent_pid)
     set_child_subreaper()
+    # First: the handlers below (faulthandler's) are ours, not the forker's.
+    rank_look.restore_signals()
     # A process group of its own: a test's os.killpg(0, ...) (or a terminal's
     # Ctrl-C) reaches this rank and its children, not the test process.
     with contextlib.suppress(OSError):
@@ -293,9 +296,8 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # and functional collectives; the watcher publishes what it sees.
     os.environ.setdefault(FR_ENV, str(FR_ENTRIES))
     _context_publish[:] = [progress.watch_flight_recorder()]
-    # As in upstream's ranks, whose helpers register it: init_process_group("fake")
-    # works (for the rank's life: it is the test's process).
-    _compat.install_fake_backend()
+    # As upstream's ranks: argv, start method, backends.
+    rank_look.prepare_process(spec.argv)
     return files
 
 

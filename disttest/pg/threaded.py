@@ -63,6 +63,7 @@ __all__ = [
     "ThreadedWorld",
     "completed_work",
     "install_threaded_pg",
+    "register_for_process",
     "uninstall_threaded_pg",
 ]
 
@@ -336,6 +337,10 @@ class ProcessLocalGroup(PythonGroup):
                  timeout: Any = None) -> None:
         super().__init__(rank, world_size, name)
         self._tworld = world if world is not None else _current_world()
+        # As upstream's group: autograd runs backward in the calling thread
+        # (thread-local), whose default group is this thread's, not on
+        # device threads that have none.
+        torch.autograd.set_multithreading_enabled(False)
         #: seconds a Work waits for its peers before it raises (None: until the test ends)
         self.timeout = seconds(timeout)
 
@@ -630,6 +635,15 @@ def _register_backend() -> None:
     undo = _compat.register_backend(BACKEND, _create, ["cpu", "cuda"])
     if not _unregister:
         _unregister.append(undo)
+
+
+def register_for_process() -> None:
+    """Register ``threaded`` for the rest of the process, as importing
+    upstream's helpers does (a rank process: it is the test's). Its groups
+    still need a world (:func:`install_threaded_pg`)."""
+    with _install_lock:
+        if _compat.backend_creator(BACKEND) is not _create:
+            _compat.register_backend(BACKEND, _create, ["cpu", "cuda"])
 
 
 def install_threaded_pg() -> ThreadedWorld:

@@ -36,6 +36,7 @@ from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.pg.threaded import BACKEND, install_threaded_pg, uninstall_threaded_pg
 from disttest.runners._dispatch import RankDispatch
+from disttest.support.helpers import set_environ
 
 __unittest = True
 
@@ -68,6 +69,8 @@ class _ThreadRun:
         self.world = install_threaded_pg()
         # As in upstream's ranks (its helpers register it): undone after the test.
         self.undo_fake = _compat.install_fake_backend()
+        # Upstream's setUp sets it for the rest of the process; here for the test.
+        self.environ = set_environ({"TORCH_SHOW_CPP_STACKTRACES": "1"})
         self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
         self.autograd = torch.autograd.set_multithreading_enabled(False)
         self.test = test
@@ -91,6 +94,7 @@ class _ThreadRun:
             uninstall_threaded_pg()
             if self.undo_fake is not None:
                 self.undo_fake()
+            set_environ(self.environ)
             self.world = None  # type: ignore[assignment]
             sys.excepthook, threading.excepthook = self.hooks
 
