@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import rank_probe
 
 import disttest
 
 OUT_ENV = "RANK_LOOK_DIR"  # a test's channel to its ranks (tests only)
+#: What this module's top-level code saw (in the fork server: the process
+#: that imported it for a rank).
+IMPORT_ARGV = list(sys.argv)
 
 
 class Looks:
@@ -22,6 +26,7 @@ class Looks:
 
     def test_look(self):
         data = rank_probe.look(self)
+        data["import_argv"] = IMPORT_ARGV
         path = os.path.join(os.environ[OUT_ENV], f"{type(self).__name__}-{self.rank}.json")
         with open(path, "w") as f:
             json.dump(data, f, default=str)

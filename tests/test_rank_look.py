@@ -110,6 +110,12 @@ class RankLookTest(unittest.TestCase):
         for sub, _, look in self.each():
             with sub:
                 self.assertEqual(look["sys.argv"], ARGV)
+        # Also the test module's top-level code, which the fork server runs
+        # when it imports the module for the ranks (a spawned rank imports it
+        # with the parent's argv).
+        for sub, _, look in self.each((cases.ProcessLook,)):
+            with sub:
+                self.assertEqual(look["import_argv"], ARGV)
 
     def test_signal_handlers_are_a_fresh_interpreter(self):
         # Not the fork server's (its SIGTERM made a rank exit 0) nor the test

@@ -137,6 +137,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         run_id, spec = message.run, message.spec
         try:
             sys.path[:] = spec.sys_path
+            # The test module's top-level code sees the test process's argv,
+            # as in a spawned rank (and in this server's ranks).
+            sys.argv[:] = spec.argv
             cls = rank_mod.resolve_class(spec)
             if "disttest.bases.dynamo" in sys.modules:
                 _compat.preload_dynamo()  # once here, not in every rank
