@@ -85,10 +85,12 @@ class ReaperTest(unittest.TestCase):
         self.assertTrue(self.wait_gone(lambda: os.path.exists(folder)))
 
     def test_a_forked_child_does_not_keep_the_reaper_waiting(self):
-        start = time.monotonic()
+        # The forked child lives 5 s after the test process's os._exit; timed
+        # from that exit (not from starting the interpreter, slow under load).
         folder, _ = self.run_child("fork")
+        start = time.monotonic()
         self.assertTrue(self.wait_gone(lambda: os.path.exists(folder), 4))
-        self.assertLess(time.monotonic() - start, 4.5, "the reaper waited for the forked child")
+        self.assertLess(time.monotonic() - start, 3.5, "the reaper waited for the forked child")
 
 
 if __name__ == "__main__":
