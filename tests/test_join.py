@@ -68,6 +68,30 @@ class JoinTest(unittest.TestCase):
         join_mod.join(launcher, timeout=30)
         self.assertGreaterEqual(launcher.checks, 10)  # 0.3 s / 10 ms polls, less scheduling noise
 
+    def test_ranks_that_passed_are_judged_once_per_new_fact(self):
+        # A poll that brings no new outcome does not judge again: each
+        # judgement reads every rank, and the polls of a thousand thread
+        # ranks share the GIL with them.
+        from unittest import mock
+
+        launcher = SlowBoardLauncher(until=0.3, cost=0.0)
+        with mock.patch.object(join_mod, "explain", wraps=join_mod.explain) as explain:
+            outcomes = join_mod.join(launcher, timeout=30)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "PASSED"])
+        # rank 0's pass, rank 1's, and the final judgement: not one per poll (about 30)
+        self.assertEqual(explain.call_count, 3)
+
+    def test_an_errored_rank_is_judged_at_every_poll(self):
+        # Its judgement also reads the board (a collective it died in), which
+        # changes without a new outcome.
+        from unittest import mock
+
+        launcher = SlowBoardLauncher(until=0.3, cost=0.0)
+        launcher.outcomes[0] = outcome_from_exception(0, RuntimeError("boom"))
+        with mock.patch.object(join_mod, "explain", wraps=join_mod.explain) as explain:
+            join_mod.join(launcher, timeout=30, expected_end=lambda rank: True)
+        self.assertGreater(explain.call_count, 5)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -39,6 +39,11 @@ def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
     return ended(rank, reported, status)
 
 
+def _live(world: int, outcomes: dict[int, Outcome]) -> list[int]:
+    """The ranks that have not ended."""
+    return [r for r in range(world) if r not in outcomes]
+
+
 def _passed(outcome: Outcome | None) -> bool:
     return outcome is not None and outcome.kind in (Kind.PASSED, Kind.SKIPPED)
 
@@ -96,41 +101,53 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     grace_end: float | None = None
     outcomes: dict[int, Outcome] = {}  # the facts: as each rank ended
     next_check = 0.0  # when to look for a desync next
+    judged: dict[int, Outcome] = {}
+    judged_facts = -1  # how many outcomes ``judged`` was made from; -1: judge again
+    errored = False  # a rank errored: its judgement also reads the board, which changes
+    cause = False  # the judgement names a cause (a failure that stops the others)
     while True:
         for r, status in launcher.poll().items():
             if r not in outcomes:
                 outcomes[r] = _ended(launcher, r, status)
-        # Judged again on every poll from all the facts so far, never from
-        # an earlier judgement: which rank was seen to end first decides nothing.
-        judged = _judged(launcher, outcomes, world)
-        finished = [r for r, o in judged.items() if _passed(o)]
-        live = [r for r in range(world) if r not in outcomes]
-        if not live:
+                errored = errored or outcomes[r].kind is Kind.ERRORED
+        # Judged again from all the facts so far, never from an earlier
+        # judgement: which rank was seen to end first decides nothing. NB:
+        # only when the facts may have changed: the judgement of ranks that
+        # did not error reads nothing but their outcomes, and each poll shares
+        # the GIL with a thousand rank threads.
+        if errored or judged_facts != len(outcomes):
+            judged = _judged(launcher, outcomes, world)
+            judged_facts = len(outcomes)
+            cause = any(o.kind.is_cause and not (expected_end and expected_end(o.rank)) for o in judged.values())
+        if len(outcomes) == world:
             break
-        if grace_end is None and any(o.kind.is_cause and not (expected_end and expected_end(o.rank))
-                                     for o in judged.values()):
+        if grace_end is None and cause:
             grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
         if grace_end is not None and time.monotonic() >= grace_end:
-            _stop(launcher, live, outcomes, {}, {})
+            _stop(launcher, _live(world, outcomes), outcomes, {}, {})
             break
-        # A rank that reported a pass but has not yet exited (it lingers) has
-        # finished too: a peer waiting in a collective it never entered is a
-        # desync now, not once the rank's exit has broken the collective.
-        reported = [r for r in live if _passed(launcher.outcome(r))]
-        waiting = [r for r in live if r not in reported]
         found = []
-        if waiting and time.monotonic() >= next_check:
+        if time.monotonic() >= next_check:
+            # A rank that reported a pass but has not yet exited (it lingers) has
+            # finished too: a peer waiting in a collective it never entered is a
+            # desync now, not once the rank's exit has broken the collective.
             began = time.monotonic()
-            found = launcher.desync(waiting, [*finished, *reported])
-            # The check reads every waiting rank's record: with a thousand
-            # thread ranks (which share the GIL with it) it may take at most
-            # a tenth of the time.
+            live = _live(world, outcomes)
+            reported = [r for r in live if _passed(launcher.outcome(r))]
+            waiting = [r for r in live if r not in reported]
+            finished = [r for r, o in judged.items() if _passed(o)]
+            found = launcher.desync(waiting, [*finished, *reported]) if waiting else []
+            # The check asks every live rank and reads every waiting rank's
+            # record: with a thousand thread ranks (which share the GIL with
+            # it) it may take at most a tenth of the time.
             next_check = time.monotonic() + DESYNC_SHARE * (time.monotonic() - began)
         if found:
             kinds = {f[1].rank: Kind.DESYNC for f in found}
-            _stop(launcher, live, outcomes, kinds, {f[1].rank: _desync_detail(f, world) for f in found})
+            _stop(launcher, _live(world, outcomes), outcomes, kinds,
+                  {f[1].rank: _desync_detail(f, world) for f in found})
             break
         if grace_end is None and time.monotonic() > deadline:
+            live = _live(world, outcomes)
             _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
             break
         launcher.pump_output()
