@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import disttest.bases.dtensor as dt
-from disttest import ConfigError
+from disttest import ConfigError, _compat
 from disttest.support.skips import TEST_SKIPS
 
 
@@ -157,11 +157,11 @@ class ThreadsTest(unittest.TestCase):
         self.assertFalse(dist.is_initialized())
 
     def test_failure_report_and_the_lock_is_restored(self):
-        before = dt._compat.dtensor_sharding_prop_lock()
+        before = _compat.dtensor_sharding_prop_lock()
         result = run(cases.Threads("test_fails_on_rank_0"))
         self.assertEqual(len(result.failures), 1)
         self.assertIn("rank 0/2 raised AssertionError", result.failures[0][1])
-        self.assertIs(dt._compat.dtensor_sharding_prop_lock(), before)
+        self.assertIs(_compat.dtensor_sharding_prop_lock(), before)
 
 
 class PoolTest(unittest.TestCase):
@@ -233,7 +233,7 @@ class LocalTensorTest(unittest.TestCase):
 
     def test_torch_without_local_tensor_skips_with_the_version(self):
         local = dt.create_local_tensor_test_class(cases.Processes)
-        with mock.patch.object(dt._compat, "local_tensor", return_value=None):
+        with mock.patch.object(_compat, "local_tensor", return_value=None):
             result = run(local("test_bare"))
         self.assertEqual(len(result.skipped), 1, result.errors)
         self.assertIn(f"which torch {torch.__version__} lacks", result.skipped[0][1])

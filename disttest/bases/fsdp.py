@@ -34,7 +34,7 @@ from torch import nn
 
 from disttest import _compat
 from disttest.bases import fsdp_models
-from disttest.bases.dtensor import _DTensorProcesses
+from disttest.bases.dtensor_bases import _DTensorProcesses
 from disttest.bases.fsdp_helpers import (
     DummyProcessGroup,
     compiled_fsdp_test,
