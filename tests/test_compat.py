@@ -1,5 +1,5 @@
-"""disttest/_compat.py is the one place that touches private torch API, and
-importing disttest leaves torch as it found it."""
+"""The disttest/_compat/ package is the one place that touches private torch
+API, and importing disttest leaves torch as it found it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from disttest.pg.threaded import BACKEND as THREADED_BACKEND
 from disttest.pg.threaded import install_threaded_pg, uninstall_threaded_pg
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "disttest"
+COMPAT = PACKAGE / "_compat"
 
 
 def _private(part: str) -> bool:
@@ -57,15 +58,39 @@ def private_torch_uses(source: str) -> list[str]:
     return found
 
 
+def exempt(path: pathlib.Path) -> bool:
+    """Whether ``path`` is a module of the ``disttest/_compat/`` package,
+    the one place allowed to touch private torch API."""
+    return path.parent == COMPAT and path.suffix == ".py"
+
+
 class PrivateApiTest(unittest.TestCase):
     def test_only_compat_touches_private_torch_names(self):
         offenders = {}
         for path in sorted(PACKAGE.rglob("*.py")):
-            if path.name != "_compat.py":
+            if not exempt(path):
                 uses = private_torch_uses(path.read_text())
                 if uses:
                     offenders[str(path.relative_to(PACKAGE.parent))] = uses
-        self.assertEqual(offenders, {}, "private torch API outside disttest/_compat.py")
+        self.assertEqual(offenders, {}, "private torch API outside disttest/_compat/")
+
+    def test_the_exemption_is_exactly_the_compat_package(self):
+        # The package's own modules, and no file elsewhere that shares a
+        # name with it or with one of its modules.
+        files = sorted(PACKAGE.rglob("*.py"))
+        self.assertEqual(sorted(p for p in files if exempt(p)), sorted(COMPAT.glob("*.py")))
+        self.assertIn(COMPAT / "__init__.py", files)
+        self.assertFalse((PACKAGE / "_compat.py").exists(), "a _compat.py beside the package")
+        for path in (PACKAGE / "_compat.py", PACKAGE / "pg" / "_compat.py", PACKAGE / "bases" / "local_speedups.py",
+                     PACKAGE / "_compat" / "inner" / "deeper.py", PACKAGE.parent / "tests" / "_compat" / "c10d.py"):
+            self.assertFalse(exempt(path), path)
+
+    def test_the_compat_package_is_scanned_and_uses_private_names(self):
+        # The exemption is needed: the scan finds private use in the package
+        # (were it empty, the exemption would hide nothing and prove nothing).
+        found = {p.name for p in COMPAT.glob("*.py") if private_torch_uses(p.read_text())}
+        self.assertIn("local_speedups.py", found)
+        self.assertIn("backends.py", found)
 
     def test_the_scan_finds_each_kind_of_use(self):
         source = textwrap.dedent("""
@@ -79,6 +104,24 @@ class PrivateApiTest(unittest.TestCase):
         uses = private_torch_uses(source)
         self.assertEqual(len(uses), 5, uses)
         self.assertIn("line 6: dist.distributed_c10d._get_default_group", uses)
+
+    def test_the_scan_finds_use_in_a_function_and_through_an_alias(self):
+        # Lazy imports inside functions, as the compat modules write them.
+        source = textwrap.dedent("""
+            def f():
+                import torch.distributed as dist
+                from torch.distributed import distributed_c10d as c10d
+                from torch._C._distributed_c10d import FakeProcessGroup
+                from torch.utils import _pytree
+                return dist.Backend._plugins, c10d._world, torch.ok
+        """)
+        uses = private_torch_uses(source)
+        self.assertEqual(uses, [
+            "line 5: from torch._C._distributed_c10d",
+            "line 6: from torch.utils import _pytree",
+            "line 7: dist.Backend._plugins",
+            "line 7: c10d._world",
+        ])
 
 
 class CompatFunctionsTest(unittest.TestCase):
@@ -140,6 +183,54 @@ class CompatFunctionsTest(unittest.TestCase):
         self.assertEqual(world.pg_map, {})
         self.assertIsNot(world.pg_map, _compat.new_c10d_world().pg_map)
         self.assertTrue(issubclass(_compat.work_base(), dist.Work))
+
+
+class PackageTest(unittest.TestCase):
+    """_compat is a package of modules by concern; the rest of disttest and
+    the tests use the package's names only."""
+
+    def modules(self):
+        import importlib
+
+        return {p.stem: importlib.import_module(f"disttest._compat.{p.stem}")
+                for p in sorted(COMPAT.glob("*.py")) if p.stem != "__init__"}
+
+    def test_the_package_offers_every_name_of_its_modules(self):
+        offered = {}
+        for name, module in self.modules().items():
+            self.assertIs(vars(module).get("__unittest"), True, name)
+            for attr in module.__all__:
+                with self.subTest(module=name, name=attr):
+                    self.assertNotIn(attr, offered, f"{attr} in both {offered.get(attr)} and {name}")
+                    offered[attr] = name
+                    self.assertIs(getattr(_compat, attr), getattr(module, attr))
+        self.assertEqual(sorted(set(offered) - {"FEATURE_MISSING"}), sorted(_compat.__all__))
+
+    def test_no_module_is_shadowed_by_a_name(self):
+        # A module named like a function would be replaced by it on the package.
+        self.assertEqual(sorted(set(self.modules()) & set(_compat.__all__)), [])
+
+    def test_each_module_stays_under_600_lines(self):
+        for path in sorted(COMPAT.glob("*.py")):
+            self.assertLess(len(path.read_text().splitlines()), 600, path.name)
+
+    @unittest.skipIf(_compat.local_tensor() is None, "this torch has no LocalTensorMode")
+    def test_a_patch_of_local_tensor_reaches_the_readers_in_the_package(self):
+        # Tests run as on a torch without the mode by patching the package's
+        # name; the modules that read it inside the package see the patch too.
+        from unittest import mock
+
+        import torch
+
+        lt = _compat.local_tensor()
+        with lt.LocalTensorMode(2):
+            value = lt.LocalTensor({0: torch.zeros(1), 1: torch.ones(1)})
+        self.assertIsNotNone(_compat.local_tensor_shards(value))
+        self.assertNotEqual(_compat.local_tensor_speedups_available(), ())
+        with mock.patch.object(_compat, "local_tensor", return_value=None):
+            self.assertIsNone(_compat.local_tensor_shards(value))
+            self.assertIsNone(_compat.local_int_values(torch.SymInt(lt.LocalIntNode({0: 1, 1: 2}))))
+            self.assertEqual(_compat.local_tensor_speedups_available(), ())
 
 
 IMPORT_CHECK = textwrap.dedent("""

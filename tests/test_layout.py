@@ -61,7 +61,7 @@ class TreeTest(unittest.TestCase):
         # conformance, migrate, _runner) instead of sitting flat beside 30 others.
         entries = sorted(e for e in os.listdir(PACKAGE) if e != "__pycache__")
         self.assertEqual(entries, [
-            "__init__.py", "_compat.py", "_moved.py", "_ops.py", "_runner", "_typing.py", "bases",
+            "__init__.py", "_compat", "_moved.py", "_ops.py", "_runner", "_typing.py", "bases",
             "config.py", "conformance", "faults", "migrate", "pg", "py.typed", "pytest_plugin.py", "runners",
             "support",
         ])

@@ -71,6 +71,15 @@ class DistributionTest(unittest.TestCase):
         self.assertIn("disttest/__init__.py", names)
         self.assertIn("disttest/py.typed", names)
 
+    def test_the_wheel_carries_every_module_of_every_package(self):
+        # A package that setup.cfg's find: misses (no __init__.py, not in
+        # include) would be absent from the wheel: disttest/_compat/ included.
+        _, names = self.metadata()
+        modules = _tracked("disttest")
+        self.assertIn("disttest/_compat/__init__.py", modules)
+        self.assertIn("disttest/_compat/local_speedups.py", modules)
+        self.assertEqual([m for m in modules if m not in names], [])
+
     def test_torch_is_a_range_with_no_upper_bound(self):
         meta, _ = self.metadata()
         torch_req = [r for r in meta.get_all("Requires-Dist") if r.split(">")[0].split("=")[0].strip() == "torch"]

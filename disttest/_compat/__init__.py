@@ -1,0 +1,227 @@
+"""Every touch of private torch API in disttest goes through this package,
+and so does every public torch API that only newer releases have.
+
+Each function names the private API it uses, so that a torch upgrade that
+moves one breaks here, in one place, and ``tests/test_compat.py`` says which.
+``TORCH_FEATURES`` names each version-dependent API with the first torch
+release that has it; ``missing_feature`` turns a missing one into the reason
+a test skips ("needs torch >= 2.10").
+
+The rest of disttest imports the package only (``from disttest import
+_compat``; ``_compat.name(...)``), which re-exports every name of its modules,
+one per concern:
+
+- :mod:`.versions`: the installed torch's version and version-dependent API;
+- :mod:`.devices`: the accelerator, the current device, CUDA internals;
+- :mod:`.backends`: c10d backend registration (with its undo), the ``fake``
+  backend, torchcomms;
+- :mod:`.c10d`: the default group, c10d's registry of groups, thread
+  isolation, reduce ops, functional collectives;
+- :mod:`.flight_recorder`: what c10d's flight recorder knows;
+- :mod:`.dynamo`: dynamo, inductor, Triton;
+- :mod:`.dtensor`: DTensor's specs, redistribution, sharding propagation;
+- :mod:`.fsdp`, :mod:`.checkpoint`, :mod:`.rpc`: those subsystems' internals;
+- :mod:`.tensors`: pytree, functional and sparse tensors, tolerances;
+- :mod:`.local_mode`: torch's local-tensor mode;
+- :mod:`.local_speedups`: faster equivalents of parts of it, installed per test.
+
+NB: a test patches a name on this package (``mock.patch.object(_compat,
+"local_tensor", ...)``); the modules here that read ``local_tensor`` and
+``_SPEEDUP_FINGERPRINTS`` look them up on the package, so such a patch
+reaches them as well.
+"""
+
+from __future__ import annotations
+
+from disttest._compat.backends import (
+    backend_creator,
+    ensure_fake_backend,
+    fake_process_group,
+    install_fake_backend,
+    register_backend,
+    register_python_group_backend,
+    registered_backend_names,
+    torchcomms_process_group,
+    use_torchcomms,
+    work_base,
+)
+from disttest._compat.c10d import (
+    c10d_world,
+    default_group,
+    functional_collectives,
+    group_name,
+    new_c10d_world,
+    premul_sum,
+    reduce_op_parts,
+    set_c10d_world,
+    set_thread_isolation,
+    thread_local_modes,
+    wait_tensor,
+)
+from disttest._compat.checkpoint import (
+    checkpoint_extension,
+    gather_state_dict,
+    shard_api,
+    shard_chunk_sizes,
+)
+from disttest._compat.devices import (
+    accelerator_count,
+    accelerator_type,
+    clear_cublas_workspaces,
+    cuda_multicast_support,
+    cuda_sleep,
+    default_backend_for_device,
+    privateuse1_backend_name,
+    set_device_index,
+)
+from disttest._compat.dtensor import (
+    clear_sharding_prop_cache,
+    concatenate_meshes,
+    dtensor_sharding_prop_lock,
+    dtensor_spec,
+    redistribute_local_tensor,
+    register_op_strategy,
+    reset_dtensor_rng_tracker,
+    set_dtensor_spec,
+    shard_order_entry,
+    sharding_propagator,
+    use_shard_order_spec,
+)
+from disttest._compat.dynamo import (
+    dynamo_config_patch,
+    has_triton,
+    inductor_config,
+    preload_dynamo,
+    remove_dynamo_trace_handler,
+    reset_dynamo,
+    silence_dynamo_trace_log,
+)
+from disttest._compat.flight_recorder import (
+    flight_status,
+)
+from disttest._compat.fsdp import (
+    activation_checkpoint,
+    fsdp_param_group,
+    fsdp_runtime_utils,
+    hybrid_sharding_strategies,
+)
+from disttest._compat.local_mode import (
+    LOCAL_TENSOR_MISSING,
+    local_int_values,
+    local_tensor,
+    local_tensor_shards,
+)
+from disttest._compat.local_speedups import _SPEEDUP_FINGERPRINTS as _SPEEDUP_FINGERPRINTS
+from disttest._compat.local_speedups import (
+    LOCAL_TENSOR_SPEEDUPS,
+    UNKNOWN_SPEEDUP,
+    install_local_tensor_speedups,
+    local_tensor_speedups_available,
+)
+from disttest._compat.local_speedups import _closed_form_coordinate as _closed_form_coordinate
+from disttest._compat.local_speedups import _compile_unflatten as _compile_unflatten
+from disttest._compat.local_speedups import _one_pass_tensor_meta as _one_pass_tensor_meta
+from disttest._compat.rpc import (
+    load_faulty_rpc_agent,
+    rref_debug_info,
+    set_rref_leak_check,
+)
+from disttest._compat.tensors import (
+    default_tolerances,
+    enable_record_function,
+    is_functional_tensor,
+    mark_uncoalesced,
+    pytree,
+    sparse_coo_raw,
+)
+from disttest._compat.versions import FEATURE_MISSING as FEATURE_MISSING
+from disttest._compat.versions import (
+    TORCH_FEATURES,
+    has_feature,
+    missing_feature,
+    torch_at_least,
+    torch_version,
+)
+
+__unittest = True
+
+__all__ = [
+    "LOCAL_TENSOR_MISSING",
+    "LOCAL_TENSOR_SPEEDUPS",
+    "TORCH_FEATURES",
+    "UNKNOWN_SPEEDUP",
+    "accelerator_count",
+    "accelerator_type",
+    "activation_checkpoint",
+    "backend_creator",
+    "c10d_world",
+    "checkpoint_extension",
+    "clear_cublas_workspaces",
+    "clear_sharding_prop_cache",
+    "concatenate_meshes",
+    "cuda_multicast_support",
+    "cuda_sleep",
+    "default_backend_for_device",
+    "default_group",
+    "default_tolerances",
+    "dtensor_sharding_prop_lock",
+    "dtensor_spec",
+    "dynamo_config_patch",
+    "enable_record_function",
+    "ensure_fake_backend",
+    "fake_process_group",
+    "flight_status",
+    "fsdp_param_group",
+    "fsdp_runtime_utils",
+    "functional_collectives",
+    "gather_state_dict",
+    "group_name",
+    "has_feature",
+    "has_triton",
+    "hybrid_sharding_strategies",
+    "inductor_config",
+    "install_fake_backend",
+    "install_local_tensor_speedups",
+    "is_functional_tensor",
+    "load_faulty_rpc_agent",
+    "local_int_values",
+    "local_tensor",
+    "local_tensor_shards",
+    "local_tensor_speedups_available",
+    "mark_uncoalesced",
+    "missing_feature",
+    "new_c10d_world",
+    "preload_dynamo",
+    "premul_sum",
+    "privateuse1_backend_name",
+    "pytree",
+    "redistribute_local_tensor",
+    "reduce_op_parts",
+    "register_backend",
+    "register_op_strategy",
+    "register_python_group_backend",
+    "registered_backend_names",
+    "remove_dynamo_trace_handler",
+    "reset_dtensor_rng_tracker",
+    "reset_dynamo",
+    "rref_debug_info",
+    "set_c10d_world",
+    "set_device_index",
+    "set_dtensor_spec",
+    "set_rref_leak_check",
+    "set_thread_isolation",
+    "shard_api",
+    "shard_chunk_sizes",
+    "shard_order_entry",
+    "sharding_propagator",
+    "silence_dynamo_trace_log",
+    "sparse_coo_raw",
+    "thread_local_modes",
+    "torch_at_least",
+    "torch_version",
+    "torchcomms_process_group",
+    "use_shard_order_spec",
+    "use_torchcomms",
+    "wait_tensor",
+    "work_base",
+]

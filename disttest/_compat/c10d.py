@@ -1,0 +1,151 @@
+"""c10d's groups and registry: the default group and group names, the
+registry of process groups (``distributed_c10d._world``) and self-contained
+ones per thread, thread isolation, reduce ops, functional collectives."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+__unittest = True
+
+__all__ = [
+    "c10d_world",
+    "default_group",
+    "functional_collectives",
+    "group_name",
+    "new_c10d_world",
+    "premul_sum",
+    "reduce_op_parts",
+    "set_c10d_world",
+    "set_thread_isolation",
+    "thread_local_modes",
+    "wait_tensor",
+]
+
+
+def group_name(group: object) -> str:
+    """The name c10d gives a process group (``ProcessGroup.group_name``,
+    else ``distributed_c10d._get_process_group_name``)."""
+    name = getattr(group, "group_name", None)
+    if name is None:
+        from torch.distributed import distributed_c10d
+
+        name = distributed_c10d._get_process_group_name(group)  # type: ignore[arg-type]
+    return str(name)
+
+
+def default_group() -> Any:
+    """The default process group (``distributed_c10d._get_default_group``)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()
+
+
+def set_thread_isolation(enabled: bool) -> None:
+    """c10d's thread isolation mode: process groups registered by name per
+    thread (``_set_thread_isolation_mode``), for functional collectives."""
+    from torch._C._distributed_c10d import _set_thread_isolation_mode  # type: ignore[attr-defined]
+
+    _set_thread_isolation_mode(enabled)
+
+
+def thread_local_modes() -> tuple[Any, ...]:
+    """This thread's torch state that a new thread starts with at its
+    default: grad and inference mode, CPU autocast, the default device, and
+    how many torch function and dispatch modes are pushed
+    (``torch._C._len_torch_function_stack``, ``_len_torch_dispatch_stack``)."""
+    import torch
+
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
+            torch.get_default_device(), torch._C._len_torch_function_stack(),
+            torch._C._len_torch_dispatch_stack())
+
+
+def c10d_world() -> Any:
+    """c10d's registry of process groups (``distributed_c10d._world``)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._world
+
+
+def set_c10d_world(world: Any) -> None:
+    """Replace c10d's registry (``distributed_c10d._world``)."""
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d._world = world
+
+
+_isolated_world_class: list[type] = []
+
+
+def new_c10d_world(per_thread: bool = False) -> Any:
+    """An empty, self-contained registry of c10d's own type; with
+    ``per_thread``, one whose every field is per thread (each thread sees
+    its own empty registry: its own default group).
+
+    ``distributed_c10d._World`` keeps most of its state in module globals
+    (``_pg_map``, ``_group_count``...), so a plain new instance would share
+    them; this subclass keeps every field on the instance.
+    """
+    if not _isolated_world_class:
+        import threading
+
+        from torch.distributed import distributed_c10d
+
+        fields = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
+
+        def own(name: str) -> property:
+            return property(lambda self: self._own[name])
+
+        def get_count(self: Any) -> int:
+            return cast(int, self._own["group_count"])
+
+        def set_count(self: Any, value: int) -> None:
+            self._own["group_count"] = value
+
+        def init(self: Any) -> None:
+            distributed_c10d._World.__init__(self)
+            self._own = {name: {} for name in fields}
+            self._own["group_count"] = 0
+
+        namespace: dict[str, Any] = {name: own(name) for name in fields}
+        namespace["group_count"] = property(get_count, set_count)
+        namespace["__init__"] = init
+        isolated = type("_IsolatedWorld", (distributed_c10d._World,), namespace)
+        # NB: a threading.local subclass runs __init__ once in each thread
+        # that touches it; c10d reads its registry often, so this costs far
+        # less than a proxy that looks the thread's registry up per read.
+        _isolated_world_class.extend([isolated, type("_ThreadWorld", (threading.local, isolated), {})])
+    return _isolated_world_class[1 if per_thread else 0]()
+
+
+def premul_sum(factor: Any) -> Any:
+    """The PREMUL_SUM reduce op with ``factor`` (``dist._make_nccl_premul_sum``)."""
+    import torch.distributed as dist
+
+    return dist._make_nccl_premul_sum(factor)
+
+
+def reduce_op_parts(op: Any) -> tuple[Any, Any]:
+    """(RedOpType, PREMUL_SUM factor or None) of a ``ReduceOp`` or RedOpType."""
+    import torch.distributed as dist
+
+    if isinstance(op, dist.ReduceOp):
+        state: Any = op.__getstate__()
+        return state[0], (state[1] if len(state) > 1 else None)
+    return op, None
+
+
+def functional_collectives() -> Any:
+    """torch's functional collectives (``torch.distributed._functional_collectives``:
+    ``all_gather_single_autograd``, ``reduce_scatter_single_autograd``)."""
+    import torch.distributed._functional_collectives as module
+
+    return module
+
+
+def wait_tensor(t: Any) -> Any:
+    """Wait for a functional collective's result (``torch.ops._c10d_functional.wait_tensor``)."""
+    import torch
+
+    return torch.ops._c10d_functional.wait_tensor(t)

@@ -1,0 +1,77 @@
+"""Dynamo and inductor: reset, preload, config patches, the trace log,
+inductor's config and Triton."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__unittest = True
+
+__all__ = [
+    "dynamo_config_patch",
+    "has_triton",
+    "inductor_config",
+    "preload_dynamo",
+    "remove_dynamo_trace_handler",
+    "reset_dynamo",
+    "silence_dynamo_trace_log",
+]
+
+
+def reset_dynamo() -> None:
+    """``torch._dynamo.reset()`` and clear its counters, if dynamo is loaded.
+
+    Does nothing when no code imported ``torch._dynamo`` (importing it only
+    to reset it would cost seconds).
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+
+
+def preload_dynamo() -> None:
+    """Import ``torch._dynamo`` (a fork server does it once for its ranks)."""
+    import torch._dynamo  # noqa: F401
+
+
+def dynamo_config_patch(**changes: Any) -> Any:
+    """``torch._dynamo.config.patch(**changes)`` (a context manager)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(**changes)
+
+
+def silence_dynamo_trace_log() -> Any:
+    """Add a NullHandler to torch's trace log (as dynamo's TestCase does);
+    return the handler so the caller can remove it."""
+    import logging
+
+    from torch._logging._internal import trace_log
+
+    handler = logging.NullHandler()
+    trace_log.addHandler(handler)
+    return handler
+
+
+def remove_dynamo_trace_handler(handler: Any) -> None:
+    from torch._logging._internal import trace_log
+
+    trace_log.removeHandler(handler)
+
+
+def inductor_config() -> Any:
+    """Inductor's private config module (``torch._inductor.config``:
+    ``compile_threads``...), imported on first use."""
+    import torch._inductor.config as module
+
+    return module
+
+
+def has_triton() -> bool:
+    """``torch.utils._triton.has_triton()``: Triton and a device it can compile for."""
+    from torch.utils._triton import has_triton as probe
+
+    return bool(probe())

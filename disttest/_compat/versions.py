@@ -1,0 +1,88 @@
+"""Which torch is installed, and which version-dependent API it has.
+
+``TORCH_FEATURES`` names each version-dependent API with the first torch
+release that has it; ``missing_feature`` turns a missing one into the reason
+a test skips ("needs torch >= 2.10").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__unittest = True
+
+__all__ = [
+    "FEATURE_MISSING",
+    "TORCH_FEATURES",
+    "has_feature",
+    "missing_feature",
+    "torch_at_least",
+    "torch_version",
+]
+
+
+#: Version-dependent torch API: feature -> (the first torch release that has
+#: it, the dotted name probed). Versions read from the released wheels
+#: (2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0-2.13.0, 2.14.1). torch before
+#: 2.7 is not supported (README, "Supported platforms"); the fallbacks below
+#: for older releases only keep ``import disttest`` working there.
+TORCH_FEATURES: dict[str, tuple[str, str]] = {
+    "torch.accelerator": ("2.6", "torch.accelerator"),
+    "dist.all_gather_single": ("2.13", "torch.distributed.all_gather_single"),
+    "dist.reduce_scatter_single": ("2.13", "torch.distributed.reduce_scatter_single"),
+    "funcol.all_gather_single": ("2.13", "torch.distributed._functional_collectives.all_gather_single"),
+    "Backend.FAKE": ("2.11", "torch.distributed.Backend.FAKE"),
+    "dist.get_default_backend_for_device": ("2.6", "torch.distributed.get_default_backend_for_device"),
+    "dist.is_xccl_available": ("2.6", "torch.distributed.is_xccl_available"),
+}
+
+
+FEATURE_MISSING = "needs torch >= {version} ({feature}; this is torch {installed})"
+
+
+def torch_version() -> str:
+    """The installed torch's version, without a local part (``2.8.0``)."""
+    import torch
+
+    return str(torch.__version__).split("+")[0]
+
+
+def torch_at_least(version: str) -> bool:
+    """True when the installed torch is ``version`` (``"2.7"``) or newer."""
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+
+    return parts(torch_version()) >= parts(version)
+
+
+def _probe(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def has_feature(feature: str) -> bool:
+    """True when the installed torch has ``feature`` (a key of TORCH_FEATURES)."""
+    return _probe(TORCH_FEATURES[feature][1])
+
+
+def missing_feature(feature: str) -> str | None:
+    """None when the installed torch has ``feature``; else the skip reason,
+    naming the torch version it needs (``FEATURE_MISSING``)."""
+    if feature not in TORCH_FEATURES:
+        raise KeyError(f"unknown torch feature {feature!r}; expected one of {sorted(TORCH_FEATURES)} (disttest)")
+    if has_feature(feature):
+        return None
+    return FEATURE_MISSING.format(version=TORCH_FEATURES[feature][0], feature=feature, installed=torch_version())
