@@ -110,6 +110,36 @@ class ChannelTest(unittest.TestCase):
         pump_until(channel, lambda: 0 in channel.answers)
         self.assertIs(channel.answers[0].kind, Kind.PASSED)
 
+    def test_the_kept_poll_set_follows_the_objects_waited_on(self):
+        # Registered once, not per wait; an object no longer waited on (or
+        # closed, its descriptor number reused by another) is never reported.
+        import multiprocessing
+
+        from disttest._runner.channel import _Poller
+
+        poller = _Poller()
+        r1, w1 = multiprocessing.Pipe(duplex=False)
+        with mock.patch.object(poller._selector, "register", wraps=poller._selector.register) as register:
+            self.assertEqual(poller.wait([r1], 0), [])
+            w1.send("x")
+            self.assertEqual(poller.wait([r1], 0), [r1])
+            self.assertEqual(poller.wait([r1], 0), [r1])
+        self.assertEqual(register.call_count, 1)
+        self.assertEqual(poller.wait([], 0), [])  # ready, but not asked about
+        fd = r1.fileno()
+        r1.close()
+        w1.close()
+        r2, w2 = multiprocessing.Pipe(duplex=False)
+        self.addCleanup(r2.close)
+        self.addCleanup(w2.close)
+        self.assertEqual(poller.wait([r1, r2], 0), [])  # the closed one is skipped
+        w2.send("y")
+        ready = poller.wait([r2], 5)
+        self.assertEqual(ready, [r2], (fd, r2.fileno()))
+        self.assertEqual(r2.recv(), "y")
+        poller.clear()
+        self.assertEqual(poller.wait([], 0), [])
+
     def test_garbage_closes_that_connection_only(self):
         a, b = self.rank(0), self.rank(1)
         pump_until(self.channel, lambda: len(self.channel.conns) == 2)
