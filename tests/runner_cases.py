@@ -212,6 +212,18 @@ class Behaviours:
             started(subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True))
             raise ValueError("fails after starting a process")
 
+    def test_use_a_multiprocessing_queue(self):
+        # A rank process's start method is spawn (as upstream's): the queue's
+        # lock starts multiprocessing's resource tracker, which serves the
+        # rank for the rest of its life, not this test only.
+        import multiprocessing
+
+        q = multiprocessing.Queue()
+        q.put(self.rank)
+        assert q.get(timeout=10) == self.rank
+        q.close()
+        q.join_thread()
+
     def test_crash_after_starting_a_process(self):
         self.init()
         if self.rank == 1:

@@ -248,6 +248,17 @@ class BehaviourTest(unittest.TestCase):
                 self.assertTrue(any(f"sleep {cases.LEFT_SLEEP}" in str(w.message) for w in seen),
                                 [str(w.message) for w in seen])
 
+    def test_multiprocessings_resource_tracker_is_not_left_running(self):
+        # It is the rank's, for the rank's life (a pool worker's next test
+        # would start another, warning): not killed and named after a test.
+        for runner in cases.PROCESS_RUNNERS:
+            with self.subTest(runner=runner.__name__), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                result, _ = run(runner, "test_use_a_multiprocessing_queue")
+                self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+                self.assertEqual([str(w.message) for w in seen if "left processes running" in str(w.message)],
+                                 [])
+
     def test_processes_of_a_crashed_rank_are_killed(self):
         for method in ("zygote", "fork"):
             with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):

@@ -254,6 +254,18 @@ def _descendants() -> frozenset[int]:
         return frozenset()
 
 
+def _helpers() -> frozenset[int]:
+    """This rank's children that serve the whole process, not one test:
+    multiprocessing's resource tracker (under the ``spawn`` start method a
+    rank has, the first ``multiprocessing.Queue`` or lock starts it; killed
+    after that test, it would be named as left running and restarted, with
+    a warning, by the next test of a pool worker). Killed when the rank ends."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return frozenset() if pid is None else frozenset({pid})
+
+
 def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     set_parent_death_signal(parent_pid)
     set_child_subreaper()
@@ -456,7 +468,7 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     ctx.test_outcome = None
     outcome = part.run(test)
     _leave_if_forked(ctx)
-    outcome.left_running = kill_descendants(keep=before)
+    outcome.left_running = kill_descendants(keep=before | _helpers())
     publish_progress(passed=outcome.kind in (Kind.PASSED, Kind.SKIPPED))
     outcome.output_tail = tail(files["log"])
     return outcome
