@@ -55,7 +55,8 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--disttest-timeout", dest="disttest_timeout", default=None, metavar="SECONDS",
                     help="default per-test limit of disttest's runners (sets DISTTEST_TIMEOUT)")
     group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=FORCED_MODES,
-                    help="run disttest.run_in tests in this mode only (sets DISTTEST_MODE)")
+                    help="run the classes disttest.run_in (or run_simulated) makes in this mode only "
+                         "(sets DISTTEST_MODE)")
     group.addoption("--disttest-output", dest="disttest_output", default=None,
                     choices=settings.OUTPUT_MODES,
                     help="stream: pass on every rank's output as it comes, prefixed [rank N] "

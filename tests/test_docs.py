@@ -277,6 +277,13 @@ class BuildTest(unittest.TestCase):
         self.assertGreater(len(options), 5)
         self.assertEqual(sorted(o for o in options if o not in page), [])
 
+    def test_the_plugin_page_names_every_mode(self):
+        from disttest.runners.modes import FORCED_MODES
+
+        page = (DOCS / "reference" / "pytest-plugin.rst").read_text()
+        row = next(line for line in page.splitlines() if line.startswith("``--disttest-mode="))
+        self.assertEqual([m for m in FORCED_MODES if f"``{m}``" not in row], [])
+
 
 # --- the troubleshooting page ------------------------------------------------
 
