@@ -98,6 +98,8 @@ class RankLookTest(unittest.TestCase):
         # Not into a forked copy of pytest's capture (so: under pytest).
         handlers = self.parent["logging.root_handlers"]
         ours = [h for h in handlers if not h.startswith("_pytest.")]
+        if ours == handlers:  # else it could not fail
+            self.skipTest("the test process has no pytest logging handlers (run under pytest)")
         for sub, _, look in self.each(cases.PROCESS_RUNNERS):
             with sub:
                 self.assertEqual(look["logging.root_handlers"], ours)
