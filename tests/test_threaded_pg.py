@@ -578,6 +578,24 @@ class WorldTest(unittest.TestCase):
         self.assertIs(disttest._compat.c10d_world(), before)
         self.assertFalse(dist.is_initialized())
 
+    def test_a_group_made_in_the_installing_thread_is_undone_there(self):
+        # The group turns autograd's device threads off in the thread that
+        # makes it; the uninstall puts this thread's flag back.
+        self.assertTrue(torch.autograd.is_multithreading_enabled())
+        self.addCleanup(torch.autograd.set_multithreading_enabled, True)
+        world = disttest._install_threaded_pg()
+        try:
+            from disttest.pg.threaded import _bind_thread
+
+            _bind_thread(world)
+            dist.init_process_group("threaded", rank=0, world_size=1, store=world.store)
+            self.assertFalse(torch.autograd.is_multithreading_enabled())
+            dist.destroy_process_group()
+        finally:
+            _bind_thread(None)
+            disttest._uninstall_threaded_pg()
+        self.assertTrue(torch.autograd.is_multithreading_enabled())
+
     def test_a_thread_stuck_in_c_does_not_keep_the_process_alive(self):
         code = textwrap.dedent("""
             import time, unittest, torch.distributed as dist

@@ -579,7 +579,9 @@ class ProcessLocalGroup(PythonGroup):
 # --- registration and installation ---------------------------------------------
 
 _thread_world = threading.local()
-_installed: list[tuple[ThreadedWorld, Any]] = []  # (world, c10d registry it replaced)
+#: (world, c10d registry it replaced, the installing thread's autograd
+#: multithreading flag before: a threaded group turns it off in its thread)
+_installed: list[tuple[ThreadedWorld, Any, bool]] = []
 
 
 def binop_reduce(tensors: Sequence[torch.Tensor], op: Callable[..., Any]) -> torch.Tensor:
@@ -655,19 +657,25 @@ def install_threaded_pg() -> ThreadedWorld:
     with _install_lock:
         _register_backend()
         world = ThreadedWorld()
-        _installed.append((world, _compat.c10d_world()))
+        _installed.append((world, _compat.c10d_world(), torch.autograd.is_multithreading_enabled()))
         _compat.set_c10d_world(_compat.new_c10d_world(per_thread=True))
         _compat.set_thread_isolation(True)
         return world
 
 
 def uninstall_threaded_pg() -> None:
-    """Restore c10d's registry (and, after the outermost install, the backend
-    list) as it was before the matching install."""
+    """Restore c10d's registry, this thread's autograd multithreading flag
+    (and, after the outermost install, the backend list) as they were before
+    the matching install."""
     with _install_lock:
         if not _installed:
             return
-        world, previous = _installed.pop()
+        world, previous, multithreading = _installed.pop()
+        # A group made in the installing thread turned autograd's device
+        # threads off there: back as they were (upstream's uninstall does
+        # this too). Rank threads are the runner's (every threaded test turns
+        # them off in its own again).
+        torch.autograd.set_multithreading_enabled(multithreading)
         world.abort("the threaded world was uninstalled")
         _compat.set_c10d_world(previous)
         if not _installed:
