@@ -93,5 +93,54 @@ class JoinTest(unittest.TestCase):
         self.assertGreater(explain.call_count, 5)
 
 
+class FailingLauncher(SlowBoardLauncher):
+    """Rank 0 fails at once; rank 1 never ends by itself, and its board says
+    it waits in a collective rank 0 never entered (``stuck``) or not."""
+
+    def __init__(self, stuck: bool) -> None:
+        super().__init__(until=3600, cost=0.0)
+        self.stuck = stuck
+        self.outcomes = {0: outcome_from_exception(0, AssertionError("rank 0 is wrong"))}
+        self.stopped = False
+
+    def poll(self) -> dict[int, ExitStatus]:
+        return dict.fromkeys(self.outcomes, ExitStatus(code=1))
+
+    def desync(self, ranks, finished, ended=False, entered_counts=True):
+        from disttest._runner.progress import InFlight
+
+        if self.stuck and 1 in ranks and 0 in finished:
+            return [(0, InFlight(1, "all_gather", 2, "world", range(2)))]
+        return []
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class FailFastTest(unittest.TestCase):
+    def test_peers_stuck_behind_a_failure_are_stopped_without_the_grace(self):
+        # Rank 1 waits where rank 0, which failed, never comes: waiting the
+        # grace out (here 30 s) could bring nothing new.
+        from unittest import mock
+
+        launcher = FailingLauncher(stuck=True)
+        start = time.monotonic()
+        with mock.patch.object(join_mod, "FAIL_GRACE", 30):
+            outcomes = join_mod.join(launcher, timeout=60)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertTrue(launcher.stopped)
+        self.assertEqual([o.kind.name for o in outcomes], ["FAILED", "STOPPED"])
+
+    def test_a_peer_that_may_still_act_gets_the_grace(self):
+        from unittest import mock
+
+        launcher = FailingLauncher(stuck=False)
+        start = time.monotonic()
+        with mock.patch.object(join_mod, "FAIL_GRACE", 0.4):
+            join_mod.join(launcher, timeout=60)
+        self.assertGreaterEqual(time.monotonic() - start, 0.4)
+        self.assertTrue(launcher.stopped)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -27,7 +27,9 @@ POLL_INTERVAL = 0.01
 #: took before the next one.
 DESYNC_SHARE = 9
 #: After the first failure, how long the other ranks get to report their own
-#: (ranks often fail together, a few ms apart) before they are stopped.
+#: (ranks often fail together, a few ms apart) before they are stopped; not
+#: once every live rank waits in a collective that an ended rank never
+#: entered (none of them can do anything more of its own).
 FAIL_GRACE = 0.5
 
 
@@ -42,6 +44,16 @@ def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
 def _live(world: int, outcomes: dict[int, Outcome]) -> list[int]:
     """The ranks that have not ended."""
     return [r for r in range(world) if r not in outcomes]
+
+
+def _all_stuck(launcher: Launcher, world: int, outcomes: dict[int, Outcome]) -> bool:
+    """Whether every live rank waits in a collective that a rank which has
+    ended (passed or not) never entered: none can finish or fail on its own."""
+    live = _live(world, outcomes)
+    if not live:
+        return False
+    stuck = {flight.rank for _, flight in launcher.desync(live, list(outcomes))}
+    return stuck.issuperset(live)
 
 
 def _passed(outcome: Outcome | None) -> bool:
@@ -123,7 +135,7 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             break
         if grace_end is None and cause:
             grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
-        if grace_end is not None and time.monotonic() >= grace_end:
+        if grace_end is not None and (time.monotonic() >= grace_end or _all_stuck(launcher, world, outcomes)):
             _stop(launcher, _live(world, outcomes), outcomes, {}, {})
             break
         found = []
