@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
 import sys
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
 
 import disttest
 from disttest import TEST_SKIPS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_case(case_cls: type[unittest.TestCase], name: str) -> unittest.TestResult:
@@ -139,6 +144,77 @@ class SeedingTest(unittest.TestCase):
         run_case(Case, "test_draw")
         run_case(Other, "test_draw")
         self.assertNotEqual(draws[0], draws[1])
+
+
+class ChainBreakerTest(unittest.TestCase):
+    """A base whose setUp and tearDown call no super()'s (upstream's
+    common_utils.TestCase) placed before disttest's: disttest's part of the
+    chain still runs, once."""
+
+    @staticmethod
+    def breaker(calls: list[str]) -> type:
+        def set_up(self):
+            calls.append("breaker setUp")
+
+        def tear_down(self):
+            calls.append("breaker tearDown")
+
+        cls = type("TestCase", (unittest.TestCase,), {"setUp": set_up, "tearDown": tear_down})
+        cls.__module__ = "torch.testing._internal.common_utils"
+        return cls
+
+    def test_disttest_setup_and_teardown_run_after_the_breaker(self):
+        calls: list[str] = []
+
+        class Mine(disttest.TestCase):
+            def setUp(self):
+                super().setUp()
+                calls.append("disttest setUp")
+
+            def tearDown(self):
+                calls.append("disttest tearDown")
+                super().tearDown()
+
+            def test_it(self):
+                calls.append("test")
+
+        class Device(self.breaker(calls), Mine):  # the order instantiate_device_type_tests makes
+            pass
+
+        torch.set_grad_enabled(True)
+        result = unittest.TestResult()
+        Device("test_it").run(result)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        # From where the breaker stopped, as if it had called super()'s.
+        self.assertEqual(calls, ["breaker setUp", "disttest setUp", "test", "breaker tearDown",
+                                 "disttest tearDown"])
+
+    def test_no_double_run_when_the_chain_is_whole(self):
+        calls: list[str] = []
+
+        class Mine(disttest.TestCase):
+            def setUp(self):
+                calls.append("setUp")
+                super().setUp()
+
+            def test_it(self):
+                pass
+
+        class AfterBreaker(Mine, self.breaker(calls)):  # disttest's part first: nothing cut
+            pass
+
+        with mock.patch("disttest.runners.case.set_rng_seed") as seed:
+            AfterBreaker("test_it").run(unittest.TestResult())
+        self.assertEqual(calls, ["setUp", "breaker setUp", "breaker tearDown"])
+        self.assertEqual(seed.call_count, 1)
+
+    def test_upstream_device_type_classes_start_their_ranks(self):
+        # The real case: instantiate_device_type_tests on a DistributedTestBase
+        # (PyTorch's test_c10d_object_collectives: "no ranks were started").
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "device_type_cases"], cwd=HERE,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("test_sum_cpu (device_type_cases.CollectCPU.test_sum_cpu) ... ok", proc.stderr)
 
 
 class ExitCodeSkipTest(unittest.TestCase):

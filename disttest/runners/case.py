@@ -31,6 +31,24 @@ __all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed"]
 
 #: The seed ``TestCase.setUp`` uses unless a class sets ``seed``.
 DEFAULT_SEED = 1234
+#: Bases whose ``setUp`` and ``tearDown`` do not call ``super()``'s, by
+#: (module, qualified name): upstream's ``common_utils.TestCase``. Upstream's
+#: own runners derive from it, so it comes last in their classes' order; a
+#: class that puts it before disttest's (``instantiate_device_type_tests``
+#: makes ``(CPUTestBase, <the generic class's bases>)``) would cut disttest's
+#: ``setUp`` off (no ranks start) unless the chain resumes after it.
+CHAIN_BREAKERS = frozenset({("torch.testing._internal.common_utils", "TestCase")})
+
+
+def _chain_breaker(cls: type) -> type | None:
+    """The first of :data:`CHAIN_BREAKERS` in ``cls``'s method order that
+    comes before :class:`TestCase`, or None."""
+    for klass in cls.__mro__:
+        if klass is TestCase:
+            return None
+        if (klass.__module__, klass.__qualname__) in CHAIN_BREAKERS:
+            return klass
+    return None
 
 
 def set_rng_seed(seed: int = DEFAULT_SEED) -> None:
@@ -212,8 +230,31 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
     seed: int = DEFAULT_SEED
 
     def setUp(self) -> None:
+        self._chain_reached = True
         super().setUp()
         set_rng_seed(self.seed)
+
+    def tearDown(self) -> None:
+        self._chain_reached = True
+        super().tearDown()
+
+    def _callSetUp(self) -> None:
+        self._resume_chain("setUp", super()._callSetUp)  # type: ignore[misc]
+
+    def _callTearDown(self) -> None:
+        self._resume_chain("tearDown", super()._callTearDown)  # type: ignore[misc]
+
+    def _resume_chain(self, name: str, call: Any) -> None:
+        """``call()`` (unittest's call of ``setUp`` or ``tearDown``); if a
+        base of :data:`CHAIN_BREAKERS` ended the chain before disttest's part
+        of it, go on from where that base stopped, as if it had called
+        ``super()``'s."""
+        self._chain_reached = False
+        call()
+        if not self._chain_reached:
+            breaker = _chain_breaker(type(self))
+            if breaker is not None:
+                getattr(super(breaker, self), name)()
 
     def _callTestMethod(self, method: Any) -> None:
         # Upstream suites skip with sys.exit(TEST_SKIPS[key].exit_code); make

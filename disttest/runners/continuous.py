@@ -301,7 +301,7 @@ class MultiProcContinousTest(TestCase):
         if not self._dispatching():  # run_rank: an ordinary test in this rank
             set_rng_seed(self.seed)
             self._phase = "setUp"
-            super()._callSetUp()  # type: ignore[misc]
+            super()._callSetUp()
             return
         # The parent runs neither setUp nor tearDown: the ranks do.
         self.rank = self.MAIN_PROCESS_RANK
@@ -315,7 +315,7 @@ class MultiProcContinousTest(TestCase):
     def _callTearDown(self) -> None:
         if not self._dispatching():
             self._phase = "tearDown"
-            super()._callTearDown()  # type: ignore[misc]
+            super()._callTearDown()
 
     def _callCleanup(self, function: Any, /, *args: Any, **kwargs: Any) -> None:
         self._phase = "cleanup"
