@@ -122,16 +122,22 @@ if __name__ != "__main__":  # in the fork server: its forks and reaps
 del owner, name, label
 
 
-class Fresh(MultiProcessTestCase):
+class _Fresh:
+    """The test, on whichever harness's MultiProcessTestCase it is mixed into."""
+
     def setUp(self) -> None:
-        super().setUp()
-        self._spawn_processes()
+        super().setUp()  # type: ignore[misc]
+        self._spawn_processes()  # type: ignore[attr-defined]
 
     @property
     def world_size(self) -> int:
         return WORLD
 
     test_body = body
+
+
+class Fresh(_Fresh, MultiProcessTestCase):
+    pass
 
 
 def _run_case(cls: type[unittest.TestCase]) -> float:
@@ -232,16 +238,8 @@ def _table(d: dict[str, tuple[float, float]], f: dict[str, tuple[float, float]])
     print(f"(a rank's prepare: {min(prep):.1f} to {max(prep):.1f} ms)")
 
 
-class UpstreamFresh(Upstream):
-    def setUp(self) -> None:
-        super().setUp()
-        self._spawn_processes()
-
-    @property
-    def world_size(self) -> int:
-        return WORLD
-
-    test_body = body
+class UpstreamFresh(_Fresh, Upstream):
+    pass
 
 
 def main() -> None:
