@@ -24,6 +24,24 @@ class FeaturesTest(unittest.TestCase):
                 elif feature != "Backend.FAKE":  # registering "fake" (upstream's fake_pg) adds it
                     self.assertFalse(_compat.has_feature(feature), f"{dotted} found before torch {version}")
 
+    def test_the_probe_imports_only_what_has_no_attribute_of_the_name(self):
+        import importlib
+
+        from disttest._compat import versions
+
+        with mock.patch.object(importlib, "import_module", wraps=importlib.import_module) as imported:
+            self.assertTrue(versions._probe("torch.distributed.Backend.FAKE"))
+        # torch, then attributes: no failed import of "torch.distributed.Backend.FAKE" and the like
+        self.assertEqual([c.args[0] for c in imported.call_args_list], ["torch"])
+        module = "disttest._probe_target_not_imported_yet"
+        target = types.ModuleType(module)
+        target.answer = 42
+        with mock.patch.dict("sys.modules", {module: target}):
+            self.assertTrue(versions._probe(f"{module}.answer"))  # a submodule the attribute walk lacks
+            self.assertFalse(versions._probe(f"{module}.question"))
+        self.assertFalse(versions._probe("torch.distributed.Backend.FAKE.nothing_here"))
+        self.assertFalse(versions._probe("no_such_top_level_module_for_disttest"))
+
     def test_missing_feature_names_the_version_it_needs(self):
         with mock.patch.dict(_compat.TORCH_FEATURES, {"dist.all_gather_single": ("99.0", "torch.distributed.nope")}):
             reason = _compat.missing_feature("dist.all_gather_single")

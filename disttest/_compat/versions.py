@@ -7,6 +7,7 @@ a test skips ("needs torch >= 2.10").
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 __unittest = True
@@ -57,20 +58,28 @@ def torch_at_least(version: str) -> bool:
 
 
 def _probe(dotted: str) -> bool:
+    """Whether ``dotted`` (a module, or an attribute reached from one) exists.
+    Walks down from the top, importing a submodule only where no attribute
+    has the name: trying the longest name as a module first cost a failed
+    import for each attribute part (a rank probes at every start)."""
     import importlib
 
     parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            if not hasattr(obj, name):
-                return False
+    try:
+        obj: Any = importlib.import_module(parts[0])
+    except ImportError:
+        return False
+    for i, name in enumerate(parts[1:], start=2):
+        if hasattr(obj, name):
             obj = getattr(obj, name)
-        return True
-    return False
+            continue
+        if not isinstance(obj, types.ModuleType):
+            return False
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            return False
+    return True
 
 
 def has_feature(feature: str) -> bool:
