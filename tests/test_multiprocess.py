@@ -5,6 +5,7 @@ runner shares are in test_runners.py."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 import unittest
@@ -140,6 +141,29 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
         torch.ones(512, 512) @ torch.ones(512, 512)  # the parent is now "poisoned"
         with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "fork"}):
             self.assertPassed(run(cases.StartMethods, "test_pass")[0])
+
+    def test_a_fork_server_that_does_not_answer_is_killed_and_the_test_runs(self):
+        # Its ranks, if it forked them at last, would start the test unasked
+        # beside the ranks forked instead: the server goes, and they with it.
+        import warnings
+
+        import slow_import_cases
+
+        from disttest._runner import zygote
+
+        server = zygote._client().proc  # started, within its own limit
+        argv = [*sys.argv, slow_import_cases.SLOW_ARG, "30"]
+        with mock.patch.object(zygote, "START_TIMEOUT", 2), mock.patch.object(sys, "argv", argv), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result, elapsed = run(slow_import_cases.SlowToImport, "test_rank")
+        self.assertPassed(result)  # forked from the test process instead
+        self.assertLess(elapsed, 25)
+        self.assertIsNotNone(server.poll(), "the server that did not answer is still running")
+        client = zygote._clients.get(os.getpid())
+        self.assertTrue(client is None or client.proc is not server, "the next test would use it")
+        self.assertTrue(any("did not answer within 2s" in str(w.message) for w in caught),
+                        [str(w.message) for w in caught])
 
     def test_class_defined_in_a_function_falls_back_to_fork(self):
         class Local(cases.Base):

@@ -298,6 +298,16 @@ def _retire(client: _Client) -> None:
     _close_if_idle(client)
 
 
+def _abandon(client: _Client) -> None:
+    """Kill ``client``'s server now (it stopped answering); the next test
+    starts a fresh one."""
+    if _clients.get(os.getpid()) is client:
+        del _clients[os.getpid()]
+    with contextlib.suppress(OSError):
+        client.proc.kill()
+    client.close()
+
+
 def _close_if_idle(client: _Client) -> None:
     if client.retired and not client.runs and client in _retired:
         _retired.remove(client)
@@ -337,7 +347,12 @@ class ZygoteLauncher(ProcessLauncher):
                 client.runs.pop(self._run_id, None)
                 return
             if time.monotonic() > deadline:
-                raise ZygoteUnavailable("the fork server did not answer")
+                # A server that does not answer is broken; the ranks it may still
+                # fork would start the test unasked, beside those that replace
+                # them: it goes now, and they with it (their parent-death signal).
+                client.runs.pop(self._run_id, None)
+                _abandon(client)
+                raise ZygoteUnavailable(f"the fork server did not answer within {START_TIMEOUT}s")
         if self._unsafe is not None:
             client.runs.pop(self._run_id, None)
             cuda_fork.initialises_cuda_at_import(self.spec.module, learned=True)
