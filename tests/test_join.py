@@ -141,6 +141,58 @@ class FailFastTest(unittest.TestCase):
         self.assertGreaterEqual(time.monotonic() - start, 0.4)
         self.assertTrue(launcher.stopped)
 
+    def test_a_peer_stuck_behind_a_pass_is_a_desync_not_stopped(self):
+        # Rank 1 fails; rank 0 passed without entering the subgroup
+        # collective ({0, 2}) rank 2 waits in: two causes, and the end of the
+        # grace must not report rank 2 as merely stopped.
+        from unittest import mock
+
+        from disttest._runner.progress import InFlight
+
+        class Launcher(FailingLauncher):
+            world_size = 3
+
+            def __init__(self) -> None:
+                super().__init__(stuck=False)
+                self.outcomes = {0: outcome_from_exception(0, None),
+                                 1: outcome_from_exception(1, AssertionError("rank 1 is wrong"))}
+
+            def poll(self) -> dict[int, ExitStatus]:
+                return {r: ExitStatus(code=int(r == 1)) for r in self.outcomes}
+
+            def desync(self, ranks, finished, ended=False, entered_counts=True):
+                if 2 in ranks and 0 in finished:
+                    return [(0, InFlight(2, "all_reduce", 1, "sub", (0, 2)))]
+                return []
+
+        with mock.patch.object(join_mod, "FAIL_GRACE", 30):
+            outcomes = join_mod.join(Launcher(), timeout=60)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "FAILED", "DESYNC"])
+        self.assertIn("rank 0/3 finished", outcomes[2].detail)
+
+    def test_the_grace_asks_a_costly_board_a_bounded_share_of_the_time(self):
+        # With a thousand thread ranks a desync check is costly, and during
+        # the grace the ranks that may still report their own failure share
+        # the GIL with it: it is asked no more often than outside the grace.
+        from unittest import mock
+
+        launcher = FailingLauncher(stuck=False)
+        launcher.cost = 0.03
+        calls = []
+        desync = launcher.desync
+
+        def costly(*args, **kwargs):
+            calls.append(args)
+            time.sleep(launcher.cost)
+            return desync(*args, **kwargs)
+
+        launcher.desync = costly
+        with mock.patch.object(join_mod, "FAIL_GRACE", 0.6):
+            join_mod.join(launcher, timeout=60)
+        # At every 10 ms poll: 0.6 s / (30 ms + 10 ms) = 15 or more; bounded:
+        # one per 30 ms check and 9 x 30 ms wait (and the final judgement's).
+        self.assertLessEqual(len(calls), 6)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -135,10 +135,11 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             break
         if grace_end is None and cause:
             grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
-        if grace_end is not None and (time.monotonic() >= grace_end or _all_stuck(launcher, world, outcomes)):
+        if grace_end is not None and time.monotonic() >= grace_end:
             _stop(launcher, _live(world, outcomes), outcomes, {}, {})
             break
         found = []
+        stuck = False
         if time.monotonic() >= next_check:
             # A rank that reported a pass but has not yet exited (it lingers) has
             # finished too: a peer waiting in a collective it never entered is a
@@ -149,6 +150,9 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             waiting = [r for r in live if r not in reported]
             finished = [r for r, o in judged.items() if _passed(o)]
             found = launcher.desync(waiting, [*finished, *reported]) if waiting else []
+            # NB: after the desync check, which names a peer that passed (a
+            # cause of its own), and as seldom: each asks every live rank.
+            stuck = not found and grace_end is not None and _all_stuck(launcher, world, outcomes)
             # The check asks every live rank and reads every waiting rank's
             # record: with a thousand thread ranks (which share the GIL with
             # it) it may take at most a tenth of the time.
@@ -157,6 +161,9 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             kinds = {f[1].rank: Kind.DESYNC for f in found}
             _stop(launcher, _live(world, outcomes), outcomes, kinds,
                   {f[1].rank: _desync_detail(f, world) for f in found})
+            break
+        if stuck:
+            _stop(launcher, _live(world, outcomes), outcomes, {}, {})
             break
         if grace_end is None and time.monotonic() > deadline:
             live = _live(world, outcomes)
