@@ -42,6 +42,26 @@ class FeaturesTest(unittest.TestCase):
         self.assertFalse(versions._probe("torch.distributed.Backend.FAKE.nothing_here"))
         self.assertFalse(versions._probe("no_such_top_level_module_for_disttest"))
 
+    def test_the_probe_finds_a_submodule_its_package_shadows(self):
+        # A package that exports a function under its submodule's name (torch
+        # 2.4's _composable.fsdp: ``from .fully_shard import fully_shard``):
+        # the dotted name still reaches the submodule, as an import would.
+        from disttest._compat import versions
+
+        package = types.ModuleType("disttest_probe_package")
+        package.__path__ = []
+        sub = types.ModuleType("disttest_probe_package.fully_shard")
+        sub.FSDPModule = object
+
+        def fully_shard():
+            pass
+
+        package.fully_shard = fully_shard
+        with mock.patch.dict("sys.modules", {package.__name__: package, sub.__name__: sub}):
+            self.assertTrue(versions._probe("disttest_probe_package.fully_shard.FSDPModule"))
+            self.assertTrue(versions._probe("disttest_probe_package.fully_shard"))
+            self.assertFalse(versions._probe("disttest_probe_package.fully_shard.nothing_here"))
+
     def test_missing_feature_names_the_version_it_needs(self):
         with mock.patch.dict(_compat.TORCH_FEATURES, {"dist.all_gather_single": ("99.0", "torch.distributed.nope")}):
             reason = _compat.missing_feature("dist.all_gather_single")

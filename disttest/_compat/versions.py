@@ -7,6 +7,7 @@ a test skips ("needs torch >= 2.10").
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
@@ -70,6 +71,13 @@ def _probe(dotted: str) -> bool:
     except ImportError:
         return False
     for i, name in enumerate(parts[1:], start=2):
+        # NB: a submodule comes first, as an import of the dotted name would
+        # give it: a package may shadow it with an attribute of the same name
+        # (``from .fully_shard import fully_shard``).
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is not None:
+            obj = module
+            continue
         if hasattr(obj, name):
             obj = getattr(obj, name)
             continue
