@@ -165,6 +165,20 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
         self.assertTrue(any("did not answer within 2s" in str(w.message) for w in caught),
                         [str(w.message) for w in caught])
 
+    def test_the_runs_of_an_abandoned_server_pump_nothing(self):
+        # Another run still registered on a server that was killed reads
+        # its closed pipe as "no message", not as an error.
+        from multiprocessing import Pipe
+
+        from disttest._runner import zygote
+
+        client = object.__new__(zygote._Client)
+        client.inbox, writer = Pipe(duplex=False)
+        client.runs = {}
+        writer.close()
+        client.inbox.close()
+        client.pump(0.1)  # no OSError
+
     def test_class_defined_in_a_function_falls_back_to_fork(self):
         class Local(cases.Base):
             def test_rank(self):

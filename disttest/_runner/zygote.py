@@ -250,7 +250,10 @@ class _Client:
         return ExitStatus.from_exitcode(code).describe()
 
     def pump(self, timeout: float = 0.0) -> None:
-        """Deliver every message that has arrived."""
+        """Deliver every message that has arrived (none once it is closed:
+        a run of a server that was abandoned learns of it from ``alive``)."""
+        if self.inbox.closed:
+            return
         while self.inbox.poll(timeout):
             timeout = 0.0
             try:
