@@ -3,6 +3,7 @@ start processes, kill the fork server, crash, start their ranks twice."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +23,22 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@contextlib.contextmanager
+def _deliverable(sig: int | None):
+    """``sig`` at its default in children started inside, if this process
+    ignores it: a shell's background job ignores SIGINT and ``nohup``
+    SIGHUP, and a child inherits that (Python then installs no handler), so
+    the signal the test sends would do nothing."""
+    ignored = sig is not None and signal.getsignal(sig) == signal.SIG_IGN
+    if ignored:
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 class InterruptTest(unittest.TestCase):
@@ -44,7 +61,8 @@ class InterruptTest(unittest.TestCase):
         else:
             cmd = [sys.executable, "-m", "unittest", f"hostile_cases.{cls}.{test}"]
         with open(os.path.join(root, "out"), "w+") as out:
-            proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+            with _deliverable(sig):
+                proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
                 deadline = time.monotonic() + 60
                 while len(os.listdir(pids_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
