@@ -344,13 +344,10 @@ HELPER_PIDS: list[Callable[[], set[int]]] = []
 def _helpers() -> set[int]:
     """Children of the test process that outlive tests by design: fork
     servers, the janitor's reaper, multiprocessing's resource tracker."""
-    from multiprocessing import resource_tracker
-
     pids: set[int] = janitor.reaper_pids()
     for source in HELPER_PIDS:
         pids |= source()
-    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
-    return pids | ({tracker} if tracker else set())
+    return pids | rank_mod.process_helpers()
 
 
 def _size(path: str) -> int:

@@ -36,7 +36,8 @@ from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 
 __unittest = True
 
-__all__ = ["RankSpec", "current", "paths", "record_test_outcome", "resolve_class", "run_dir", "run_rank_process"]
+__all__ = ["RankSpec", "current", "paths", "process_helpers", "record_test_outcome", "resolve_class", "run_dir",
+           "run_rank_process"]
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -254,12 +255,13 @@ def _descendants() -> frozenset[int]:
         return frozenset()
 
 
-def _helpers() -> frozenset[int]:
-    """This rank's children that serve the whole process, not one test:
+def process_helpers() -> frozenset[int]:
+    """This process's children that serve the whole process, not one test:
     multiprocessing's resource tracker (under the ``spawn`` start method a
     rank has, the first ``multiprocessing.Queue`` or lock starts it; killed
     after that test, it would be named as left running and restarted, with
-    a warning, by the next test of a pool worker). Killed when the rank ends."""
+    a warning, by the next test of a pool worker). A rank kills it when it
+    ends; the test process's launchers leave it alone."""
     from multiprocessing import resource_tracker
 
     pid = getattr(resource_tracker._resource_tracker, "_pid", None)
@@ -468,7 +470,7 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     ctx.test_outcome = None
     outcome = part.run(test)
     _leave_if_forked(ctx)
-    outcome.left_running = kill_descendants(keep=before | _helpers())
+    outcome.left_running = kill_descendants(keep=before | process_helpers())
     publish_progress(passed=outcome.kind in (Kind.PASSED, Kind.SKIPPED))
     outcome.output_tail = tail(files["log"])
     return outcome
