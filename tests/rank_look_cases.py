@@ -42,6 +42,16 @@ class ProcessLook(Looks, disttest.MultiProcessTestCase):
         self._spawn_processes()
 
 
+class FreshServerLook(ProcessLook):
+    """ProcessLook's ranks forked by a fresh interpreter, not a copy of the
+    test process (``DISTTEST_FORK_SERVER``)."""
+
+    fork_server = "fresh"
+
+
+ProcessLook.fork_server = "copy"
+
+
 class ThreadLook(Looks, disttest.MultiThreadedTestCase):
     @property
     def world_size(self) -> int:
@@ -60,5 +70,6 @@ class PoolLook(Looks, disttest.MultiProcContinousTest):
         return "gloo"
 
 
-RUNNERS = (ProcessLook, ThreadLook, PoolLook)
-PROCESS_RUNNERS = (ProcessLook, PoolLook)
+RUNNERS = (ProcessLook, FreshServerLook, ThreadLook, PoolLook)
+PROCESS_RUNNERS = (ProcessLook, FreshServerLook, PoolLook)
+FRESH_RUNNERS = (ProcessLook, FreshServerLook)

@@ -30,8 +30,7 @@ def live_ranks() -> list[object]:
     """Ranks still alive: rank threads, and processes started for ranks
     (children of this process and of its fork server, less the helpers)."""
     me = psutil.Process()
-    server = zygote._clients.get(os.getpid())
-    helpers = {server.proc.pid if server is not None else None, *janitor.reaper_pids()}
+    helpers = {*zygote.server_pids(), *janitor.reaper_pids()}
     # multiprocessing's resource tracker (started by the spawn start method)
     # lives as long as this process by design.
     helpers.add(getattr(resource_tracker._resource_tracker, "_pid", None))

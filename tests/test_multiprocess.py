@@ -151,16 +151,18 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
 
         from disttest._runner import zygote
 
+        # A fresh server imports the test's module (a copy of this process has it).
+        fresh = mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": "fresh"})
         server = zygote._client().proc  # started, within its own limit
         argv = [*sys.argv, slow_import_cases.SLOW_ARG, "30"]
         with mock.patch.object(zygote, "START_TIMEOUT", 2), mock.patch.object(sys, "argv", argv), \
-                warnings.catch_warnings(record=True) as caught:
+                fresh, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result, elapsed = run(slow_import_cases.SlowToImport, "test_rank")
         self.assertPassed(result)  # forked from the test process instead
         self.assertLess(elapsed, 25)
         self.assertIsNotNone(server.poll(), "the server that did not answer is still running")
-        client = zygote._clients.get(os.getpid())
+        client = zygote._clients.get((os.getpid(), False))
         self.assertTrue(client is None or client.proc is not server, "the next test would use it")
         self.assertTrue(any("did not answer within 2s" in str(w.message) for w in caught),
                         [str(w.message) for w in caught])

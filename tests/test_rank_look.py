@@ -49,8 +49,10 @@ class RankLookTest(unittest.TestCase):
                 cls.parent = rank_probe.look(None)
                 for runner in cases.RUNNERS:
                     result = unittest.TestResult()
+                    server = getattr(runner, "fork_server", None)
                     try:
-                        runner("test_look").run(result)
+                        with mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": server} if server else {}):
+                            runner("test_look").run(result)
                     finally:
                         if issubclass(runner, disttest.MultiProcContinousTest):
                             runner.tearDownClass()
@@ -112,12 +114,18 @@ class RankLookTest(unittest.TestCase):
         for sub, _, look in self.each():
             with sub:
                 self.assertEqual(look["sys.argv"], ARGV)
-        # Also the test module's top-level code, which the fork server runs
-        # when it imports the module for the ranks (a spawned rank imports it
-        # with the parent's argv).
-        for sub, _, look in self.each((cases.ProcessLook,)):
+        # Also the test module's top-level code, which a fresh fork server
+        # runs when it imports the module for the ranks (a spawned rank
+        # imports it with the parent's argv). A copy of the test process
+        # has the module the test process imported, as upstream's forked
+        # ranks do.
+        for sub, _, look in self.each((cases.FreshServerLook,)):
             with sub:
                 self.assertEqual(look["import_argv"], ARGV)
+        for sub, _, look in self.each((cases.ProcessLook,)):
+            with sub:
+                self.assertEqual(look["import_argv"], cases.IMPORT_ARGV)
+                self.assertNotEqual(cases.IMPORT_ARGV, ARGV)  # else the two could not differ
 
     def test_signal_handlers_are_a_fresh_interpreter(self):
         # Not the fork server's (its SIGTERM made a rank exit 0) nor the test
@@ -151,16 +159,19 @@ class RankLookTest(unittest.TestCase):
     def test_cpp_stack_traces_as_upstream(self):
         # Upstream sets it in a process rank, and in its thread test's setUp
         # for the rest of the process (here: for the test only).
-        for sub, _, look in self.each((cases.ProcessLook, cases.ThreadLook)):
+        for sub, _, look in self.each((*cases.FRESH_RUNNERS, cases.ThreadLook)):
             with sub:
                 self.assertEqual(look["env"].get("TORCH_SHOW_CPP_STACKTRACES"), "1")
         self.assertNotIn("TORCH_SHOW_CPP_STACKTRACES", self.env_after_threads)
 
     def test_environment_is_the_test_process(self):
         parent = self.parent["env"]
-        allowed = {cases.ProcessLook: DISTTEST_ENV | {"TORCH_SHOW_CPP_STACKTRACES"},
-                   cases.ThreadLook: {"TORCH_SHOW_CPP_STACKTRACES"},
-                   cases.PoolLook: DISTTEST_ENV | {"LOCAL_RANK"}}
+        # (and the variable that chose the fork server, which the test set)
+        allowed = {runner: DISTTEST_ENV | {"TORCH_SHOW_CPP_STACKTRACES", "DISTTEST_FORK_SERVER"}
+                   for runner in cases.FRESH_RUNNERS}
+        allowed.update({
+            cases.ThreadLook: {"TORCH_SHOW_CPP_STACKTRACES"},
+            cases.PoolLook: DISTTEST_ENV | {"LOCAL_RANK"}})
         for runner, keys in allowed.items():
             for sub, rank, look in self.each((runner,)):
                 with sub:
@@ -173,7 +184,7 @@ class RankLookTest(unittest.TestCase):
         for sub, rank, look in self.each():
             with sub:
                 self.assertEqual((look["case.rank"], look["case.world_size"]), (rank, 2))
-        for sub, rank, look in self.each((cases.ProcessLook,)):
+        for sub, rank, look in self.each(cases.FRESH_RUNNERS):
             with sub:
                 self.assertIs(look["case.file_name_exists"], True)
                 self.assertIs(look["case.destroy_pg_upon_exit"], True)

@@ -13,6 +13,11 @@ Resolved here, once, for the three test-case classes:
   stack, before the outer limit kills the process;
 - start method: an explicit argument, else ``DISTTEST_START_METHOD``, else
   the class's ``start_method``;
+- fork server: ``DISTTEST_FORK_SERVER``: ``copy`` (the default) forks the
+  fork server from the test process where that is safe (one thread, no
+  CUDA on the host, ranks with one OpenMP thread), so it costs a fork
+  instead of a second interpreter that imports torch; ``fresh`` always
+  starts a fresh interpreter (see :mod:`disttest._runner.zygote`);
 - output: ``DISTTEST_OUTPUT`` (or the plugin's ``--disttest-output``):
   ``stream`` writes every line a rank process prints to the test process's
   stdout as it comes, prefixed ``[rank N]`` (under pytest: captured per
@@ -51,6 +56,8 @@ from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world
 __unittest = True
 
 __all__ = [
+    "FORK_SERVERS",
+    "FORK_SERVER_ENV",
     "KEEP_LOGS_ENV",
     "SCHEDULING_ENV",
     "SCHEDULINGS",
@@ -63,6 +70,7 @@ __all__ = [
     "keep_logs",
     "outer_limit",
     "output_mode",
+    "fork_server",
     "pin_world_size",
     "rank_scheduling",
     "start_method",
@@ -76,6 +84,8 @@ OUTPUT_MODES = ("tail", "stream")
 KEEP_LOGS_ENV = "DISTTEST_KEEP_LOGS"
 START_METHODS = ("zygote", "fork", "spawn")
 START_METHOD_ENV = "DISTTEST_START_METHOD"
+FORK_SERVER_ENV = "DISTTEST_FORK_SERVER"
+FORK_SERVERS = ("copy", "fresh")
 SCHEDULING_ENV = "DISTTEST_RANK_SCHEDULING"
 SCHEDULINGS = ("batch", "normal")
 THREAD_SCHEDULING_ENV = "DISTTEST_THREAD_SCHEDULING"
@@ -178,6 +188,11 @@ def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
     if method not in START_METHODS:
         raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
     return method, where
+
+
+def fork_server() -> str:
+    """``copy`` or ``fresh`` (see the module docstring), validated."""
+    return _choice("fork server", FORK_SERVER_ENV, None, "fork_server", FORK_SERVERS)
 
 
 def output_mode() -> str:

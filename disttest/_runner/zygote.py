@@ -1,11 +1,28 @@
 """The fork server: fresh rank processes at fork speed.
 
-One server per test process, started on first use with a fresh interpreter.
-It imports torch and disttest, then, per request, the test's module (once),
-and forks the ranks; it never runs tensor code, so its children may use
-OpenMP. It reaps its children and reports each exit to the test process.
-It dies with the test process (parent-death signal), and its ranks die with
+One server per test process. It imports torch and disttest, then, per
+request, the test's module (once), and forks the ranks; it never runs tensor
+code. It reaps its children and reports each exit to the test process. It
+dies with the test process (parent-death signal), and its ranks die with
 it, so no rank outlives a killed test run.
+
+Where it comes from (``DISTTEST_FORK_SERVER``):
+
+- ``copy`` (the default): a fork of the test process, made when a class of
+  fresh-process tests sets up (before the class's own ``setUpClass`` code
+  when that calls ``super()`` first), or at the first test that needs it.
+  It costs a fork instead of a second interpreter that imports torch and
+  the test's module again (about 2 s on a 2-core machine, the largest part
+  of a one-test file's cost). Ranks forked from it see the test process as
+  it was then: the modules it had imported, with what their import did.
+  Made only where a fork of the test process is safe: one thread (a fork
+  copies other threads' locks as they are), no CUDA device on the host (a
+  fork of a process that asked CUDA anything cannot use CUDA), and for
+  ranks of one OpenMP thread (``rank_threads = 1``, the default): the test
+  process may have run a parallel op, after which a fork's next parallel
+  op hangs unless it went serial first;
+- ``fresh``, and wherever a copy is not safe: a fresh interpreter
+  (``subprocess``), started on first use; its children may use OpenMP.
 
 It speaks the typed messages of :mod:`.messages` over two pipes: ``Start``
 -> ``Started`` (or ``StartFailed``), then ``Exited`` per rank. The ranks it
@@ -25,20 +42,23 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import importlib.util
 import itertools
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
 
 from disttest import _compat
-from disttest._runner import cuda_fork
+from disttest._runner import cuda_fork, rank_look, settings, thread_pool
 from disttest._runner import launcher as launcher_mod
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
@@ -55,7 +75,7 @@ from disttest._runner.outcome import ExitStatus
 
 __unittest = True
 
-__all__ = ["ForkServerUnsafe", "ZygoteLauncher", "ZygoteUnavailable", "main"]
+__all__ = ["ForkServerUnsafe", "ZygoteLauncher", "ZygoteUnavailable", "main", "prefork", "server_pids"]
 
 START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
 SERVER_DIED = ("died with the fork server, which {how} (the next test starts a fresh one)")
@@ -211,22 +231,131 @@ def _reap(children: dict[int, tuple[int, int]], outbox: Connection) -> None:
 # --- client side ----------------------------------------------------------------
 
 
-class _Client:
-    """The test process's handle on its fork server."""
+class _Copy:
+    """A fork server forked from the test process, with the part of
+    ``subprocess.Popen``'s interface that the client uses."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                self.returncode = 0
+                return self.returncode
+            if pid:
+                self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("fork server", timeout)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tuple[int, ...]) -> None:
+    """In a fork of the test process: become its fork server, and never
+    return into the test process's code (nor run its exit handlers)."""
+    try:
+        for fd in inherited:
+            os.close(fd)
+        # As a fresh server's: no terminal input, a fresh interpreter's
+        # signal handlers (not the test process's cleanup handlers).
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        _drop_pipes(keep={read_fd, write_fd, devnull}, devnull=devnull)
+        os.close(devnull)
+        rank_look.restore_signals()
+        # What the test process left for its collector (a file object in a
+        # cycle) is never collected here nor in the ranks: its finaliser
+        # would act a second time. It also keeps those pages shared.
+        gc.freeze()
+        main(read_fd, write_fd, parent_pid)
+    except BaseException:  # noqa: BLE001 (the test process learns it from our exit)
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        os._exit(1)
+
+
+_copy_failed: list[str] = []  # a copy did not start: the fresh server serves from then on
+
+
+def _drop_pipes(keep: set[int], devnull: int) -> None:
+    """Point the pipes and sockets this copy inherited at ``/dev/null``: held
+    here, a pipe's write end would keep its reader from seeing the end (a
+    retired fork server, a pytest-xdist worker's channel); a fresh server has
+    none. The numbers stay taken, so an object of the test process that
+    closes its fd later closes nothing of ours; files stay as they are (a
+    log file a module opened is the ranks' too, as in any fork)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return  # not Linux
+    for fd in fds:
+        if fd <= 2 or fd in keep:
+            continue
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue  # the listing's own
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            os.dup2(devnull, fd, inheritable=False)
+
+
+def copy_safe(threads: int | None) -> bool:
+    """Whether the fork server may be a fork of this (test) process, for
+    ranks of ``threads`` OpenMP threads (see the module docstring)."""
+    if threads != 1 or _copy_failed or not hasattr(os, "fork") or settings.fork_server() != "copy":
+        return False
+    if threading.active_count() > 1:
+        thread_pool.release_idle(wait=1.0)  # idle rank threads of a threaded class are ours to end
+        if threading.active_count() > 1:
+            return False
+    return not cuda_fork.cuda_initialised() and not cuda_fork.cuda_devices_visible()
+
+
+class _Client:
+    """The test process's handle on its fork server (a copy of the test
+    process, or a fresh interpreter)."""
+
+    def __init__(self, copy: bool = False) -> None:
         parent_r, child_w = os.pipe()
         child_r, parent_w = os.pipe()
-        code = (
-            f"import sys; sys.path[:0] = {sys.path!r}; "
-            f"from disttest._runner.zygote import main; main({child_r}, {child_w}, {os.getpid()})"
-        )
-        # NB: the ranks get the test process's environment back (RankSpec.environ).
-        env = {cuda_fork.NVML_CHECK_ENV: "1", **os.environ}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], pass_fds=(child_r, child_w), close_fds=True,
-            stdin=subprocess.DEVNULL, env=env,
-        )
+        self.copy = copy
+        self.proc: subprocess.Popen[bytes] | _Copy
+        if copy:
+            for stream in (sys.stdout, sys.stderr):  # else the copy holds what they buffer
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            parent = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                _serve_as_copy(child_r, child_w, parent, inherited=(parent_r, parent_w))
+            self.proc = _Copy(pid)
+        else:
+            code = (
+                f"import sys; sys.path[:0] = {sys.path!r}; "
+                f"from disttest._runner.zygote import main; main({child_r}, {child_w}, {os.getpid()})"
+            )
+            # NB: the ranks get the test process's environment back (RankSpec.environ).
+            env = {cuda_fork.NVML_CHECK_ENV: "1", **os.environ}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code], pass_fds=(child_r, child_w), close_fds=True,
+                stdin=subprocess.DEVNULL, env=env,
+            )
         os.close(child_r)
         os.close(child_w)
         self.inbox = Connection(parent_r, writable=False)
@@ -234,10 +363,30 @@ class _Client:
         self.runs: dict[int, ZygoteLauncher] = {}
         self.ids = itertools.count(1)
         self.retired = False  # it forks no more; closed once its runs have ended
+        self.ready = False
+        if not copy:
+            self.await_ready()
+        # A copy preloads while the test process goes on (its class's set-up);
+        # the first test waits for it.
+
+    def await_ready(self) -> None:
+        """Wait (within ``START_TIMEOUT``) for the server's ``ServerReady``."""
+        if self.ready:
+            return
+        how = "a fork of the test process" if self.copy else "a fresh interpreter"
+        if self.copy:
+            _copy_failed.append(how)  # until it answers: a copy that fails is not made again
         if not self.inbox.poll(START_TIMEOUT):
-            self.close()
-            raise ZygoteUnavailable(f"the fork server did not start within {START_TIMEOUT}s")
-        self.inbox.recv()
+            _abandon(self)
+            raise ZygoteUnavailable(f"the fork server ({how}) did not start within {START_TIMEOUT}s")
+        try:
+            self.inbox.recv()
+        except (EOFError, OSError):
+            _abandon(self)
+            raise ZygoteUnavailable(f"the fork server ({how}) {self.died_of()} as it started") from None
+        self.ready = True
+        if self.copy:
+            _copy_failed.clear()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -276,25 +425,61 @@ class _Client:
             self.inbox.close()
 
 
-_clients: dict[int, _Client] = {}  # by pid: a forked child never reuses its parent's
+#: By (pid, copy): a forked child never reuses its parent's servers. At most
+#: a copy (for ranks of one OpenMP thread) and a fresh one (for the others).
+_clients: dict[tuple[int, bool], _Client] = {}
 _retired: list[_Client] = []  # servers that fork no more, until their live ranks end
+
+
+def server_pids() -> set[int]:
+    """The pids of this process's fork servers (helpers that outlive tests by design)."""
+    return {c.proc.pid for c in [*_clients.values(), *_retired]}
+
+
 # The launcher leaves the fork servers alone when it sweeps the test process's children.
-launcher_mod.HELPER_PIDS.append(lambda: {c.proc.pid for c in [*_clients.values(), *_retired]})
+launcher_mod.HELPER_PIDS.append(server_pids)
 
 
-def _client() -> _Client:
-    client = _clients.get(os.getpid())
-    if client is None or not client.alive():
-        if client is not None:  # it died (a rank may have killed it): drop its pipes
+def _client(threads: int | None = None) -> _Client:
+    """The server to fork ranks of ``threads`` OpenMP threads: the copy of
+    the test process if there is one or it may be made now, else the fresh
+    one (started if need be)."""
+    pid = os.getpid()
+    for copy in (True, False):
+        client = _clients.get((pid, copy))
+        if client is not None and not client.alive():
+            del _clients[(pid, copy)]  # it died (a rank may have killed it): drop its pipes
             client.close()
-        client = _clients[os.getpid()] = _Client()
-    return client
+            client = None
+        if copy and (threads != 1 or settings.fork_server() != "copy"):
+            continue
+        if client is not None:
+            return client
+        if copy and not copy_safe(threads):
+            continue
+        client = _clients[(pid, copy)] = _Client(copy)
+        return client
+    raise AssertionError("unreachable: a fresh server is always possible")
+
+
+def prefork(cls: type) -> None:
+    """Fork the copy fork server now, if ``cls``'s fresh-process tests will
+    use one (a class's set-up calls this before its own code runs): its
+    ranks then see the test process before the class's set-up, as a fresh
+    interpreter's would, and its preloading overlaps the class's set-up."""
+    try:
+        method, _ = settings.start_method(cls)
+        if method != "zygote" or "<locals>" in cls.__qualname__ or (os.getpid(), True) in _clients:
+            return
+        if copy_safe(getattr(cls, "rank_threads", None)):
+            _client(1)
+    except Exception:  # noqa: BLE001 (the first test starts a server as it would have)
+        return
 
 
 def _retire(client: _Client) -> None:
     """Start no more runs on ``client``'s server; close it once its runs end."""
-    if _clients.get(os.getpid()) is client:
-        del _clients[os.getpid()]
+    _forget(client)
     if not client.retired:
         client.retired = True
         _retired.append(client)
@@ -304,11 +489,16 @@ def _retire(client: _Client) -> None:
 def _abandon(client: _Client) -> None:
     """Kill ``client``'s server now (it stopped answering); the next test
     starts a fresh one."""
-    if _clients.get(os.getpid()) is client:
-        del _clients[os.getpid()]
+    _forget(client)
     with contextlib.suppress(OSError):
         client.proc.kill()
     client.close()
+
+
+def _forget(client: _Client) -> None:
+    key = (os.getpid(), client.copy)
+    if _clients.get(key) is client:
+        del _clients[key]
 
 
 def _close_if_idle(client: _Client) -> None:
@@ -319,9 +509,10 @@ def _close_if_idle(client: _Client) -> None:
 
 @atexit.register
 def _shutdown() -> None:
-    client = _clients.pop(os.getpid(), None)
-    if client is not None:
-        client.close()
+    for copy in (True, False):
+        client = _clients.pop((os.getpid(), copy), None)
+        if client is not None:
+            client.close()
     for client in list(_retired):
         _retired.remove(client)
         client.close()
@@ -331,9 +522,10 @@ class ZygoteLauncher(ProcessLauncher):
     """Ranks forked by the fork server."""
 
     def start(self, cls: type) -> None:
-        client = _client()
+        client = _client(self.spec.threads)
         self._client = client
         self._run_id = next(client.ids)
+        client.await_ready()
         self._error: str | None = None
         self._unsafe: str | None = None
         client.runs[self._run_id] = self

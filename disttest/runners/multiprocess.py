@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import cuda_fork, janitor, settings
+from disttest._runner import cuda_fork, janitor, settings, zygote
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
@@ -101,6 +101,13 @@ class MultiProcessTestCase(RankDispatch):
 
     def _join(self, fn: Callable[[], Any]) -> None:
         self._join_processes(fn)
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        # The fork server, as a copy of the test process before the class's
+        # own set-up (see disttest._runner.zygote), preloading meanwhile.
+        zygote.prefork(cls)
 
     def setUp(self) -> None:
         super().setUp()

@@ -1,0 +1,82 @@
+"""Fresh-process classes whose ranks check where their fork server came from.
+
+tests/test_fork_server.py runs this module with ``python -m unittest`` in a
+new process (so that no fork server exists yet), with ``EXPECT_SERVER`` set
+to ``copy`` or ``fresh``, and some classes in its own process. At module
+level so that a fresh fork server can import the classes by name.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+import disttest
+
+#: Which process ran this module's top-level code: the test process for a
+#: copy of it, the fork server for a fresh one.
+IMPORTED_IN = os.getpid()
+TEST_PID_ENV = "FORK_SERVER_TEST_PID"
+EXPECT_ENV = "EXPECT_SERVER"
+
+
+def server_of_this_rank() -> psutil.Process:
+    return psutil.Process(os.getppid())
+
+
+class Base(disttest.MultiProcessTestCase):
+    world_size = 2
+    timeout = 60
+
+    def setUp(self) -> None:
+        super().setUp()
+        os.environ[TEST_PID_ENV] = str(os.getpid())  # (the ranks get the environment)
+        self.addCleanup(os.environ.pop, TEST_PID_ENV, None)
+        self._spawn_processes()
+
+
+class CopyOrFresh(Base):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.set_after_super = True  # the class's own set-up
+
+    def test_where_the_server_came_from(self) -> None:
+        test_pid = int(os.environ[TEST_PID_ENV])
+        server = server_of_this_rank()
+        self.assertEqual(server.ppid(), test_pid)
+        test = psutil.Process(test_pid)
+        if os.environ[EXPECT_ENV] == "copy":
+            # A fork of the test process: its command line, the module the
+            # test process imported, the class before its own set-up.
+            self.assertEqual(server.cmdline(), test.cmdline())
+            self.assertEqual(IMPORTED_IN, test_pid)
+            self.assertFalse(hasattr(type(self), "set_after_super"), "the copy saw the class's set-up")
+        else:
+            self.assertEqual(server.cmdline()[1], "-c")
+            self.assertEqual(IMPORTED_IN, server.pid)
+
+    def test_a_second_test_uses_the_same_server(self) -> None:
+        self.assertEqual(server_of_this_rank().ppid(), int(os.environ[TEST_PID_ENV]))
+
+
+class ManyThreads(Base):
+    """Ranks that keep torch's default threads: never from a copy."""
+
+    rank_threads = None
+
+    def test_server_is_fresh(self) -> None:
+        self.assertEqual(server_of_this_rank().cmdline()[1], "-c")
+
+
+class OneThread(Base):
+
+    def test_server_is_a_copy(self) -> None:
+        self.assertEqual(server_of_this_rank().cmdline(), psutil.Process(int(os.environ[TEST_PID_ENV])).cmdline())
+
+
+if __name__ == "__main__":
+    import unittest
+
+    unittest.main()

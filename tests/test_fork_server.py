@@ -1,0 +1,165 @@
+"""Where MultiProcessTestCase's fork server comes from (DISTTEST_FORK_SERVER).
+
+By default it is a copy of the test process (a fork, where that is safe),
+else a fresh interpreter; see disttest/_runner/zygote.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+import warnings
+from unittest import mock
+
+import fork_server_cases as cases
+
+from disttest import ConfigError
+from disttest._runner import zygote
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(case: unittest.TestCase) -> unittest.TestResult:
+    result = unittest.TestResult()
+    case.run(result)
+    return result
+
+
+class NoServers:
+    """Run a block as if this process had no fork server yet; close those
+    it starts."""
+
+    def __enter__(self) -> None:
+        self._patch = mock.patch.dict(zygote._clients, clear=True)
+        self._patch.__enter__()
+        self._failed = list(zygote._copy_failed)
+        zygote._copy_failed.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        for client in list(zygote._clients.values()):
+            client.close()
+        self._patch.__exit__(*exc)
+        zygote._copy_failed[:] = self._failed
+
+
+class ForkServerTest(unittest.TestCase):
+    def assertPassed(self, result: unittest.TestResult) -> None:
+        self.assertEqual(result.errors + result.failures + result.skipped, [])
+        self.assertEqual(result.testsRun, 1)
+
+    def run_cases(self, server: str) -> None:
+        # A new process, so that it has no fork server yet.
+        env = {**os.environ, "DISTTEST_FORK_SERVER": server, cases.EXPECT_ENV: server}
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "fork_server_cases.CopyOrFresh"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 2 tests", proc.stderr)
+
+    def test_by_default_a_copy_of_the_test_process_before_the_classs_set_up(self):
+        # Its command line and modules are the test process's; what the
+        # class's setUpClass does after super() is not in it.
+        self.run_cases("copy")
+
+    def test_fresh_is_a_new_interpreter_that_imports_the_module(self):
+        self.run_cases("fresh")
+
+    def test_a_copy_only_where_a_fork_is_safe(self):
+        with mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": "copy"}):
+            if not zygote.copy_safe(1):
+                self.skipTest("this test process cannot be forked safely (a thread or CUDA)")
+            # Ranks of more OpenMP threads than one: the test process may
+            # have run a parallel op (their first one would hang).
+            self.assertFalse(zygote.copy_safe(None))
+            self.assertFalse(zygote.copy_safe(4))
+            stop = threading.Event()
+            other = threading.Thread(target=stop.wait, args=(30,))
+            other.start()
+            try:  # a fork copies another thread's locks as they are
+                self.assertFalse(zygote.copy_safe(1))
+            finally:
+                stop.set()
+                other.join()
+            with mock.patch("disttest._runner.cuda_fork.cuda_devices_visible", return_value=True):
+                self.assertFalse(zygote.copy_safe(1))
+        with mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": "fresh"}):
+            self.assertFalse(zygote.copy_safe(1))
+
+    def test_ranks_of_torchs_default_threads_get_a_fresh_server(self):
+        self.assertPassed(run(cases.ManyThreads("test_server_is_fresh")))
+
+    def test_ranks_of_one_thread_get_the_copy(self):
+        if not zygote.copy_safe(1):
+            self.skipTest("this test process cannot be forked safely (a thread or CUDA)")
+        self.assertPassed(run(cases.OneThread("test_server_is_a_copy")))
+
+    def test_a_bad_value_names_itself_and_the_variable(self):
+        with mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": "forked"}):
+            result = run(cases.OneThread("test_server_is_a_copy"))
+        self.assertEqual(len(result.errors), 1, result.errors)
+        text = result.errors[0][1]
+        self.assertIn(ConfigError.__name__, text)
+        self.assertIn("'forked'", text)
+        self.assertIn("environment variable DISTTEST_FORK_SERVER", text)
+
+    def test_a_copy_that_does_not_start_gives_way(self):
+        # The test runs (its ranks forked from the test process, with a
+        # warning), and no copy is made again.
+        if not zygote.copy_safe(1):
+            self.skipTest("this test process cannot be forked safely (a thread or CUDA)")
+        with NoServers(), mock.patch.object(zygote, "main", lambda *args: os._exit(3)), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertPassed(run(cases.OneThread("test_server_is_a_copy")))
+            self.assertFalse(zygote.copy_safe(1))
+        self.assertTrue(any("the fork server (a fork of the test process) exited with code 3 as it started"
+                            in str(w.message) for w in caught), [str(w.message) for w in caught])
+
+    def test_a_copy_holds_none_of_the_test_processs_pipes(self):
+        # Else a reader would not see the end when the test process closes
+        # its end (a retired fork server's input, pytest-xdist's channel).
+        if not zygote.copy_safe(1):
+            self.skipTest("this test process cannot be forked safely (a thread or CUDA)")
+        read, write = os.pipe()
+        try:
+            with NoServers():
+                zygote._client(1).await_ready()
+                os.close(write)
+                write = -1
+                ready, _, _ = select.select([read], [], [], 10)
+                self.assertEqual(ready, [read], "the copy holds the pipe's write end")
+                self.assertEqual(os.read(read, 1), b"")
+        finally:
+            os.close(read)
+            if write != -1:
+                os.close(write)
+
+    def test_a_copy_never_runs_the_test_processs_exit(self):
+        # It ends by os._exit: not through the test process's atexit
+        # handlers (disttest's cleanups, the user's), whatever ends it.
+        if not zygote.copy_safe(1):
+            self.skipTest("this test process cannot be forked safely (a thread or CUDA)")
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "exit-handler-ran")
+            handler = lambda: open(marker, "w").close()  # noqa: E731
+            atexit.register(handler)
+            try:
+                with NoServers():
+                    client = zygote._client(1)
+                    client.await_ready()
+                    pid = client.proc.pid
+                    client.close()  # its input closes: it ends
+                self.assertIsNotNone(client.proc.poll(), f"the copy {pid} still runs")
+                self.assertEqual(client.proc.returncode, 0)
+                self.assertFalse(os.path.exists(marker), "the copy ran the test process's exit handlers")
+            finally:
+                atexit.unregister(handler)
+
+
+if __name__ == "__main__":
+    unittest.main()
