@@ -56,7 +56,7 @@ RUNNERS = {
         super().setUp()
         self._spawn_processes()
 """, INIT_PG, 0.3),
-    "pool": ("MultiProcContinousTest", """
+    "pool": ("MultiProcContinuousTest", """
     world_size = 4
 
     @classmethod

@@ -9,8 +9,10 @@ level so that a fresh fork server can import the classes by name.
 from __future__ import annotations
 
 import os
+import sys
 
 import psutil
+import torch
 
 import disttest
 
@@ -19,6 +21,7 @@ import disttest
 IMPORTED_IN = os.getpid()
 TEST_PID_ENV = "FORK_SERVER_TEST_PID"
 EXPECT_ENV = "EXPECT_SERVER"
+SERVERS_FILE_ENV = "FORK_SERVERS_FILE"
 
 
 def server_of_this_rank() -> psutil.Process:
@@ -42,7 +45,13 @@ class CopyOrFresh(Base):
         super().setUpClass()
         cls.set_after_super = True  # the class's own set-up
 
+    def note_server(self) -> None:
+        """The server of this test's ranks, for the outer test to compare."""
+        with open(os.environ[SERVERS_FILE_ENV], "a") as f:
+            f.write(f"{self._testMethodName} rank {self.rank}: {os.getppid()}\n")
+
     def test_where_the_server_came_from(self) -> None:
+        self.note_server()
         test_pid = int(os.environ[TEST_PID_ENV])
         server = server_of_this_rank()
         self.assertEqual(server.ppid(), test_pid)
@@ -58,7 +67,12 @@ class CopyOrFresh(Base):
             self.assertEqual(IMPORTED_IN, server.pid)
 
     def test_a_second_test_uses_the_same_server(self) -> None:
+        self.note_server()
         self.assertEqual(server_of_this_rank().ppid(), int(os.environ[TEST_PID_ENV]))
+        # Neither server loads torch.distributed.tensor (0.9 s), nor does
+        # comparing tensors in a rank (assert_close would, for nothing).
+        self.assertEqual(torch.ones(2), torch.ones(2))
+        self.assertFalse("torch.distributed.tensor" in sys.modules, "the rank has torch.distributed.tensor")
 
 
 class ManyThreads(Base):
@@ -71,6 +85,9 @@ class ManyThreads(Base):
 
 
 class OneThread(Base):
+
+    def test_runs(self) -> None:
+        self.assertEqual(torch.ones(2) * self.world_size, torch.full((2,), 2.0))
 
     def test_server_is_a_copy(self) -> None:
         self.assertEqual(server_of_this_rank().cmdline(), psutil.Process(int(os.environ[TEST_PID_ENV])).cmdline())

@@ -82,6 +82,9 @@ def look(case: Any) -> dict[str, Any]:
         "warnings.filters": [f"{a} {c.__name__} {getattr(m, 'pattern', m) or ''} {getattr(mod, 'pattern', mod) or ''}"
                              for a, m, c, mod, _ in warnings.filters][:12],
         "warnings.n_filters": len(warnings.filters),
+        # A warning goes to a list nobody reads (pytest's recording, copied by a fork).
+        "warnings.recorded": (getattr(warnings._showwarnmsg_impl, "__module__", None) != "warnings"
+                              and warnings.showwarning is warnings._showwarning_orig),
         "signals": {name: _handler(signal.getsignal(getattr(signal, name))) for name in SIGNALS},
         "faulthandler.enabled": faulthandler.is_enabled(),
         "sys.excepthook": _handler(sys.excepthook),

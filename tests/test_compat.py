@@ -175,6 +175,40 @@ class CompatFunctionsTest(unittest.TestCase):
         self.assertNotIn(MOCK_BACKEND, dist.Backend.backend_list)
         self.assertIs(dist.broadcast_object_list, original)
 
+    def test_lazy_dtensor_comparison(self):
+        # assert_close leaves torch.distributed.tensor unloaded while nothing
+        # imported it, and compares DTensors as torch does once it is loaded.
+        script = textwrap.dedent("""
+            import sys, tempfile, torch, torch.distributed as dist
+            from torch.testing._comparison import _unwrap_dtensor_for_comparison as original
+            import torch.testing._comparison as comparison
+            from disttest import _compat
+            undo = _compat.lazy_dtensor_comparison()
+            assert _compat.lazy_dtensor_comparison()() is None  # installed once
+            torch.testing.assert_close(torch.ones(2), torch.ones(2))
+            print("loaded after a plain comparison:", "torch.distributed.tensor" in sys.modules)
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import Replicate, distribute_tensor
+            with tempfile.NamedTemporaryFile() as f:
+                dist.init_process_group("gloo", store=dist.FileStore(f.name, 1), rank=0, world_size=1)
+                d = distribute_tensor(torch.ones(2), init_device_mesh("cpu", (1,)), [Replicate()])
+                torch.testing.assert_close(d, distribute_tensor(torch.ones(2), d.device_mesh, [Replicate()]))
+                try:
+                    torch.testing.assert_close(d, torch.ones(2))
+                except TypeError as e:
+                    print("DTensor against a tensor:", str(e).split(".")[0])
+                dist.destroy_process_group()
+            undo()
+            print("undone:", comparison._unwrap_dtensor_for_comparison is original)
+        """)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.splitlines(), [
+            "loaded after a plain comparison: False",
+            "DTensor against a tensor: Comparing a DTensor to a non-DTensor is ambiguous",
+            "undone: True",
+        ])
+
     def test_group_and_op_helpers(self):
         kind, factor = _compat.reduce_op_parts(_compat.premul_sum(2.0))
         self.assertEqual(kind, dist.ReduceOp.RedOpType.PREMUL_SUM)

@@ -54,17 +54,31 @@ class ForkServerTest(unittest.TestCase):
         self.assertEqual(result.testsRun, 1)
 
     def run_cases(self, server: str) -> None:
-        # A new process, so that it has no fork server yet.
-        env = {**os.environ, "DISTTEST_FORK_SERVER": server, cases.EXPECT_ENV: server}
-        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "fork_server_cases.CopyOrFresh"],
-                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
-        self.assertIn("Ran 2 tests", proc.stderr)
+        # A new process, so that it has no fork server yet; both tests'
+        # ranks come from one server.
+        with tempfile.TemporaryDirectory() as tmp:
+            servers = os.path.join(tmp, "servers")
+            env = {**os.environ, cases.SERVERS_FILE_ENV: servers, cases.EXPECT_ENV: server}
+            if server != "default":
+                env["DISTTEST_FORK_SERVER"] = server
+            else:
+                env.pop("DISTTEST_FORK_SERVER", None)
+                env[cases.EXPECT_ENV] = "copy"
+            proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "fork_server_cases.CopyOrFresh"],
+                                  cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+            self.assertIn("Ran 2 tests", proc.stderr)
+            with open(servers) as f:
+                lines = sorted(f.read().splitlines())
+        self.assertEqual(len(lines), 4, lines)  # two tests, two ranks each
+        self.assertEqual(len({line.split(": ")[1] for line in lines}), 1, lines)
 
     def test_by_default_a_copy_of_the_test_process_before_the_classs_set_up(self):
         # Its command line and modules are the test process's; what the
         # class's setUpClass does after super() is not in it.
-        self.run_cases("copy")
+        if not zygote.copy_safe(1):
+            self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")
+        self.run_cases("default")
 
     def test_fresh_is_a_new_interpreter_that_imports_the_module(self):
         self.run_cases("fresh")
@@ -85,10 +99,33 @@ class ForkServerTest(unittest.TestCase):
             finally:
                 stop.set()
                 other.join()
-            with mock.patch("disttest._runner.cuda_fork.cuda_devices_visible", return_value=True):
+            with mock.patch("disttest._runner.cuda_fork.no_cuda_device", return_value=False):
                 self.assertFalse(zygote.copy_safe(1))
         with mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": "fresh"}):
             self.assertFalse(zygote.copy_safe(1))
+
+    def test_no_cuda_device_is_asked_without_the_driver(self):
+        # cuInit (torch.cuda.device_count's fallback where NVML cannot count)
+        # would poison fork in the test process: unsure means "maybe".
+        import torch
+
+        from disttest._runner import cuda_fork
+
+        def answer(built, driver, nvml):
+            with mock.patch.dict(cuda_fork._no_device, clear=True), \
+                    mock.patch.object(torch.backends.cuda, "is_built", return_value=built), \
+                    mock.patch.object(cuda_fork.os.path, "exists", return_value=driver), \
+                    mock.patch.object(cuda_fork.glob, "glob", return_value=["/dev/nvidia0"] if driver else []), \
+                    mock.patch("disttest._compat.nvml_device_count", return_value=nvml), \
+                    mock.patch.object(torch._C, "_cuda_getDeviceCount", create=True,
+                                      side_effect=AssertionError("asked the driver")):
+                return cuda_fork.no_cuda_device()
+
+        self.assertTrue(answer(built=False, driver=True, nvml=-1))
+        self.assertTrue(answer(built=True, driver=False, nvml=-1))
+        self.assertTrue(answer(built=True, driver=True, nvml=0))
+        self.assertFalse(answer(built=True, driver=True, nvml=2))
+        self.assertFalse(answer(built=True, driver=True, nvml=-1))
 
     def test_ranks_of_torchs_default_threads_get_a_fresh_server(self):
         self.assertPassed(run(cases.ManyThreads("test_server_is_fresh")))
@@ -115,10 +152,13 @@ class ForkServerTest(unittest.TestCase):
         with NoServers(), mock.patch.object(zygote, "main", lambda *args: os._exit(3)), \
                 warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.assertPassed(run(cases.OneThread("test_server_is_a_copy")))
+            self.assertPassed(run(cases.OneThread("test_runs")))
             self.assertFalse(zygote.copy_safe(1))
-        self.assertTrue(any("the fork server (a fork of the test process) exited with code 3 as it started"
-                            in str(w.message) for w in caught), [str(w.message) for w in caught])
+            self.assertIn((os.getpid(), False), zygote._clients)  # a fresh one ran it
+            self.assertNotIn((os.getpid(), True), zygote._clients)
+        self.assertTrue(any("a fresh fork server instead: the fork server (a fork of the test process) exited "
+                            "with code 3 as it started" in str(w.message) for w in caught),
+                        [str(w.message) for w in caught])
 
     def test_a_copy_holds_none_of_the_test_processs_pipes(self):
         # Else a reader would not see the end when the test process closes
@@ -138,6 +178,28 @@ class ForkServerTest(unittest.TestCase):
             os.close(read)
             if write != -1:
                 os.close(write)
+
+    def test_a_copy_that_fails_leaves_by_os_exit(self):
+        # Whatever its server loop raises, the copy never returns into the
+        # test process's code (which would go on running the tests).
+        if not zygote.copy_safe(1):
+            self.skipTest("this test process cannot be forked safely (a thread or CUDA)")
+        for error in (RuntimeError("broken"), SystemExit(0), KeyboardInterrupt()):
+            with self.subTest(error=type(error).__name__), tempfile.TemporaryDirectory() as tmp:
+                marker = os.path.join(tmp, "exit-handler-ran")
+                handler = lambda m=marker: open(m, "w").close()  # noqa: E731
+                atexit.register(handler)
+
+                def fail(*args: object, e: BaseException = error) -> None:
+                    raise e
+
+                try:
+                    with NoServers(), mock.patch.object(zygote, "main", fail):
+                        client = zygote._client(1)
+                        self.assertEqual(client.proc.wait(10), 1)
+                    self.assertFalse(os.path.exists(marker), "the copy ran the test process's exit handlers")
+                finally:
+                    atexit.unregister(handler)
 
     def test_a_copy_never_runs_the_test_processs_exit(self):
         # It ends by os._exit: not through the test process's atexit

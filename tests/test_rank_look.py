@@ -40,6 +40,9 @@ class RankLookTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
+        from disttest._runner import zygote
+
+        cls.copy_possible = zygote.copy_safe(1)  # else ProcessLook's server is fresh too
         cls.looks = {}
         with tempfile.TemporaryDirectory() as out, \
                 mock.patch.dict(os.environ, {cases.OUT_ENV: out}), mock.patch.object(sys, "argv", list(ARGV)):
@@ -109,6 +112,15 @@ class RankLookTest(unittest.TestCase):
             with sub:
                 self.assertEqual(look["logging.root_handlers"], handlers)
 
+    def test_a_rank_process_shows_its_warnings(self):
+        # Forked inside pytest's warning capture, a rank would append its
+        # warnings to a copy of pytest's list instead of printing them.
+        if not self.parent["warnings.recorded"]:  # else it could not fail
+            self.skipTest("the test process does not record warnings (run under pytest)")
+        for sub, _, look in self.each(cases.PROCESS_RUNNERS):
+            with sub:
+                self.assertIs(look["warnings.recorded"], False)
+
     def test_argv_is_the_test_process(self):
         # Upstream's ranks are spawned: multiprocessing gives them the parent's argv.
         for sub, _, look in self.each():
@@ -124,7 +136,7 @@ class RankLookTest(unittest.TestCase):
                 self.assertEqual(look["import_argv"], ARGV)
         for sub, _, look in self.each((cases.ProcessLook,)):
             with sub:
-                self.assertEqual(look["import_argv"], cases.IMPORT_ARGV)
+                self.assertEqual(look["import_argv"], cases.IMPORT_ARGV if self.copy_possible else ARGV)
                 self.assertNotEqual(cases.IMPORT_ARGV, ARGV)  # else the two could not differ
 
     def test_signal_handlers_are_a_fresh_interpreter(self):

@@ -15,6 +15,7 @@ __all__ = [
     "cuda_multicast_support",
     "cuda_sleep",
     "default_backend_for_device",
+    "nvml_device_count",
     "privateuse1_backend_name",
     "set_device_index",
 ]
@@ -112,3 +113,18 @@ def cuda_multicast_support(device_index: int = 0) -> bool:
     except ImportError:
         return False
     return bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device_index))
+
+
+def nvml_device_count() -> int:
+    """CUDA devices counted through NVML only (``torch.cuda._device_count_nvml``),
+    never through the driver, which would poison fork; -1 where NVML cannot
+    count (or this torch lacks the function)."""
+    import torch
+
+    count = getattr(torch.cuda, "_device_count_nvml", None)
+    if count is None:
+        return -1
+    try:
+        return int(count())
+    except Exception:  # noqa: BLE001 (NVML's own failures: unknown)
+        return -1

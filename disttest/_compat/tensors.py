@@ -3,6 +3,8 @@ ranges, ``assert_close``'s default tolerances."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 __unittest = True
@@ -11,6 +13,7 @@ __all__ = [
     "default_tolerances",
     "enable_record_function",
     "is_functional_tensor",
+    "lazy_dtensor_comparison",
     "mark_uncoalesced",
     "pytree",
     "sparse_coo_raw",
@@ -57,3 +60,38 @@ def default_tolerances(*inputs: Any) -> tuple[float, float]:
 
     rtol, atol = tolerances(*(x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in inputs))
     return float(rtol), float(atol)
+
+
+def lazy_dtensor_comparison() -> Callable[[], None]:
+    """Let ``assert_close`` leave ``torch.distributed.tensor`` unimported while
+    nothing else has imported it; return the undo.
+
+    torch's ``assert_close`` (and so ``assertEqual``) imports the package (about
+    0.9 s on a 2-core machine) only to ask whether an input is a ``DTensor``
+    (``torch.testing._comparison._unwrap_dtensor_for_comparison``), which no
+    input can be before the package is loaded. The wrapper answers "no" then,
+    and asks torch's function otherwise: the same results. Installed in
+    disttest's own processes (a fork server, a rank process), never at import
+    and never in the test process.
+    """
+    try:
+        from torch.testing import _comparison as comparison
+    except ImportError:
+        return lambda: None
+    original = getattr(comparison, "_unwrap_dtensor_for_comparison", None)
+    if original is None or getattr(original, "_disttest_lazy", False):
+        return lambda: None  # a torch without it, or installed already
+
+    def unwrap(actual: Any, expected: Any) -> tuple[Any, Any]:
+        if "torch.distributed.tensor" not in sys.modules:
+            return actual, expected
+        return original(actual, expected)  # type: ignore[no-any-return]
+
+    unwrap._disttest_lazy = True  # type: ignore[attr-defined]
+    comparison._unwrap_dtensor_for_comparison = unwrap
+
+    def undo() -> None:
+        if comparison._unwrap_dtensor_for_comparison is unwrap:
+            comparison._unwrap_dtensor_for_comparison = original
+
+    return undo

@@ -34,6 +34,9 @@ its test process has most likely poisoned fork already.
 
 from __future__ import annotations
 
+import glob
+import os
+
 __unittest = True
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "chosen_by_disttest",
     "cuda_devices_visible",
     "cuda_initialised",
+    "no_cuda_device",
     "fell_back",
     "initialises_cuda_at_import",
     "server_refusal",
@@ -85,6 +89,31 @@ def cuda_devices_visible() -> bool:
 
     built = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]  # torch: unannotated
     return bool(built) and torch.cuda.device_count() > 0
+
+
+_no_device: dict[int, bool] = {}  # by pid: the answer of no_cuda_device
+
+
+def no_cuda_device() -> bool:
+    """Whether this host surely has no CUDA device, asked without any call
+    that could poison fork: no CUDA in the build, no NVIDIA driver, or NVML
+    counting none. Where NVML cannot count, the answer is False (unsure),
+    since ``torch.cuda.device_count`` would then ask the driver (``cuInit``).
+    Remembered per process."""
+    known = _no_device.get(os.getpid())
+    if known is None:
+        import torch
+
+        if not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]  # torch: unannotated
+            known = True
+        elif not (os.path.exists("/dev/nvidiactl") or glob.glob("/dev/nvidia[0-9]*")):
+            known = True  # no driver: nothing could initialise a device
+        else:
+            from disttest import _compat
+
+            known = _compat.nvml_device_count() == 0
+        _no_device[os.getpid()] = known
+    return known
 
 
 def chosen_by_disttest(cls: type, source: str) -> bool:

@@ -1,8 +1,8 @@
 """The code that runs inside a rank process: the one rank loop.
 
-Self-contained: it depends on the standard library, torch and the data
+Self-contained: it depends on the standard library, torch, the data
 modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.messages`,
-:mod:`.channel`'s ``connect``), not on the runners. A rank prepares itself
+:mod:`.channel`'s ``connect``) and :mod:`disttest._compat`, not on the runners. A rank prepares itself
 right after fork (parent-death signal, environment, output to a file, one
 OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the
 parent, and then runs the loop every rank process runs: be ready (a pool
@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from disttest import _compat
 from disttest._runner import progress, rank_look
 from disttest._runner.channel import connect
 from disttest._runner.messages import Done, Hello, Ready, Run
@@ -305,6 +306,9 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
         torch.set_num_threads(spec.threads)
     faulthandler.enable(file=2, all_threads=True)  # fd 2: the rank's log
     progress.install_tracking()
+    # assert_close imports torch.distributed.tensor (0.9 s) only to ask
+    # whether an input is a DTensor: not before anything else imported it.
+    _compat.lazy_dtensor_comparison()
     progress.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
     # c10d's flight recorder sees collectives issued from C++ (DDP's reducer)
     # and functional collectives; the watcher publishes what it sees.

@@ -21,13 +21,14 @@ import logging
 import multiprocessing
 import signal
 import sys
+import warnings
 from typing import Any
 
 from disttest import _compat
 
 __unittest = True
 
-__all__ = ["drop_runner_log_handlers", "prepare_process", "restore_signals"]
+__all__ = ["drop_runner_log_handlers", "prepare_process", "restore_signals", "show_warnings"]
 
 _RUNNER_LOGGING = "_pytest."
 
@@ -69,6 +70,25 @@ def prepare_process(argv: list[str]) -> None:
 
     threaded.register_for_process()
     drop_runner_log_handlers()
+    show_warnings()
+
+
+def show_warnings() -> None:
+    """Print warnings to stderr (the rank's output), as a fresh interpreter
+    does: a rank forked while the test process records them (pytest's
+    ``catch_warnings(record=True)`` around each test) would append them to
+    its copy of the list, which nobody reads. The filters stay the test
+    process's (pytest's ``filterwarnings`` apply to the test's code)."""
+    recording = getattr(getattr(warnings, "_showwarnmsg_impl", None), "__module__", "warnings") != "warnings"
+    if recording and warnings.showwarning is warnings._showwarning_orig:  # type: ignore[attr-defined]
+        warnings.showwarning = _print_warning
+
+
+def _print_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   file: Any = None, line: str | None = None) -> None:
+    stream = sys.stderr if file is None else file
+    with contextlib.suppress(OSError, AttributeError):
+        stream.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def drop_runner_log_handlers() -> None:

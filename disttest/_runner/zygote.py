@@ -55,6 +55,8 @@ import sys
 import threading
 import time
 import traceback
+import warnings
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 
 from disttest import _compat
@@ -78,6 +80,8 @@ __unittest = True
 __all__ = ["ForkServerUnsafe", "ZygoteLauncher", "ZygoteUnavailable", "main", "prefork", "server_pids"]
 
 START_TIMEOUT = 120.0  # seconds for the server to import torch and answer
+#: A copy of the test process has imported torch already: it answers at once.
+COPY_START_TIMEOUT = 20.0
 SERVER_DIED = ("died with the fork server, which {how} (the next test starts a fresh one)")
 
 
@@ -122,8 +126,13 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     import numpy.random  # noqa: F401 (set_rng_seed seeds it in every rank)
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
-    import torch.distributed.tensor  # noqa: F401 (assert_close imports it lazily)
     import torch.testing  # noqa: F401
+
+    # Not torch.distributed.tensor (0.9 s), which assert_close would import
+    # in every rank only to ask whether an input is a DTensor: it is asked
+    # only once the package is loaded (the test's module imports it if the
+    # test uses DTensor).
+    _compat.lazy_dtensor_comparison()
 
     importlib.import_module("disttest")  # the public API every test module imports
     from disttest._runner import progress
@@ -265,9 +274,11 @@ class _Copy:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-def _serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tuple[int, ...]) -> None:
-    """In a fork of the test process: become its fork server, and never
-    return into the test process's code (nor run its exit handlers)."""
+def _serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tuple[int, ...],
+                   mask: set[int | signal.Signals]) -> None:
+    """In a fork of the test process (every signal blocked): become its fork
+    server, and never return into the test process's code (nor run its exit
+    handlers)."""
     try:
         for fd in inherited:
             os.close(fd)
@@ -275,9 +286,13 @@ def _serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tupl
         # signal handlers (not the test process's cleanup handlers).
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
-        _drop_pipes(keep={read_fd, write_fd, devnull}, devnull=devnull)
+        # multiprocessing's resource tracker stays the test process's, as
+        # for ranks forked from it (pointed at /dev/null, it would look alive).
+        tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_fd", None)
+        _drop_pipes(keep={read_fd, write_fd, devnull, tracker if tracker is not None else -1}, devnull=devnull)
         os.close(devnull)
         rank_look.restore_signals()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         # What the test process left for its collector (a file object in a
         # cycle) is never collected here nor in the ranks: its finaliser
         # would act a second time. It also keeps those pages shared.
@@ -285,7 +300,9 @@ def _serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tupl
         main(read_fd, write_fd, parent_pid)
     except BaseException:  # noqa: BLE001 (the test process learns it from our exit)
         with contextlib.suppress(BaseException):
-            traceback.print_exc()
+            # To the fd: sys.stderr may be a copy of pytest's capture buffer.
+            os.write(2, f"disttest: the fork server (a fork of the test process) failed:\n"
+                        f"{traceback.format_exc()}".encode(errors="replace"))
     finally:
         os._exit(1)
 
@@ -320,11 +337,15 @@ def copy_safe(threads: int | None) -> bool:
     ranks of ``threads`` OpenMP threads (see the module docstring)."""
     if threads != 1 or _copy_failed or not hasattr(os, "fork") or settings.fork_server() != "copy":
         return False
+    # NB: asked without a driver call (cuInit would poison fork itself).
+    if cuda_fork.cuda_initialised() or not cuda_fork.no_cuda_device():
+        return False
     if threading.active_count() > 1:
         thread_pool.release_idle(wait=1.0)  # idle rank threads of a threaded class are ours to end
-        if threading.active_count() > 1:
-            return False
-    return not cuda_fork.cuda_initialised() and not cuda_fork.cuda_devices_visible()
+    # Threads the threading module does not know (pytest-xdist's receiver,
+    # started with _thread and blocked reading its pipe) are not seen here,
+    # as for the pool's fork of the test process.
+    return threading.active_count() == 1
 
 
 class _Client:
@@ -341,9 +362,21 @@ class _Client:
                 with contextlib.suppress(Exception):
                     stream.flush()
             parent = os.getpid()
-            pid = os.fork()
+            # Blocked across the fork: a Ctrl-C must not reach the copy
+            # before it has a fresh interpreter's handlers.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            try:
+                pid = os.fork()
+            except BaseException:
+                _copy_failed.append("fork")
+                for fd in (parent_r, child_w, child_r, parent_w):
+                    os.close(fd)
+                raise
+            finally:
+                if os.getpid() == parent:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if pid == 0:
-                _serve_as_copy(child_r, child_w, parent, inherited=(parent_r, parent_w))
+                _serve_as_copy(child_r, child_w, parent, inherited=(parent_r, parent_w), mask=mask)
             self.proc = _Copy(pid)
         else:
             code = (
@@ -376,9 +409,10 @@ class _Client:
         how = "a fork of the test process" if self.copy else "a fresh interpreter"
         if self.copy:
             _copy_failed.append(how)  # until it answers: a copy that fails is not made again
-        if not self.inbox.poll(START_TIMEOUT):
+        limit = COPY_START_TIMEOUT if self.copy else START_TIMEOUT
+        if not self.inbox.poll(limit):
             _abandon(self)
-            raise ZygoteUnavailable(f"the fork server ({how}) did not start within {START_TIMEOUT}s")
+            raise ZygoteUnavailable(f"the fork server ({how}) did not start within {limit}s")
         try:
             self.inbox.recv()
         except (EOFError, OSError):
@@ -525,7 +559,15 @@ class ZygoteLauncher(ProcessLauncher):
         client = _client(self.spec.threads)
         self._client = client
         self._run_id = next(client.ids)
-        client.await_ready()
+        try:
+            client.await_ready()
+        except ZygoteUnavailable as e:
+            if not client.copy:
+                raise
+            # A copy that did not start is not made again: a fresh server runs it.
+            warnings.warn(f"disttest: a fresh fork server instead: {e}", stacklevel=2)
+            client = self._client = _client(self.spec.threads)
+            client.await_ready()
         self._error: str | None = None
         self._unsafe: str | None = None
         client.runs[self._run_id] = self
