@@ -77,6 +77,11 @@ def look(case: Any) -> dict[str, Any]:
         "logging.root_level": logging.getLevelName(logging.getLogger().level),
         "logging.root_handlers": [f"{type(h).__module__}.{type(h).__qualname__}"
                                   for h in logging.getLogger().handlers],
+        # Loggers other than the root that hold a handler of pytest's (it
+        # attaches to every logger that does not propagate: c10d's).
+        "logging.runner_handlers_elsewhere": sorted(
+            name for name, lg in logging.root.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger) and any(type(h).__module__.startswith("_pytest.") for h in lg.handlers)),
         "logging.torch_distributed_level": logging.getLevelName(
             logging.getLogger("torch.distributed").getEffectiveLevel()),
         "warnings.filters": [f"{a} {c.__name__} {getattr(m, 'pattern', m) or ''} {getattr(mod, 'pattern', mod) or ''}"

@@ -112,6 +112,15 @@ class RankLookTest(unittest.TestCase):
             with sub:
                 self.assertEqual(look["logging.root_handlers"], handlers)
 
+    def test_no_logger_of_a_rank_process_keeps_pytests_handlers(self):
+        # pytest attaches its handlers to every logger that does not
+        # propagate too (c10d's: a test counting its handlers saw 5, not 1).
+        if not self.parent["logging.runner_handlers_elsewhere"]:  # else it could not fail
+            self.skipTest("no logger of the test process holds pytest's handlers (run under pytest)")
+        for sub, _, look in self.each(cases.PROCESS_RUNNERS):
+            with sub:
+                self.assertEqual(look["logging.runner_handlers_elsewhere"], [])
+
     def test_a_rank_process_shows_its_warnings(self):
         # Forked inside pytest's warning capture, a rank would append its
         # warnings to a copy of pytest's list instead of printing them.

@@ -92,11 +92,16 @@ def _print_warning(message: Warning | str, category: type[Warning], filename: st
 
 
 def drop_runner_log_handlers() -> None:
-    """Take the handlers of pytest's logging plugin off the root logger: a
-    rank forked from the test process would log into its copy of pytest's
-    capture, which nobody reads, instead of to its output (what a fresh
-    interpreter's ``logging`` does). Handlers the test's code made stay."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if type(handler).__module__.startswith(_RUNNER_LOGGING):
-            root.removeHandler(handler)
+    """Take the handlers of pytest's logging plugin off the root logger and
+    off every logger that does not propagate (pytest attaches them there
+    too, c10d's logger among them): a rank forked from the test process
+    would log into its copy of pytest's capture, which nobody reads,
+    instead of to its output (what a fresh interpreter's ``logging`` does),
+    and a test that counts a logger's handlers would count pytest's.
+    Handlers the test's code made stay."""
+    loggers = [logging.getLogger(), *(lg for lg in list(logging.root.manager.loggerDict.values())
+                                      if isinstance(lg, logging.Logger))]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if type(handler).__module__.startswith(_RUNNER_LOGGING):
+                logger.removeHandler(handler)
