@@ -97,3 +97,30 @@ if __name__ == "__main__":
     import unittest
 
     unittest.main()
+
+
+#: Set by PatchedFirst's set-up before its super() call, undone after it.
+STATE = {"patched": False}
+
+
+class PatchedFirst(Base):
+    """Changes the test process before its base's set-up (so its copy sees
+    it), and undoes it when the class ends."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        STATE["patched"] = True
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        STATE["patched"] = False
+        super().tearDownClass()
+
+    def test_sees_its_own_set_up(self) -> None:
+        self.assertTrue(STATE["patched"])
+
+
+class LaterClass(Base):
+    def test_does_not_see_what_an_earlier_class_undid(self) -> None:
+        self.assertFalse(STATE["patched"], "a copy made for an earlier class, as that class left it")

@@ -80,6 +80,18 @@ class ForkServerTest(unittest.TestCase):
             self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")
         self.run_cases("default")
 
+    def test_each_class_gets_a_copy_as_the_test_process_is_when_it_sets_up(self):
+        # Not one copy for the whole process: what an earlier class set up
+        # and undid (a patch it stopped) stays out of a later class's ranks.
+        if not zygote.copy_safe(1):
+            self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")
+        env = {k: v for k, v in os.environ.items() if k != "DISTTEST_FORK_SERVER"}
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "fork_server_cases.PatchedFirst",
+                               "fork_server_cases.LaterClass"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 2 tests", proc.stderr)
+
     def test_fresh_is_a_new_interpreter_that_imports_the_module(self):
         self.run_cases("fresh")
 

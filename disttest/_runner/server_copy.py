@@ -86,6 +86,8 @@ def serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tuple
         # would act a second time. It also keeps those pages shared.
         gc.freeze()
         serve(read_fd, write_fd, parent_pid)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C, which the test process reports (a fresh server's is no failure either)
     except BaseException:  # noqa: BLE001 (the test process learns it from our exit)
         with contextlib.suppress(BaseException):
             # To the fd: sys.stderr may be a copy of pytest's capture buffer.

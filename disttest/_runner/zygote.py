@@ -8,13 +8,15 @@ it, so no rank outlives a killed test run.
 
 Where it comes from (``DISTTEST_FORK_SERVER``):
 
-- ``copy`` (the default): a fork of the test process, made when a class of
-  fresh-process tests sets up (before the class's own ``setUpClass`` code
-  when that calls ``super()`` first), or at the first test that needs it.
+- ``copy`` (the default): a fork of the test process, made for each class
+  of fresh-process tests as it sets up (before the class's own
+  ``setUpClass`` code when that calls ``super()`` first), or at the class's
+  first test that needs it; the previous class's copy ends.
   It costs a fork instead of a second interpreter that imports torch and
   the test's module again (about 2 s on a 2-core machine, the largest part
   of a one-test file's cost). Ranks forked from it see the test process as
-  it was then: the modules it had imported, with what their import did.
+  it was then: the modules it had imported, with what their import did,
+  and what the module's and class's set-up had done so far.
   Made only where a fork of the test process is safe: one thread (a fork
   copies other threads' locks as they are), no CUDA device on the host (a
   fork of a process that asked CUDA anything cannot use CUDA), and for
@@ -288,6 +290,7 @@ class _Client:
         self.ids = itertools.count(1)
         self.retired = False  # it forks no more; closed once its runs have ended
         self.ready = False
+        self.owner: tuple[str, str] | None = None  # a copy's class (module, qualified name)
         if not copy:
             self.await_ready()
         # A copy preloads while the test process goes on (its class's set-up);
@@ -365,10 +368,13 @@ def server_pids() -> set[int]:
 launcher_mod.HELPER_PIDS.append(server_pids)
 
 
-def _client(threads: int | None = None) -> _Client:
-    """The server to fork ranks of ``threads`` OpenMP threads: the copy of
-    the test process if there is one or it may be made now, else the fresh
-    one (started if need be)."""
+def _client(threads: int | None = None, owner: tuple[str, str] | None = None) -> _Client:
+    """The server to fork ranks of ``threads`` OpenMP threads for the class
+    ``owner`` (module, qualified name): the copy of the test process made
+    for that class if there is one or it may be made now, else the fresh
+    one (started if need be). A copy made for another class is retired: a
+    class's ranks see the test process as it was when that class set up,
+    not what an earlier class left (a patch it stopped since)."""
     pid = os.getpid()
     for copy in (True, False):
         client = _clients.get((pid, copy))
@@ -378,26 +384,36 @@ def _client(threads: int | None = None) -> _Client:
             client = None
         if copy and (threads != 1 or settings.fork_server() != "copy"):
             continue
+        if copy and client is not None and owner is not None and client.owner not in (None, owner):
+            _retire(client)  # another class's: it ends once its ranks have
+            client = None
         if client is not None:
+            if copy and client.owner is None:
+                client.owner = owner
             return client
         if copy and not copy_safe(threads):
             continue
         client = _clients[(pid, copy)] = _Client(copy)
+        client.owner = owner if copy else None
         return client
     raise AssertionError("unreachable: a fresh server is always possible")
 
 
 def prefork(cls: type) -> None:
-    """Fork the copy fork server now, if ``cls``'s fresh-process tests will
-    use one (a class's set-up calls this before its own code runs): its
-    ranks then see the test process before the class's set-up, as a fresh
-    interpreter's would, and its preloading overlaps the class's set-up."""
+    """Fork a copy of the test process as the fork server of ``cls``'s
+    fresh-process tests now, if they will use one (a class's set-up calls
+    this before its own code runs): its ranks then see the test process as
+    it is before the class's set-up, and its start overlaps the set-up."""
     try:
         method, _ = settings.start_method(cls)
-        if method != "zygote" or "<locals>" in cls.__qualname__ or (os.getpid(), True) in _clients:
+        if method != "zygote" or "<locals>" in cls.__qualname__:
+            return
+        owner = (cls.__module__, cls.__qualname__)
+        current = _clients.get((os.getpid(), True))
+        if current is not None and current.owner == owner:
             return
         if copy_safe(getattr(cls, "rank_threads", None)):
-            _client(1)
+            _client(1, owner)
     except Exception:  # noqa: BLE001 (the first test starts a server as it would have)
         return
 
@@ -447,7 +463,8 @@ class ZygoteLauncher(ProcessLauncher):
     """Ranks forked by the fork server."""
 
     def start(self, cls: type) -> None:
-        client = _client(self.spec.threads)
+        owner = (self.spec.module, self.spec.qualname)
+        client = _client(self.spec.threads, owner)
         self._client = client
         self._run_id = next(client.ids)
         try:
@@ -457,7 +474,7 @@ class ZygoteLauncher(ProcessLauncher):
                 raise
             # A copy that did not start is not made again: a fresh server runs it.
             warnings.warn(f"disttest: a fresh fork server instead: {e}", stacklevel=2)
-            client = self._client = _client(self.spec.threads)
+            client = self._client = _client(self.spec.threads, owner)
             client.await_ready()
         self._error: str | None = None
         self._unsafe: str | None = None
