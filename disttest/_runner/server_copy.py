@@ -16,7 +16,6 @@ import os
 import signal
 import stat
 import subprocess
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -130,9 +129,6 @@ def copy_safe(threads: int | None) -> bool:
     # NB: asked without a driver call (cuInit would poison fork itself).
     if cuda_fork.cuda_initialised() or not cuda_fork.no_cuda_device():
         return False
-    if threading.active_count() > 1:
-        thread_pool.release_idle(wait=1.0)  # idle rank threads of a threaded class are ours to end
-    # Threads the threading module does not know (pytest-xdist's receiver,
-    # started with _thread and blocked reading its pipe) are not seen here,
-    # as for the pool's fork of the test process.
-    return threading.active_count() == 1
+    # (pytest-xdist's receiver, started with _thread and blocked reading its
+    # pipe, is not seen, as for the pool's fork of the test process)
+    return thread_pool.alone()

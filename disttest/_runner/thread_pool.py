@@ -140,6 +140,16 @@ def give_back(threads: list[RankThread]) -> None:
     _pool.give_back(threads)
 
 
+def alone(wait: float = 1.0) -> bool:
+    """Whether this thread is the process's only ``threading`` thread, once
+    idle rank threads (a threaded class's, ours to end) are gone: a fork
+    copies other threads' locks as they are. Threads the threading module
+    does not know (started with ``_thread``, or native) are not seen."""
+    if threading.active_count() > 1:
+        release_idle(wait)
+    return threading.active_count() == 1
+
+
 def release_idle(wait: float = 0.0) -> None:
     """End every idle rank thread (a test class is done with them); wait up
     to ``wait`` seconds for them to be gone (before a fork, say: Python 3.12

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import threading
 import unittest
 import warnings
 import weakref
@@ -158,10 +157,7 @@ class MultiProcContinousTest(TestCase):
     def _start_choice(cls) -> tuple[str, str, str | None]:
         """(start method, where it came from, the warning to give if any)."""
         method, where = settings.start_method(cls)
-        if method == "fork" and threading.active_count() > 1:
-            # Idle rank threads of a threaded test class are ours to end.
-            thread_pool.release_idle(wait=1.0)
-        if method == "fork" and threading.active_count() > 1:
+        if method == "fork" and not thread_pool.alone():
             # NB: forking a process with other threads can copy a lock they
             # hold; the fork server has none.
             method = "zygote"
