@@ -201,13 +201,17 @@ def _summary_only(exc: RankReport, test: Any) -> RankReport:
     on their own) and the user's frames for a traceback: its own where it
     has one, else the test method's (a report raised in the test process,
     such as "no ranks were started", has only disttest's frames, which
-    pytest would show rather than none)."""
+    pytest would show rather than none); else, where the test method is
+    harness code itself (the conformance suite's), its own frames: pytest
+    needs a traceback."""
     short = type(exc)(exc.summary(), exc.test, exc.world_size, exc.timeout, exc.outcomes)
     short.__suppress_context__ = True
     tb = exc.__traceback__
     while tb is not None and "__unittest" in tb.tb_frame.f_globals:
         tb = tb.tb_next
-    return short.with_traceback(tb if tb is not None else user_traceback([], test))
+    if tb is None:
+        tb = user_traceback([], test) or exc.__traceback__
+    return short.with_traceback(tb)
 
 
 def pytest_report_header(config: Any) -> str:

@@ -11,6 +11,8 @@ import tempfile
 import textwrap
 import unittest
 
+import pytest
+
 SUITE = textwrap.dedent("""
     import time
     import pytest
@@ -210,4 +212,17 @@ class SummaryOnlyTest(unittest.TestCase):
         self.assertEqual(self.names(exc.__traceback__), ["run", "fail"])
         short = _summary_only(exc, user)
         self.assertEqual(self.names(short.__traceback__), ["user"])
+
+    def test_a_test_method_of_harness_code_keeps_the_report_s_own_frames(self):
+        # The conformance suite's test methods are disttest's own code: with
+        # no user frame anywhere, the traceback stays the report's own
+        # (pytest's ExceptionInfo refuses an exception without one).
+        from disttest.conformance import CollectiveConformance
+        from disttest.pytest_plugin import _summary_only
+
+        harness = self.harness()
+        exc = harness["run"](harness["fail"])
+        short = _summary_only(exc, CollectiveConformance.test_all_gather__float32)
+        self.assertEqual(self.names(short.__traceback__), ["run", "fail"])
+        pytest.ExceptionInfo.from_exception(short)  # what the plugin does with it
 
