@@ -218,6 +218,10 @@ class CliArgumentsTest(unittest.TestCase):
             (("--backend", "threaded", "--world-size", "2", "-k", "nothing*"), "-k 'nothing*' matches no case"),
             (("--backend", "threaded", "--world-size", "2", "--unsupported", "PREMUL_SUM,all_to_al"),
              "--unsupported 'all_to_al': 'all_to_al' is no tag of any case"),
+            (("--backend", "gloo", "--world-size", "2", "--device", "bogus"), "--device 'bogus': not a torch device"),
+            # (xpu: absent from this host, and from a CUDA host too)
+            (("--backend", "gloo", "--world-size", "2", "--device", "xpu"),
+             "--device 'xpu': this host has no xpu device"),
         ):
             with self.subTest(args=args):
                 proc = cli(*args)
@@ -348,3 +352,55 @@ class ReferenceTest(unittest.TestCase):
         self.assertLess(peak, 8 * n * 8)  # a few wide arrays, not 64 of them (64 * 8 * n)
         self.assertIs(ref.expected_reduce_of("SUM", tuple(range(world)), n, "float32", 7), first)
         self.assertFalse(first.flags.writeable)  # shared by every rank: nobody may change it
+
+
+class DeviceTest(unittest.TestCase):
+    """``--device``: where the cases' tensors live (tests/gpu/ runs it on CUDA)."""
+
+    def test_tensors_follow_the_device_of_the_case(self):
+        import numpy as np
+        import torch
+
+        from disttest.conformance import reference as ref
+        from disttest.conformance.suite import _method
+
+        seen = []
+
+        def body(c):
+            seen.append((torch.empty(0).device.type, ref.to_torch(np.arange(3), "float32").device.type))
+
+        class Probe:
+            conformance_backend = "gloo"
+            world_size = 1
+
+        test = _method(Case("test_probe__x", "all_reduce", body))
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            for device in ("meta", "cpu"):
+                probe = Probe()
+                probe.conformance_device = device
+                test(probe)
+        finally:
+            dist.destroy_process_group()
+        self.assertEqual(seen, [("meta", "meta"), ("cpu", "cpu")])
+
+    def test_defaults_and_declarations_by_device(self):
+        from disttest.conformance import default_device
+        from disttest.conformance.suite import declaration_for
+
+        self.assertEqual(default_device("nccl"), "cuda")
+        self.assertEqual(default_device("gloo"), "cpu")
+        on_cpu, on_cuda = declaration_for("gloo").reasons, declaration_for("gloo", None, "cuda").reasons
+        self.assertNotIn("all_reduce_coalesced", on_cpu)
+        self.assertIn("unsupported device type cuda", on_cuda["all_reduce_coalesced"])
+        self.assertEqual(set(on_cuda) - {"all_reduce_coalesced"}, set(on_cpu))  # gloo's own row stays
+        bitwise = Case("test_x__y", "all_reduce", lambda c: None, dtype="int32", op="BAND")
+        self.assertIn("Cannot use ReduceOp.BAND with NCCL", declaration_for("nccl", None, "cuda").match(bitwise))
+
+    def test_a_device_the_host_lacks_is_refused_naming_it(self):
+        from disttest.conformance import conformance_class
+
+        with self.assertRaisesRegex(ValueError, "device 'xpu': this host has no xpu device"):
+            conformance_class("threaded", 2, device="xpu")
+        self.assertEqual(conformance_class("threaded", 2).conformance_device, "cpu")
+

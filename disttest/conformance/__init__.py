@@ -33,6 +33,7 @@ import unittest
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from disttest import _compat
 from disttest.conformance.cases import CASES, Case, Declaration
 from disttest.conformance.report import STATUSES, CaseResult, ConformanceResult
 from disttest.conformance.suite import (
@@ -46,7 +47,8 @@ __unittest = True
 
 __all__ = [
     "CASES", "STATUSES", "UNSUPPORTED", "Case", "CaseResult", "CollectiveConformance", "ConformanceResult",
-    "Declaration", "Unsupported", "conformance_class", "module_declaration", "run",
+    "Declaration", "Unsupported", "conformance_class", "default_device", "device_problem", "module_declaration",
+    "run",
 ]
 
 MODULE_ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"
@@ -76,11 +78,36 @@ def _prepare_backend(backend: str) -> None:
         register_fake_backend()
 
 
+def default_device(backend: str) -> str:
+    """Where the cases' tensors live unless told: CUDA for NCCL (it takes
+    nothing else), the CPU for every other backend."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot hold the cases' tensors on this host, or None.
+    Asks without initialising CUDA (the pool forks from this process)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as e:
+        return f"not a torch device ({str(e).splitlines()[0]})"
+    if kind == "cpu":
+        return None
+    if _compat.accelerator_type() != kind or _compat.accelerator_count() == 0:
+        return f"this host has no {kind} device (torch {torch.__version__})"
+    return None
+
+
 def conformance_class(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
-                      unsupported: Declaration | None = None, lenient: bool = False) -> type[unittest.TestCase]:
+                      unsupported: Declaration | None = None, lenient: bool = False,
+                      device: str | None = None) -> type[unittest.TestCase]:
     """A test class running every case on ``backend`` with ``world_size``
     ranks: threads for ``threaded``, else a pool of processes that lives
-    for the class (each case a test; the group is made once)."""
+    for the class (each case a test; the group is made once). ``device``
+    (default :func:`default_device`): where the cases' tensors live; on an
+    accelerator, rank ``r`` uses device ``r`` modulo the host's count."""
     declared = Declaration()
     for name in imports:
         declared.reasons.update(module_declaration(importlib.import_module(name), backend).reasons)
@@ -92,8 +119,13 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
 
         if not dist.is_backend_available(backend):
             raise ValueError(UNKNOWN_BACKEND.format(backend=backend))
+    device = device or default_device(backend)
+    problem = device_problem(device)
+    if problem:
+        raise ValueError(f"device {device!r}: {problem} (disttest)")
     attrs: dict[str, Any] = {"conformance_backend": backend, "conformance_unsupported": declared,
-                             "conformance_lenient": lenient, "world_size": world_size, "timeout": timeout}
+                             "conformance_lenient": lenient, "world_size": world_size, "timeout": timeout,
+                             "conformance_device": device}
     if backend == "threaded":
         from disttest.runners.multithread import MultiThreadedTestCase
 
@@ -106,6 +138,12 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
     from disttest.runners.continuous import MultiProcContinousTest
 
     attrs["backend_str"] = classmethod(lambda cls: backend)
+    if device != "cpu":
+        def _init_pg(cls: Any, rank: int, world: int, rdvz_file: str | None) -> None:
+            _compat.set_device_index(rank % _compat.accelerator_count())
+            MultiProcContinousTest._init_pg.__func__(cls, rank, world, rdvz_file)  # type: ignore[attr-defined]
+
+        attrs["_init_pg"] = classmethod(_init_pg)
     # Every case is judged on its own: a backend that breaks the pool in
     # every case must still get a verdict for each one.
     attrs["max_pool_rebuilds"] = sys.maxsize
@@ -140,18 +178,20 @@ class _Recording(unittest.TestResult):
 
 def run(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
         pattern: str | None = None, unsupported: Declaration | None = None,
-        lenient: bool = False) -> ConformanceResult:
+        lenient: bool = False, device: str | None = None) -> ConformanceResult:
     """Run the suite on ``backend``; every case's result, in order."""
     import fnmatch
 
-    cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient)
+    cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient, device)
     cases = [c for c in CASES if not pattern or fnmatch.fnmatch(c.name, pattern)]
     recording = _Recording()
     start = time.monotonic()
     suite = unittest.TestSuite(cls(c.name) for c in cases)
     unittest.TestSuite([suite]).run(recording)  # (an outer suite runs the class teardown)
-    out = ConformanceResult(backend, world_size, seconds=time.monotonic() - start,
-                            declared=declaration_for(backend, cls.conformance_unsupported).reasons)  # type: ignore[attr-defined]
+    device = cls.conformance_device  # type: ignore[attr-defined]
+    out = ConformanceResult(backend, world_size, seconds=time.monotonic() - start, device=device,
+                            declared=declaration_for(backend, cls.conformance_unsupported,  # type: ignore[attr-defined]
+                                                     device).reasons)
     for c in cases:
         status, message = recording.outcome.get(c.name, ("failed", "the case did not report (disttest)"))
         out.cases.append(CaseResult(c, status, message))

@@ -1,4 +1,4 @@
-"""``python -m disttest.conformance --backend NAME --world-size N [--import MODULE] [--unsupported TOKENS]``."""
+"""``python -m disttest.conformance --backend NAME --world-size N [--device cuda] [--import MODULE] [--unsupported TOKENS]``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 
 from disttest.config import ConfigError, parse_timeout, parse_world_size
-from disttest.conformance import CASES, Declaration, run
+from disttest.conformance import CASES, Declaration, device_problem, run
 
 __unittest = True
 
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lenient", action="store_true",
                         help="count any 'not supported' error as unsupported (the old, fooled rule)")
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="write every case's result to FILE")
+    parser.add_argument("--device", help="where the cases' tensors live: cpu, cuda (default: cuda for nccl, "
+                                         "else cpu); results are compared on the CPU")
     parser.add_argument("--timeout", default="60", help="seconds per case (default 60)")
     parser.add_argument("-k", dest="pattern", help="only cases whose name matches this fnmatch pattern")
     args = parser.parse_args(argv)
@@ -38,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout = parse_timeout(args.timeout, "--timeout")
     except ConfigError as e:
         parser.error(str(e))
+    if args.device is not None:
+        problem = device_problem(args.device)
+        if problem:
+            parser.error(f"--device {args.device!r}: {problem} (disttest)")
     declared = Declaration()
     for tokens in args.unsupported:
         declared.extend(tokens, "--unsupported")
@@ -57,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             parser.error(f"--import {name!r}: {problem} (disttest)")
     try:
-        result = run(args.backend, world_size, args.imports, timeout, args.pattern, declared, args.lenient)
+        result = run(args.backend, world_size, args.imports, timeout, args.pattern, declared, args.lenient,
+                     args.device)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     if not result.cases:

@@ -69,8 +69,11 @@ def rank_input(rank: int, n: int, dtype: str, salt: int = 0) -> np.ndarray:
 
 
 def to_torch(values: np.ndarray, dtype: str) -> torch.Tensor:
-    """``values`` as a fresh torch tensor of ``dtype``."""
-    return torch.from_numpy(np.array(values, copy=True)).to(DTYPES[dtype][0])
+    """``values`` as a fresh torch tensor of ``dtype``, on the device that
+    factory functions use here (a ``with torch.device(...)`` block's:
+    ``torch.from_numpy`` itself always gives a CPU tensor)."""
+    device = torch.empty(0).device
+    return torch.from_numpy(np.array(values, copy=True)).to(device=device, dtype=DTYPES[dtype][0])
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

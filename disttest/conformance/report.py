@@ -46,6 +46,7 @@ class ConformanceResult:
     cases: list[CaseResult] = field(default_factory=list)
     seconds: float = 0.0
     declared: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"
 
     @property
     def ok(self) -> bool:
@@ -69,7 +70,8 @@ class ConformanceResult:
 
     def table(self) -> str:
         header = f"{'collective':26}" + "".join(f"{s:>12}" for s in STATUSES)
-        lines = [f"conformance of backend {self.backend!r}, world size {self.world_size} "
+        on = f", tensors on {self.device}" if self.device != "cpu" else ""
+        lines = [f"conformance of backend {self.backend!r}, world size {self.world_size}{on} "
                  f"(disttest, torch {torch.__version__})", header, "-" * len(header)]
         rows = self.rows
         for collective in sorted(rows):
@@ -111,7 +113,8 @@ class ConformanceResult:
 
     def as_json(self) -> str:
         return json.dumps({
-            "backend": self.backend, "world_size": self.world_size, "torch": torch.__version__,
+            "backend": self.backend, "world_size": self.world_size, "device": self.device,
+            "torch": torch.__version__,
             "seconds": round(self.seconds, 2), "ok": self.ok, "counts": self.counts(),
             "declared_unsupported": self.declared,
             "collectives": {k: {s: len(v.get(s, [])) for s in STATUSES} for k, v in sorted(self.rows.items())},

@@ -16,12 +16,14 @@ that says "not supported" counts as unsupported.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import unittest
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch
 import torch.distributed as dist
 
 from disttest.conformance import collectives, semantics  # noqa: F401 (they register the cases)
@@ -59,6 +61,18 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "threaded": {
         "monitored_barrier": "c10d implements monitored_barrier for gloo only",
     },
+    # Measured on an H100 with torch 2.11.0+cu130, world size 1 (benchmarks/RESULTS.rst, "On a GPU").
+    "nccl": {
+        **{op: f"NCCL has no bitwise reduce ops: 'Cannot use ReduceOp.{op} with NCCL'"
+           for op in ("BAND", "BOR", "BXOR")},
+        "all_gather_coalesced": "'ProcessGroupNCCL does not support allgather_coalesced'",
+        "monitored_barrier": "c10d implements monitored_barrier for gloo only",
+        "splits_tensor": "c10d's C++ binding takes split sizes as list[int]; a tensor is a TypeError",
+    },
+    # gloo with CUDA tensors (--device cuda): on top of gloo's own row.
+    "gloo/cuda": {
+        "all_reduce_coalesced": "'ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda'",
+    },
 }
 _NOT_SUPPORTED = re.compile(r"not supported|does not support|unsupported|cannot use|not implemented", re.I)
 
@@ -70,9 +84,13 @@ class Unsupported(unittest.SkipTest):
         super().__init__(f"unsupported: {what} ({why})")
 
 
-def declaration_for(backend: str | None, extra: Declaration | None = None) -> Declaration:
-    """The built-in declaration of ``backend`` plus ``extra``."""
+def declaration_for(backend: str | None, extra: Declaration | None = None, device: str = "cpu") -> Declaration:
+    """The built-in declaration of ``backend`` plus ``extra``; with tensors on
+    a ``device`` other than the CPU, plus the table's ``backend/device`` row."""
     out = Declaration(UNSUPPORTED.get(backend or "", {}))
+    kind = torch.device(device).type
+    if kind != "cpu":
+        out.extend(UNSUPPORTED.get(f"{backend}/{kind}", {}), "")
     if extra is not None:
         out.reasons.update(extra.reasons)
     return out
@@ -92,11 +110,16 @@ def _world_of(test: Any) -> int | None:
         return dist.get_world_size() if dist.is_initialized() else None
 
 
+def _device_of(test: Any) -> str:
+    return str(getattr(test, "conformance_device", None) or "cpu")
+
+
 def _skip_for(test: Any, case: Case) -> TestSkip | None:
     lacks = torch_lacks(case)
     if lacks:
         return TestSkip(UNSUPPORTED_EXIT, f"unsupported: {lacks}")
-    declared = declaration_for(_backend_of(test), getattr(test, "conformance_unsupported", None)).match(case)
+    declared = declaration_for(_backend_of(test), getattr(test, "conformance_unsupported", None),
+                               _device_of(test)).match(case)
     if declared:
         return TestSkip(UNSUPPORTED_EXIT, f"unsupported: {declared}")
     world = _world_of(test)
@@ -113,8 +136,10 @@ def _method(case: Case) -> Callable[..., None]:
         skip = check((self,))
         if skip is not None:
             raise unittest.SkipTest(skip.message)
+        device = _device_of(self)
         try:
-            with warnings.catch_warnings():
+            # (a device context is thread-local: threaded ranks each get theirs)
+            with warnings.catch_warnings(), (torch.device(device) if device != "cpu" else contextlib.nullcontext()):
                 # torch 2.13 deprecates all_gather_into_tensor & co. in favour of *_single
                 warnings.simplefilter("ignore", FutureWarning)
                 case.body(Ctx())
@@ -147,10 +172,12 @@ class CollectiveConformance:
     :mod:`disttest.conformance`). Class attributes: ``conformance_backend``
     (the backend's name, for its built-in declaration; else the group's),
     ``conformance_unsupported`` (a :class:`Declaration` of what it lacks),
-    ``conformance_lenient``.
+    ``conformance_lenient``, ``conformance_device`` (where the cases' tensors
+    live: ``"cpu"``, or ``"cuda"``; results are compared on the CPU).
     """
 
     conformance_backend: ClassVar[str | None] = None
+    conformance_device: ClassVar[str] = "cpu"
     conformance_unsupported: ClassVar[Declaration | None] = None
     conformance_lenient: ClassVar[bool] = False
 

@@ -1,40 +1,76 @@
 """The conformance suite on NCCL (world size 1) and on gloo with CUDA
-tensors (world size 2). Run by ``make gpu-check``; skipped where CUDA is
-absent.
+tensors (world size 2, ``--device cuda``). Run by ``make gpu-check``;
+skipped where CUDA is absent.
 
-NB: both are expected failures: the suite builds its inputs on the CPU
-(``conformance/reference.py`` makes them with ``torch.from_numpy`` and reads
-results back with ``.numpy()``) and has no device option, so NCCL, which
-takes only CUDA tensors, fails every case, and gloo is never given a CUDA
-tensor. They pass once the suite can put its tensors on a device.
+What each backend lacks by design is declared in disttest's table
+(``disttest.conformance.UNSUPPORTED``: ``nccl`` and ``gloo/cuda``). What a
+run on a GPU found wrong is listed below, each an upstream bug, with what
+was seen (an H100, torch 2.11.0+cu130; benchmarks/RESULTS.rst, "On a GPU"):
+the test accepts those failures, and fails on any other, so a new bug or a
+regression of disttest's shows, and a fixed bug does not break it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-NO_DEVICE_OPTION = ("the conformance suite builds CPU tensors (torch.from_numpy) and has no device option; "
-                    "NCCL takes CUDA tensors only")
+PREMUL_AT_ONE = "NCCL at world size 1: PREMUL_SUM does not apply its factor (1.0 where 2.0)"
+
+#: backend -> case name, or collective prefix ending in "__" -> what was seen.
+KNOWN_BUGS: dict[str, dict[str, str]] = {
+    "nccl": {
+        "test_all_reduce__bfloat16_PREMUL_SUM": "NCCL at world size 1: PREMUL_SUM on bfloat16 gives 0.0 where 2.0",
+        "test_reduce_scatter__float32_PREMUL_SUM": PREMUL_AT_ONE,
+        "test_reduce_scatter_tensor__float32_PREMUL_SUM": PREMUL_AT_ONE,
+    },
+    "gloo": {
+        "test_all_gather_coalesced__float32": "gloo with CUDA tensors: both ranks die of SIGSEGV in it",
+        "test_all_to_all__": "gloo with CUDA tensors: 'Backend gloo does not support alltoall' (4 of its cases)",
+        "test_send_recv__": "gloo with CUDA tensors: 'writev ...: Bad address' (the device pointer goes to the "
+                            "socket), then the peer's 'Connection closed by peer' (8 of its cases)",
+        "test_async_completion__irecv_waits_for_data": "as send_recv",
+    },
+}
 
 
-def conformance(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "disttest.conformance", "--timeout", "60", *args],
-                          capture_output=True, text=True, timeout=600)
+def known_bug(backend: str, name: str) -> str | None:
+    for key, seen in KNOWN_BUGS[backend].items():
+        if name == key or (key.endswith("__") and name.startswith(key)):
+            return seen
+    return None
 
 
-@pytest.mark.xfail(strict=True, reason=NO_DEVICE_OPTION)
+def conformance(backend: str, world_size: int, *args: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "report.json")
+        proc = subprocess.run([sys.executable, "-m", "disttest.conformance", "--backend", backend, "--world-size",
+                               str(world_size), "--timeout", "60", "--json", path, *args],
+                              capture_output=True, text=True, timeout=600)
+        assert os.path.exists(path), proc.stdout[-4000:] + proc.stderr[-4000:]
+        with open(path) as f:
+            report = json.load(f)
+    failed = [c["name"] for c in report["cases"] if c["status"] == "failed"]
+    unexpected = [c for c in report["cases"] if c["name"] in failed and not known_bug(backend, c["name"])]
+    assert unexpected == [], "\n".join(f"{c['name']}: {c['message'][-800:]}" for c in unexpected)
+    assert proc.returncode == (1 if failed else 0), proc.stdout[-4000:]
+    return report
+
+
 def test_nccl_world_size_1() -> None:
-    proc = conformance("--backend", "nccl", "--world-size", "1")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    report = conformance("nccl", 1)
+    assert report["device"] == "cuda"  # NCCL's default: it takes nothing else
+    assert report["counts"]["passed"] >= 150, report["counts"]  # 159 on the H100 run
 
 
-@pytest.mark.xfail(strict=True, reason=NO_DEVICE_OPTION.replace("NCCL takes CUDA tensors only",
-                                                                 "gloo is never given a CUDA tensor"))
 def test_gloo_with_cuda_tensors_world_size_2() -> None:
-    proc = conformance("--backend", "gloo", "--world-size", "2", "--device", "cuda")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    report = conformance("gloo", 2, "--device", "cuda")
+    assert report["device"] == "cuda"
+    assert report["counts"]["passed"] >= 190, report["counts"]  # 200 on the H100 run

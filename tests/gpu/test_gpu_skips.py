@@ -44,6 +44,7 @@ class DecoratorsTest(unittest.TestCase):
     def test_requires_nccl_and_skip_if_no_gpu_run(self):
         class Case(unittest.TestCase):
             ran: list[str] = []
+            world_size = 1  # skip_if_no_gpu compares it with the GPUs (upstream reads WORLD_SIZE)
 
             @disttest.requires_nccl()
             def test_nccl(self):
