@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import select
 import subprocess
 import sys
@@ -233,6 +234,47 @@ class ForkServerTest(unittest.TestCase):
                 self.assertFalse(os.path.exists(marker), "the copy ran the test process's exit handlers")
             finally:
                 atexit.unregister(handler)
+
+
+
+class ThreadsAtImportTest(unittest.TestCase):
+    """A fork server whose import of the test's module started OpenMP's pool
+    does not fork ranks that keep OpenMP's threads: they would hang at their
+    first parallel op (the test's limit, not a result)."""
+
+    def test_ranks_that_keep_openmp_threads_are_spawned_the_others_forked(self):
+        from disttest._runner import cuda_fork
+
+        env = {**os.environ, "DISTTEST_FORK_SERVER": "fresh"}
+        proc = subprocess.run([sys.executable, "-W", "always", "-m", "unittest", "-v", "omp_import_cases"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 3 tests", proc.stderr)
+        text = " ".join(proc.stderr.split())
+        first = cuda_fork.FELL_BACK_THREADS.format(
+            test="OmpRanks.test_a", method="zygote", source="OmpRanks.start_method", cls="OmpRanks", threads=None,
+            reason=cuda_fork.SERVER_THREADS.format(module="omp_import_cases", count="COUNT"))
+        head, tail = first.split("COUNT")
+        self.assertRegex(text, re.escape(head) + r"[1-9]\d*" + re.escape(tail))
+        self.assertIn(cuda_fork.FELL_BACK_THREADS.format(
+            test="OmpRanks.test_b", method="zygote", source="OmpRanks.start_method", cls="OmpRanks", threads=None,
+            reason=cuda_fork.SERVER_THREADS_LEARNED.format(module="omp_import_cases")), text)
+        self.assertNotIn("SerialRanks.test_forked: its ranks start with 'spawn'", text)
+
+    def test_the_refusal_counts_the_servers_own_threads_and_those_before_the_import(self):
+        from disttest._runner import cuda_fork
+
+        with mock.patch.object(cuda_fork, "thread_count", return_value=3):
+            self.assertIsNone(cuda_fork.threads_refusal("m", own=3, before=3))  # none beyond its own
+            self.assertEqual(cuda_fork.threads_refusal("m", own=1, before=1),
+                             (cuda_fork.SERVER_THREADS.format(module="m", count=2), "threads"))
+            self.assertEqual(cuda_fork.threads_refusal("m", own=1, before=3),
+                             (cuda_fork.SERVER_THREADS_EARLIER.format(module="m", count=2), "threads-earlier"))
+            self.assertIsNone(cuda_fork.threads_refusal("m", own=0, before=0))  # no /proc: unknown
+        saved = set(cuda_fork._threads_at_import)
+        self.addCleanup(lambda: (cuda_fork._threads_at_import.clear(), cuda_fork._threads_at_import.update(saved)))
+        cuda_fork.learn_unsafe_import("m2", "threads-earlier")  # not this module's doing: not learned
+        self.assertNotIn("m2", cuda_fork._threads_at_import)
 
 
 if __name__ == "__main__":

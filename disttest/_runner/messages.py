@@ -123,12 +123,16 @@ class StartFailed:
 
 @dataclass(frozen=True)
 class ForkUnsafe:
-    """The fork server will not fork the ranks of run ``run``: its ranks could
-    not use CUDA (``reason``: importing the test's module initialised CUDA
-    in the server). No rank was forked, and the server forks no more."""
+    """The fork server will not fork the ranks of run ``run``, and forks no
+    more: ``kind`` ``"cuda"``, its ranks could not use CUDA (importing the
+    test's module initialised CUDA in the server); ``"threads"``, ranks that
+    keep OpenMP's threads would hang (the import started threads in it);
+    ``"threads-earlier"``, the same, the threads started before this import.
+    ``reason`` says which, for the warning."""
 
     run: int
     reason: str
+    kind: str = "cuda"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,10 @@ Where it comes from (``DISTTEST_FORK_SERVER``):
   process may have run a parallel op, after which a fork's next parallel
   op hangs unless it went serial first;
 - ``fresh``, and wherever a copy is not safe: a fresh interpreter
-  (``subprocess``), started on first use; its children may use OpenMP.
+  (``subprocess``), started on first use; its children may use OpenMP,
+  unless importing the test's module started threads in it (OpenMP's pool,
+  after a parallel op at import): then it refuses ranks that keep OpenMP's
+  threads, as it refuses CUDA below, and they are spawned.
 
 It speaks the typed messages of :mod:`.messages` over two pipes: ``Start``
 -> ``Started`` (or ``StartFailed``), then ``Exited`` per rank. The ranks it
@@ -91,11 +94,13 @@ class ZygoteUnavailable(RuntimeError):
 
 class ForkServerUnsafe(ZygoteUnavailable):
     """The fork server will not fork this test's ranks: they could not use
-    CUDA (importing the test's module initialised CUDA in the server)."""
+    CUDA, or they would hang at their first parallel op (``kind``, as
+    :class:`~.messages.ForkUnsafe`'s)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, kind: str = "cuda") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.kind = kind
 
 
 # --- server side ----------------------------------------------------------------
@@ -147,6 +152,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, tuple[int, int]] = {}  # pid -> (run_id, rank)
     unsafe: str | None = None  # why this server's forks can no longer use CUDA
+    own_threads = cuda_fork.thread_count()  # this server's own (none but the main thread, as a rule)
     outbox.send(ServerReady(os.getpid()))
     while True:
         ready, _, _ = select.select([inbox.fileno(), wake_r], [], [], 0.5)
@@ -164,6 +170,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         if not isinstance(message, Start):
             continue
         run_id, spec = message.run, message.spec
+        before = cuda_fork.thread_count()
         try:
             sys.path[:] = spec.sys_path
             # The test module's top-level code sees the test process's argv,
@@ -184,6 +191,11 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         if unsafe is not None:
             outbox.send(ForkUnsafe(run_id, unsafe))
             continue
+        if spec.threads != 1:  # ranks that keep OpenMP's threads: a fork after its pool started hangs
+            refusal = cuda_fork.threads_refusal(spec.module, own_threads, before)
+            if refusal is not None:
+                outbox.send(ForkUnsafe(run_id, *refusal))
+                continue
         pids = {}
         for r in range(spec.world_size):
             pid = os.fork()
@@ -477,7 +489,7 @@ class ZygoteLauncher(ProcessLauncher):
             client = self._client = _client(self.spec.threads, owner)
             client.await_ready()
         self._error: str | None = None
-        self._unsafe: str | None = None
+        self._unsafe: tuple[str, str] | None = None  # (reason, kind) of a ForkUnsafe
         client.runs[self._run_id] = self
         client.outbox.send(Start(self._run_id, self.spec))
         deadline = time.monotonic() + START_TIMEOUT
@@ -499,10 +511,11 @@ class ZygoteLauncher(ProcessLauncher):
                 _abandon(client)
                 raise ZygoteUnavailable(f"the fork server did not answer within {START_TIMEOUT}s")
         if self._unsafe is not None:
+            reason, kind = self._unsafe
             client.runs.pop(self._run_id, None)
-            cuda_fork.initialises_cuda_at_import(self.spec.module, learned=True)
+            cuda_fork.learn_unsafe_import(self.spec.module, kind)
             _retire(client)
-            raise ForkServerUnsafe(self._unsafe)
+            raise ForkServerUnsafe(reason, kind)
         if self._error is not None:
             client.runs.pop(self._run_id, None)
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
@@ -514,7 +527,7 @@ class ZygoteLauncher(ProcessLauncher):
         self._error = message.text
 
     def on_forkunsafe(self, message: ForkUnsafe) -> None:
-        self._unsafe = message.reason
+        self._unsafe = (message.reason, message.kind)
 
     def on_exited(self, message: Exited) -> None:
         self._exits[message.rank] = ExitStatus.from_wait_status(message.wait_status)

@@ -209,7 +209,7 @@ class MultiProcContinousTest(TestCase):
             try:
                 pool = Pool(cls, world_size, _LAUNCHERS[method], fields, start_limit)
             except ForkServerUnsafe as e:
-                note = cuda_fork.fell_back(cls, f"the pool of {cls.__qualname__}", method, where, e.reason)
+                note = cuda_fork.fell_back(cls, f"the pool of {cls.__qualname__}", method, where, e.reason, e.kind)
                 pool = Pool(cls, world_size, SpawnLauncher, {**fields, "threads": None}, start_limit)
         except PoolUnavailable as e:
             cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)

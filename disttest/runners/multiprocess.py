@@ -182,7 +182,7 @@ class MultiProcessTestCase(RankDispatch):
         try:
             self._start(launcher, cls)
         except ForkServerUnsafe as e:
-            note = cuda_fork.fell_back(cls, test, method, source, e.reason)
+            note = cuda_fork.fell_back(cls, test, method, source, e.reason, e.kind)
             launcher = SpawnLauncher(dataclasses.replace(spec, threads=None))
             self._start(launcher, cls)
         except ZygoteUnavailable as e:
