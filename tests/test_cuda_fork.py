@@ -117,12 +117,21 @@ class PoolOnACudaHostTest(unittest.TestCase):
     exist: the test process has most likely poisoned fork already."""
 
     def test_default_fork_becomes_the_fork_server(self):
-        with mock.patch.object(torch.backends.cuda, "is_built", return_value=True), \
-                mock.patch.object(torch.cuda, "device_count", return_value=1), cuda_initialised(False), \
-                one_thread():
-            self.assertEqual(cases.Pooled._start_choice(), ("zygote", "Pooled.start_method", None))
-            with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "fork"}):  # the user's choice stays
-                self.assertEqual(cases.Pooled._start_choice()[0], "fork")
+        # Asked through NVML only: where NVML counts a device, and where it
+        # cannot count (the driver, which would poison fork, is never asked).
+        from disttest import _compat
+
+        driver = AssertionError("torch.cuda.device_count() asked the driver: fork is poisoned")
+        for nvml in (1, -1):
+            with self.subTest(nvml=nvml), mock.patch.object(cuda_fork, "_no_device", {}), \
+                    mock.patch.object(torch.backends.cuda, "is_built", return_value=True), \
+                    mock.patch.object(cuda_fork.glob, "glob", return_value=["/dev/nvidia0"]), \
+                    mock.patch.object(_compat, "nvml_device_count", return_value=nvml), \
+                    mock.patch.object(torch.cuda, "device_count", side_effect=driver), \
+                    cuda_initialised(False), one_thread():
+                self.assertEqual(cases.Pooled._start_choice(), ("zygote", "Pooled.start_method", None))
+                with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "fork"}):  # the user's choice stays
+                    self.assertEqual(cases.Pooled._start_choice()[0], "fork")
 
     def test_not_on_a_host_without_cuda(self):
         with one_thread():

@@ -51,7 +51,6 @@ __all__ = [
     "SERVER_THREADS_LEARNED",
     "choose",
     "chosen_by_disttest",
-    "cuda_devices_visible",
     "cuda_initialised",
     "no_cuda_device",
     "fell_back",
@@ -104,15 +103,6 @@ def cuda_initialised() -> bool:
     import torch
 
     return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch: unannotated
-
-
-def cuda_devices_visible() -> bool:
-    """Whether this host has CUDA devices, asked without poisoning fork
-    (``torch.cuda.device_count`` counts through NVML where it can)."""
-    import torch
-
-    built = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]  # torch: unannotated
-    return bool(built) and torch.cuda.device_count() > 0
 
 
 _no_device: dict[int, bool] = {}  # by pid: the answer of no_cuda_device
@@ -216,9 +206,11 @@ def choose(method: str, cls: type, test: str, source: str, importable: bool) -> 
             if importable:
                 return "spawn", fell_back(cls, test, method, source, PARENT_INITIALISED)
             return method, FORKED_ANYWAY.format(test=test, reason=PARENT_INITIALISED, cls=cls.__qualname__)
-        if importable and chosen_by_disttest(cls, source) and cuda_devices_visible():
+        if importable and chosen_by_disttest(cls, source) and not no_cuda_device():
             # The test process has most likely poisoned fork already
             # (torch.cuda.is_available() does); the fork server has not.
+            # (Asked without the driver: where NVML cannot count, a device
+            # is assumed, since counting through the driver would poison fork.)
             method = "zygote"
     if method == "zygote" and initialises_cuda_at_import(cls.__module__):
         reason = SERVER_INITIALISED.format(module=cls.__module__)
