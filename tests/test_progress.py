@@ -13,6 +13,33 @@ from disttest._runner import progress
 from disttest._runner.progress import WAITING, MemoryBoard, ProgressBoard, find_desync
 
 
+class RecordEncoderTest(unittest.TestCase):
+    """A record is written as json.dumps writes it (the board's reader is
+    json.loads), by a faster encoder where the C one is there, else by the
+    public one."""
+
+    RECORDS = (
+        {"op": "all_reduce", "seq": 3, "group": "0", "peers": [[0, 4]], "counts": {"0": 3, "send>1": 2},
+         "state": WAITING, "fr": {"k": [1, 0]}, "fr_at": [1.5, 1e-7], "done_at": 1732640000.123},
+        {"op": "recv", "group": "recv<*", "peers": [], "name": "caf\u00e9 \u2603 \"q\"\n", "ok": True, "no": None},
+        {},
+    )
+
+    def test_the_text_is_json_dumps(self):
+        import json
+
+        for record in self.RECORDS:
+            with self.subTest(record=record):
+                self.assertEqual(progress._encode(record), json.dumps(record, separators=(",", ":")))
+
+    def test_without_the_c_encoder_the_public_one(self):
+        import json
+
+        with mock.patch.object(json.encoder, "c_make_encoder", None):
+            encode = progress._record_encoder()
+        self.assertEqual(encode(self.RECORDS[0]), json.dumps(self.RECORDS[0], separators=(",", ":")))
+
+
 class BoardTest(unittest.TestCase):
     def board(self, world_size: int) -> ProgressBoard:
         folder = tempfile.mkdtemp(prefix="disttest-board-")

@@ -1,0 +1,63 @@
+"""What disttest's collective tracking costs per call, against c10d's own.
+
+Every rank of disttest's runners records each collective it enters and
+leaves (the progress board that desync and hang reports read); upstream's
+ranks call c10d directly. This times one gloo ``all_reduce`` of 4 elements
+at world size 1 in this process, through the tracking wrapper and through
+c10d's function, alternating, and prints the medians and the difference.
+
+    .venv/bin/python benchmarks/tracking_cost.py [-n 20000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=20000, help="calls per timing")
+    parser.add_argument("--rounds", type=int, default=5, help="timings of each (median reported)")
+    args = parser.parse_args()
+    if args.n < 1 or args.rounds < 1:
+        parser.error(f"-n {args.n} --rounds {args.rounds}: each at least 1")
+    import torch
+    import torch.distributed as dist
+
+    from disttest._runner import progress
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    direct = dist.all_reduce
+    undo = progress.install_tracking()
+    with tempfile.TemporaryDirectory() as tmp:
+        board = progress.ProgressBoard(os.path.join(tmp, "board"), 1, create=True)
+        progress.track_into(board, 0)
+        t = torch.ones(4)
+
+        def per_call(f: object) -> float:
+            start = time.perf_counter()
+            for _ in range(args.n):
+                f(t)  # type: ignore[operator]
+            return (time.perf_counter() - start) / args.n * 1e6
+
+        per_call(dist.all_reduce), per_call(direct)  # warm
+        tracked, untracked = [], []
+        for _ in range(args.rounds):
+            tracked.append(per_call(dist.all_reduce))
+            untracked.append(per_call(direct))
+        board.close()
+    undo()
+    dist.destroy_process_group()
+    a, b = statistics.median(tracked), statistics.median(untracked)
+    print(f"gloo all_reduce, world size 1, torch {torch.__version__}, median of {args.rounds} x {args.n} calls")
+    print(f"tracked (disttest's ranks) {a:7.1f} us/call")
+    print(f"c10d's own (upstream's)    {b:7.1f} us/call")
+    print(f"tracking adds              {a - b:7.1f} us/call ({a / b:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
