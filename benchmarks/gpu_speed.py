@@ -104,6 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         files = {(h, k): write(tmp, h, k) for h in MODULES for k in (1, args.tests)}
         floor = [timed([sys.executable, "-c", "import torch, torch.distributed"]) for _ in range(args.n)]
+        print(f"  floor (python -c import torch): {statistics.median(floor):.3f}s", flush=True)
         for run in range(args.n):  # alternating, so a busy spell falls on both
             for key, path in files.items():
                 times.setdefault(key, []).append(timed([sys.executable, path]))
