@@ -17,15 +17,11 @@ import multiprocessing
 import unittest
 
 import torch
+from omp_clean_cases import parallel_op
 
 import disttest
 
 _ = torch.randn(1500, 1500) @ torch.randn(1500, 1500)  # a parallel op at import
-
-
-def parallel_op() -> float:
-    a = torch.randn(1500, 1500)
-    return float((a @ a).sum().item())
 
 
 class OmpRanks(disttest.MultiProcessTestCase):

@@ -242,39 +242,63 @@ class ThreadsAtImportTest(unittest.TestCase):
     does not fork ranks that keep OpenMP's threads: they would hang at their
     first parallel op (the test's limit, not a result)."""
 
-    def test_ranks_that_keep_openmp_threads_are_spawned_the_others_forked(self):
-        from disttest._runner import cuda_fork
-
-        env = {**os.environ, "DISTTEST_FORK_SERVER": "fresh"}
-        proc = subprocess.run([sys.executable, "-W", "always", "-m", "unittest", "-v", "omp_import_cases"],
+    @staticmethod
+    def run_modules(*names: str) -> subprocess.CompletedProcess[str]:
+        # OMP_NUM_THREADS=2: a pool starts whatever the host's cores or the
+        # caller's setting (one thread would start none).
+        env = {**os.environ, "DISTTEST_FORK_SERVER": "fresh", "OMP_NUM_THREADS": "2"}
+        return subprocess.run([sys.executable, "-W", "always", "-m", "unittest", "-v", *names],
                               cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+
+    def test_ranks_that_keep_openmp_threads_are_spawned_the_others_forked(self):
+        from disttest._runner import fork_threads
+
+        # A clean module's test first: the server has forked once (numpy's
+        # OpenBLAS pool ends at a fork), then imports the module.
+        proc = self.run_modules("omp_clean_cases", "omp_import_cases")
         self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
-        self.assertIn("Ran 3 tests", proc.stderr)
+        self.assertIn("Ran 4 tests", proc.stderr)
         text = " ".join(proc.stderr.split())
-        first = cuda_fork.FELL_BACK_THREADS.format(
+        first = fork_threads.FELL_BACK_THREADS.format(
             test="OmpRanks.test_a", method="zygote", source="OmpRanks.start_method", cls="OmpRanks", threads=None,
-            reason=cuda_fork.SERVER_THREADS.format(module="omp_import_cases", count="COUNT"))
+            reason=fork_threads.SERVER_THREADS.format(module="omp_import_cases", count="COUNT"))
         head, tail = first.split("COUNT")
         self.assertRegex(text, re.escape(head) + r"[1-9]\d*" + re.escape(tail))
-        self.assertIn(cuda_fork.FELL_BACK_THREADS.format(
+        self.assertIn(fork_threads.FELL_BACK_THREADS.format(
             test="OmpRanks.test_b", method="zygote", source="OmpRanks.start_method", cls="OmpRanks", threads=None,
-            reason=cuda_fork.SERVER_THREADS_LEARNED.format(module="omp_import_cases")), text)
-        self.assertNotIn("SerialRanks.test_forked: its ranks start with 'spawn'", text)
+            reason=fork_threads.SERVER_THREADS_LEARNED.format(module="omp_import_cases")), text)
+        for forked in ("CleanOmpRanks.test_forked", "SerialRanks.test_forked"):
+            self.assertNotIn(f"{forked}: its ranks start with 'spawn'", text)
 
-    def test_the_refusal_counts_the_servers_own_threads_and_those_before_the_import(self):
-        from disttest._runner import cuda_fork
+    def test_threads_an_earlier_module_started_send_the_test_to_a_fresh_server(self):
+        # The server imports omp_import_cases for ranks of one thread (forked;
+        # its pool starts), then the clean module: not that module's doing,
+        # so a fresh server forks its ranks, and nothing is said.
+        proc = self.run_modules("omp_import_cases.SerialRanks", "omp_clean_cases")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 2 tests", proc.stderr)
+        self.assertNotIn("(disttest)", proc.stderr)
 
-        with mock.patch.object(cuda_fork, "thread_count", return_value=3):
-            self.assertIsNone(cuda_fork.threads_refusal("m", own=3, before=3))  # none beyond its own
-            self.assertEqual(cuda_fork.threads_refusal("m", own=1, before=1),
-                             (cuda_fork.SERVER_THREADS.format(module="m", count=2), "threads"))
-            self.assertEqual(cuda_fork.threads_refusal("m", own=1, before=3),
-                             (cuda_fork.SERVER_THREADS_EARLIER.format(module="m", count=2), "threads-earlier"))
-            self.assertIsNone(cuda_fork.threads_refusal("m", own=0, before=0))  # no /proc: unknown
-        saved = set(cuda_fork._threads_at_import)
-        self.addCleanup(lambda: (cuda_fork._threads_at_import.clear(), cuda_fork._threads_at_import.update(saved)))
+    def test_the_refusal_counts_threads_by_id(self):
+        from disttest._runner import cuda_fork, fork_threads
+
+        def now(*ids):
+            return mock.patch.object(fork_threads, "thread_ids", return_value=frozenset(ids))
+
+        with now("1"):
+            self.assertIsNone(fork_threads.refusal("m", own=frozenset({"1"}), before=frozenset({"1"})))
+            self.assertIsNone(fork_threads.refusal("m", own=None, before=None))  # no /proc: unknown
+        # Its own second thread (numpy's OpenBLAS pool) ended at a fork; the
+        # import started another: the same count, a new id.
+        with now("1", "3"):
+            self.assertEqual(fork_threads.refusal("m", own=frozenset({"1", "2"}), before=frozenset({"1"})),
+                             (fork_threads.SERVER_THREADS.format(module="m", count=1), "threads"))
+            self.assertEqual(fork_threads.refusal("m", own=frozenset({"1"}), before=frozenset({"1", "3"})),
+                             (fork_threads.SERVER_THREADS_EARLIER.format(module="m", count=1), "threads-earlier"))
+        saved = set(fork_threads._threads_at_import)
+        self.addCleanup(lambda: (fork_threads._threads_at_import.clear(), fork_threads._threads_at_import.update(saved)))
         cuda_fork.learn_unsafe_import("m2", "threads-earlier")  # not this module's doing: not learned
-        self.assertNotIn("m2", cuda_fork._threads_at_import)
+        self.assertNotIn("m2", fork_threads._threads_at_import)
 
 
 if __name__ == "__main__":

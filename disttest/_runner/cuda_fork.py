@@ -37,18 +37,17 @@ from __future__ import annotations
 import glob
 import os
 
+from disttest._runner import fork_threads
+from disttest._runner.messages import UNSAFE_CUDA, UNSAFE_THREADS
+
 __unittest = True
 
 __all__ = [
     "FELL_BACK",
-    "FELL_BACK_THREADS",
     "FORKED_ANYWAY",
     "NVML_CHECK_ENV",
     "PARENT_INITIALISED",
     "SERVER_INITIALISED",
-    "SERVER_THREADS",
-    "SERVER_THREADS_EARLIER",
-    "SERVER_THREADS_LEARNED",
     "choose",
     "chosen_by_disttest",
     "cuda_initialised",
@@ -57,8 +56,6 @@ __all__ = [
     "initialises_cuda_at_import",
     "learn_unsafe_import",
     "server_refusal",
-    "thread_count",
-    "threads_refusal",
 ]
 
 #: torch's switch for an availability check through NVML, which does not poison fork.
@@ -76,26 +73,9 @@ FORKED_ANYWAY = (
     "class at module level, or initialise CUDA only inside the ranks"
 )
 
-SERVER_THREADS = ("importing {module} started {count} thread(s) in the fork server (OpenMP's pool, after a parallel op "
-                  "at import such as a matmul, most likely)")
-SERVER_THREADS_LEARNED = ("importing {module} started threads in a fork server earlier in this process (OpenMP's pool, "
-                          "after a parallel op at import such as a matmul, most likely)")
-SERVER_THREADS_EARLIER = ("the fork server runs {count} thread(s) besides its own, started before {module} was imported "
-                          "(by an earlier test's module: OpenMP's pool, after a parallel op at import, most likely)")
-FELL_BACK_THREADS = (
-    "{test}: its ranks start with 'spawn' instead of {method!r} (from {source}) (disttest): {reason}, and a rank "
-    "forked after that hangs at its first parallel op ({cls}.rank_threads is {threads!r}: its ranks keep OpenMP's "
-    "threads). To choose 'spawn' yourself and silence this, set start_method = 'spawn' on {cls} or "
-    "DISTTEST_START_METHOD=spawn; to keep fork's speed, keep tensor work out of the module's import, or set "
-    "rank_threads = 1 on {cls}"
-)
-
 # Modules whose import initialised CUDA in a fork server (learned from its
 # refusal): their tests go to ``spawn`` without asking a fresh server again.
 _cuda_at_import: set[str] = set()
-# Likewise, modules whose import started threads in a fork server: their
-# tests whose ranks keep OpenMP's threads (rank_threads != 1) go to spawn.
-_threads_at_import: set[str] = set()
 
 
 def cuda_initialised() -> bool:
@@ -139,44 +119,19 @@ def chosen_by_disttest(cls: type, source: str) -> bool:
     return owner is not None and owner.__module__.startswith("disttest.")
 
 
-def initialises_cuda_at_import(module: str, learned: bool = False) -> bool:
-    """Whether importing ``module`` is known to initialise CUDA (with
-    ``learned``: record that it does, as a fork server found)."""
-    if learned:
-        _cuda_at_import.add(module)
+def initialises_cuda_at_import(module: str) -> bool:
+    """Whether importing ``module`` is known to initialise CUDA (a fork
+    server refused it: :func:`learn_unsafe_import`)."""
     return module in _cuda_at_import
 
 
 def learn_unsafe_import(module: str, kind: str) -> None:
-    """Record what a fork server's refusal (``kind``, as
-    :class:`~.messages.ForkUnsafe`'s) taught about importing ``module``."""
-    if kind == "cuda":
+    """Record what a fork server's refusal (``kind``, one of
+    :data:`~.messages.UNSAFE_KINDS`) taught about importing ``module``."""
+    if kind == UNSAFE_CUDA:
         _cuda_at_import.add(module)
-    elif kind == "threads":
-        _threads_at_import.add(module)
-
-
-def thread_count() -> int:
-    """This process's threads, every library's (``threading`` sees only
-    Python's; OpenMP's pool is native)."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 0  # no /proc: unknown, never a refusal
-
-
-def threads_refusal(module: str, own: int, before: int) -> tuple[str, str] | None:
-    """In the fork server, after importing the test's ``module``, for ranks
-    that keep OpenMP's threads: (why it must not fork them, the kind), or
-    None. ``own``: the server's threads at its start; ``before``: just
-    before the import. A fork of a process whose OpenMP pool has started
-    hangs at its first parallel op (libgomp is not fork-safe)."""
-    now = thread_count()
-    if now <= own or own == 0:
-        return None
-    if now > before:
-        return SERVER_THREADS.format(module=module, count=now - before), "threads"
-    return SERVER_THREADS_EARLIER.format(module=module, count=now - own), "threads-earlier"
+    elif kind == UNSAFE_THREADS:
+        fork_threads.learned(module)
 
 
 def server_refusal(module: str) -> str | None:
@@ -185,12 +140,11 @@ def server_refusal(module: str) -> str | None:
     return SERVER_INITIALISED.format(module=module) if cuda_initialised() else None
 
 
-def fell_back(cls: type, test: str, method: str, source: str, reason: str, kind: str = "cuda") -> str:
+def fell_back(cls: type, test: str, method: str, source: str, reason: str, kind: str = UNSAFE_CUDA) -> str:
     """The warning for ranks started with ``spawn`` instead of ``method``
-    (``kind``: why, as :class:`~.messages.ForkUnsafe`'s)."""
-    if kind.startswith("threads"):
-        return FELL_BACK_THREADS.format(test=test, method=method, source=source, reason=reason, cls=cls.__name__,
-                                        threads=getattr(cls, "rank_threads", None))
+    (``kind``: why, one of :data:`~.messages.UNSAFE_KINDS`)."""
+    if kind != UNSAFE_CUDA:
+        return fork_threads.fell_back(cls, test, method, source, reason)
     return FELL_BACK.format(test=test, method=method, source=source, reason=reason, cls=cls.__name__)
 
 
@@ -215,7 +169,8 @@ def choose(method: str, cls: type, test: str, source: str, importable: bool) -> 
     if method == "zygote" and initialises_cuda_at_import(cls.__module__):
         reason = SERVER_INITIALISED.format(module=cls.__module__)
         return "spawn", fell_back(cls, test, method, source, reason)
-    if method == "zygote" and cls.__module__ in _threads_at_import and getattr(cls, "rank_threads", 1) != 1:
-        reason = SERVER_THREADS_LEARNED.format(module=cls.__module__)
-        return "spawn", fell_back(cls, test, method, source, reason, "threads")
+    if method == "zygote":
+        refusal = fork_threads.known_refusal(cls)
+        if refusal is not None:
+            return "spawn", fork_threads.fell_back(cls, test, method, source, refusal)
     return method, None

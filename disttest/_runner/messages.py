@@ -42,7 +42,7 @@ __unittest = True
 
 __all__ = [
     "Done", "Exited", "ForkUnsafe", "Hello", "Leave", "Ready", "Run", "ServerReady", "Start",
-    "StartFailed", "Started", "deliver",
+    "StartFailed", "Started", "UNSAFE_CUDA", "UNSAFE_KINDS", "UNSAFE_THREADS", "UNSAFE_THREADS_EARLIER", "deliver",
 ]
 
 
@@ -121,18 +121,26 @@ class StartFailed:
     text: str
 
 
+#: Why a fork server will not fork a test's ranks (:class:`ForkUnsafe`'s kind):
+#: they could not use CUDA; they would hang in OpenMP (threads the import of
+#: the test's module started); the same, threads started before that import.
+UNSAFE_CUDA, UNSAFE_THREADS, UNSAFE_THREADS_EARLIER = "cuda", "threads", "threads-earlier"
+UNSAFE_KINDS = (UNSAFE_CUDA, UNSAFE_THREADS, UNSAFE_THREADS_EARLIER)
+
+
 @dataclass(frozen=True)
 class ForkUnsafe:
     """The fork server will not fork the ranks of run ``run``, and forks no
     more: ``kind`` ``"cuda"``, its ranks could not use CUDA (importing the
     test's module initialised CUDA in the server); ``"threads"``, ranks that
     keep OpenMP's threads would hang (the import started threads in it);
-    ``"threads-earlier"``, the same, the threads started before this import.
-    ``reason`` says which, for the warning."""
+    ``"threads-earlier"``, the same, the threads started before this import
+    (the client asks a fresh server instead). ``reason`` says which, for the
+    warning (:data:`UNSAFE_KINDS`)."""
 
     run: int
     reason: str
-    kind: str = "cuda"
+    kind: str = UNSAFE_CUDA
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,12 @@ import warnings
 from multiprocessing.connection import Connection
 
 from disttest import _compat
-from disttest._runner import cuda_fork, settings
+from disttest._runner import cuda_fork, fork_threads, settings
 from disttest._runner import launcher as launcher_mod
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import (
+    UNSAFE_THREADS_EARLIER,
     Exited,
     ForkUnsafe,
     ServerReady,
@@ -152,7 +153,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, tuple[int, int]] = {}  # pid -> (run_id, rank)
     unsafe: str | None = None  # why this server's forks can no longer use CUDA
-    own_threads = cuda_fork.thread_count()  # this server's own (none but the main thread, as a rule)
+    own_threads = fork_threads.thread_ids()  # this server's own, by id
     outbox.send(ServerReady(os.getpid()))
     while True:
         ready, _, _ = select.select([inbox.fileno(), wake_r], [], [], 0.5)
@@ -170,7 +171,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         if not isinstance(message, Start):
             continue
         run_id, spec = message.run, message.spec
-        before = cuda_fork.thread_count()
+        before = fork_threads.thread_ids()
         try:
             sys.path[:] = spec.sys_path
             # The test module's top-level code sees the test process's argv,
@@ -191,8 +192,8 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         if unsafe is not None:
             outbox.send(ForkUnsafe(run_id, unsafe))
             continue
-        if spec.threads != 1:  # ranks that keep OpenMP's threads: a fork after its pool started hangs
-            refusal = cuda_fork.threads_refusal(spec.module, own_threads, before)
+        if fork_threads.keeps_openmp(spec.threads):  # a fork after OpenMP's pool started hangs in it
+            refusal = fork_threads.refusal(spec.module, own_threads, before)
             if refusal is not None:
                 outbox.send(ForkUnsafe(run_id, *refusal))
                 continue
@@ -488,6 +489,28 @@ class ZygoteLauncher(ProcessLauncher):
             warnings.warn(f"disttest: a fresh fork server instead: {e}", stacklevel=2)
             client = self._client = _client(self.spec.threads, owner)
             client.await_ready()
+        self._ask(client)
+        if self._unsafe is not None and self._unsafe[1] == UNSAFE_THREADS_EARLIER:
+            # Threads an earlier test's module started: a fresh server, which
+            # imports only this one, is asked instead.
+            client.runs.pop(self._run_id, None)
+            _retire(client)
+            client = self._client = _client(self.spec.threads, owner)
+            self._run_id = next(client.ids)
+            client.await_ready()
+            self._ask(client)
+        if self._unsafe is not None:
+            reason, kind = self._unsafe
+            client.runs.pop(self._run_id, None)
+            cuda_fork.learn_unsafe_import(self.spec.module, kind)
+            _retire(client)
+            raise ForkServerUnsafe(reason, kind)
+        if self._error is not None:
+            client.runs.pop(self._run_id, None)
+            raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
+
+    def _ask(self, client: _Client) -> None:
+        """Send the test to ``client``'s server and wait for its answer."""
         self._error: str | None = None
         self._unsafe: tuple[str, str] | None = None  # (reason, kind) of a ForkUnsafe
         client.runs[self._run_id] = self
@@ -510,15 +533,6 @@ class ZygoteLauncher(ProcessLauncher):
                 client.runs.pop(self._run_id, None)
                 _abandon(client)
                 raise ZygoteUnavailable(f"the fork server did not answer within {START_TIMEOUT}s")
-        if self._unsafe is not None:
-            reason, kind = self._unsafe
-            client.runs.pop(self._run_id, None)
-            cuda_fork.learn_unsafe_import(self.spec.module, kind)
-            _retire(client)
-            raise ForkServerUnsafe(reason, kind)
-        if self._error is not None:
-            client.runs.pop(self._run_id, None)
-            raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
 
     def on_started(self, message: Started) -> None:
         self.pids.update(message.pids)

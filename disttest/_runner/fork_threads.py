@@ -1,0 +1,104 @@
+"""Start methods and OpenMP: which ranks a fork server must not fork.
+
+A process forked after OpenMP's thread pool started (a parallel op: a
+matmul, a large elementwise op) hangs at its first parallel op: libgomp is
+not fork-safe. Ranks of one OpenMP thread (``rank_threads = 1``, the
+default) go serial before any op and are safe. Ranks that keep OpenMP's
+threads (``rank_threads = None`` or above 1) are not, when the fork server
+that forks them has such a pool, which a test module that runs a parallel
+op at import starts in it.
+
+The fork server notes its threads (by id) when it starts and before each
+import of a test's module. For ranks that keep OpenMP's threads it refuses
+to fork (:class:`~.messages.ForkUnsafe`) where threads beyond its own run:
+
+- started by this module's import (``threads``): the module is remembered,
+  and its such tests start with ``spawn``, with :data:`FELL_BACK_THREADS`;
+- started before it, by an earlier test's module (``threads-earlier``):
+  not this module's doing, so the client asks a fresh server instead.
+
+Ids, not counts: numpy's OpenBLAS pool, started at its import, ends before
+every fork and starts again at its next call, so a count can come back to
+the server's own while OpenMP's pool runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from disttest._runner.messages import UNSAFE_THREADS, UNSAFE_THREADS_EARLIER
+
+__unittest = True
+
+__all__ = [
+    "FELL_BACK_THREADS", "SERVER_THREADS", "SERVER_THREADS_EARLIER", "SERVER_THREADS_LEARNED", "fell_back",
+    "keeps_openmp", "known_refusal", "learned", "refusal", "thread_ids",
+]
+
+SERVER_THREADS = ("importing {module} started {count} thread(s) in the fork server (OpenMP's pool, after a parallel op "
+                  "at import such as a matmul, most likely)")
+SERVER_THREADS_LEARNED = ("importing {module} started threads in a fork server earlier in this process (OpenMP's pool, "
+                          "after a parallel op at import such as a matmul, most likely)")
+SERVER_THREADS_EARLIER = ("the fork server runs {count} thread(s) besides its own, started before {module} was imported "
+                          "(by an earlier test's module: OpenMP's pool, after a parallel op at import, most likely)")
+FELL_BACK_THREADS = (
+    "{test}: its ranks start with 'spawn' instead of {method!r} (from {source}) (disttest): {reason}, and a rank "
+    "forked after that hangs at its first parallel op ({cls}.rank_threads is {threads!r}: its ranks keep OpenMP's "
+    "threads). To choose 'spawn' yourself and silence this, set start_method = 'spawn' on {cls} or "
+    "DISTTEST_START_METHOD=spawn; to keep fork's speed, keep tensor work out of the module's import, or set "
+    "rank_threads = 1 on {cls}"
+)
+
+# Modules whose import started threads in a fork server (learned from its
+# refusal): their tests whose ranks keep OpenMP's threads go to spawn.
+_threads_at_import: set[str] = set()
+
+
+def keeps_openmp(threads: int | None) -> bool:
+    """Whether ranks of ``rank_threads = threads`` run OpenMP's pool."""
+    return threads != 1
+
+
+def thread_ids() -> frozenset[str] | None:
+    """The ids of this process's threads, every library's (``threading``
+    sees only Python's; OpenMP's pool is native); None without /proc."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def refusal(module: str, own: frozenset[str] | None, before: frozenset[str] | None) -> tuple[str, str] | None:
+    """In the fork server, after importing the test's ``module``, for ranks
+    that keep OpenMP's threads: (why it must not fork them, the kind), or
+    None. ``own``: the server's threads as it started; ``before``: just
+    before the import."""
+    now = thread_ids()
+    if now is None or own is None or before is None:
+        return None  # no /proc: unknown, never a refusal
+    extra = now - own
+    if not extra:
+        return None
+    started = now - before
+    if started:
+        return SERVER_THREADS.format(module=module, count=len(started)), UNSAFE_THREADS
+    return SERVER_THREADS_EARLIER.format(module=module, count=len(extra)), UNSAFE_THREADS_EARLIER
+
+
+def learned(module: str) -> None:
+    """Remember that importing ``module`` starts threads (a server refused it)."""
+    _threads_at_import.add(module)
+
+
+def known_refusal(cls: type) -> str | None:
+    """Why ``cls``'s ranks must not come from a fork server, known from an
+    earlier refusal, or None."""
+    if cls.__module__ in _threads_at_import and keeps_openmp(getattr(cls, "rank_threads", 1)):
+        return SERVER_THREADS_LEARNED.format(module=cls.__module__)
+    return None
+
+
+def fell_back(cls: type, test: str, method: str, source: str, reason: str) -> str:
+    """The warning for ranks started with ``spawn`` instead of ``method``."""
+    return FELL_BACK_THREADS.format(test=test, method=method, source=source, reason=reason, cls=cls.__name__,
+                                    threads=getattr(cls, "rank_threads", None))
