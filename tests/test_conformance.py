@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import torch.distributed as dist
 
@@ -397,10 +398,38 @@ class DeviceTest(unittest.TestCase):
         bitwise = Case("test_x__y", "all_reduce", lambda c: None, dtype="int32", op="BAND")
         self.assertIn("Cannot use ReduceOp.BAND with NCCL", declaration_for("nccl", None, "cuda").match(bitwise))
 
-    def test_a_device_the_host_lacks_is_refused_naming_it(self):
+    def test_a_device_the_host_lacks_is_refused_naming_it_and_where_it_came_from(self):
+        import torch
+
+        from disttest import conformance
         from disttest.conformance import conformance_class
 
-        with self.assertRaisesRegex(ValueError, "device 'xpu': this host has no xpu device"):
+        lacks = conformance.NO_SUCH_DEVICE.format(kind="xpu", version=torch.__version__)
+        with self.assertRaises(ValueError) as caught:
             conformance_class("threaded", 2, device="xpu")
+        self.assertEqual(str(caught.exception), conformance.DEVICE_REFUSED.format(
+            source="device", device="xpu", problem=lacks))
+        with mock.patch.object(conformance, "default_device", return_value="xpu"), self.assertRaises(ValueError) as caught:
+            conformance_class("threaded", 2)
+        self.assertEqual(str(caught.exception), conformance.DEFAULT_DEVICE_REFUSED.format(
+            device="xpu", backend="threaded", problem=lacks))
+        with self.assertRaisesRegex(ValueError, re.escape(conformance.ONE_DEVICE.format(kind="cuda"))):
+            conformance_class("threaded", 2, device="cuda:1")
         self.assertEqual(conformance_class("threaded", 2).conformance_device, "cpu")
+        self.assertEqual(conformance_class("threaded", 2, device="cpu:0").conformance_device, "cpu")
+
+    def test_the_pools_rank_r_takes_device_r_modulo_the_count(self):
+        from disttest import _compat, conformance
+        from disttest.runners.continuous import MultiProcContinousTest
+
+        with mock.patch.object(conformance, "device_problem", return_value=None):
+            cls = conformance.conformance_class("gloo", 3, device="cuda")
+        self.assertEqual(cls.conformance_device, "cuda")
+        for count, want in ((2, 1), (0, 0)):  # (0: none visible in the rank; no division by zero)
+            with self.subTest(count=count), mock.patch.object(_compat, "accelerator_count", return_value=count), \
+                    mock.patch.object(_compat, "set_device_index") as set_index, \
+                    mock.patch.object(MultiProcContinousTest, "_init_pg") as init:
+                cls._init_pg(3, 3, "/nonexistent")
+            set_index.assert_called_once_with(want)
+            init.assert_called_once()
 

@@ -54,6 +54,12 @@ __all__ = [
 MODULE_ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"
 UNKNOWN_BACKEND = ("--backend {backend!r}: no such c10d backend is registered on this host (disttest); "
                    "pass the module that registers it with --import")
+DEVICE_REFUSED = "{source} {device!r}: {problem} (disttest)"
+DEFAULT_DEVICE_REFUSED = ("device {device!r}, the default for backend {backend!r}: {problem}; choose one with --device "
+                          "(disttest)")
+NOT_A_DEVICE = "not a torch device ({error})"
+NO_SUCH_DEVICE = "this host has no {kind} device (torch {version})"
+ONE_DEVICE = "name a device type ({kind}), not one device: the pool's rank r uses device r modulo the host's count"
 BAD_DECLARATION = "{module}.{attr} must map backend names to tokens (a list or a mapping token -> reason), got {value!r}"
 
 
@@ -86,28 +92,36 @@ def default_device(backend: str) -> str:
 
 def device_problem(device: str) -> str | None:
     """Why ``device`` cannot hold the cases' tensors on this host, or None.
-    Asks without initialising CUDA (the pool forks from this process)."""
+    Asks without the CUDA driver (the pool forks from this process): where
+    NVML cannot count CUDA devices, a device is assumed."""
     import torch
 
+    from disttest._runner import cuda_fork
+
     try:
-        kind = torch.device(device).type
+        parsed = torch.device(device)
     except (RuntimeError, ValueError) as e:
-        return f"not a torch device ({str(e).splitlines()[0]})"
-    if kind == "cpu":
+        return NOT_A_DEVICE.format(error=str(e).splitlines()[0])
+    kind = parsed.type
+    if kind == "cpu" and parsed.index in (None, 0):
         return None
-    if _compat.accelerator_type() != kind or _compat.accelerator_count() == 0:
-        return f"this host has no {kind} device (torch {torch.__version__})"
+    if parsed.index is not None:
+        return ONE_DEVICE.format(kind=kind)
+    if kind == "cuda" and cuda_fork.no_cuda_device() or kind != "cuda" and _compat.accelerator_type() != kind:
+        return NO_SUCH_DEVICE.format(kind=kind, version=torch.__version__)
     return None
 
 
 def conformance_class(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
                       unsupported: Declaration | None = None, lenient: bool = False,
-                      device: str | None = None) -> type[unittest.TestCase]:
+                      device: str | None = None, device_from: str = "device") -> type[unittest.TestCase]:
     """A test class running every case on ``backend`` with ``world_size``
     ranks: threads for ``threaded``, else a pool of processes that lives
     for the class (each case a test; the group is made once). ``device``
-    (default :func:`default_device`): where the cases' tensors live; on an
-    accelerator, rank ``r`` uses device ``r`` modulo the host's count."""
+    (a device type; default :func:`default_device`): where the cases'
+    tensors live; on an accelerator, the pool's rank ``r`` uses device ``r``
+    modulo the host's count (threaded ranks share the current device).
+    ``device_from`` names where ``device`` came from, for the error."""
     declared = Declaration()
     for name in imports:
         declared.reasons.update(module_declaration(importlib.import_module(name), backend).reasons)
@@ -119,10 +133,16 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
 
         if not dist.is_backend_available(backend):
             raise ValueError(UNKNOWN_BACKEND.format(backend=backend))
-    device = device or default_device(backend)
-    problem = device_problem(device)
+    import torch
+
+    chosen = device or default_device(backend)
+    problem = device_problem(chosen)
+    if problem and device:
+        raise ValueError(DEVICE_REFUSED.format(source=device_from, device=device, problem=problem))
     if problem:
-        raise ValueError(f"device {device!r}: {problem} (disttest)")
+        raise ValueError(DEFAULT_DEVICE_REFUSED.format(device=chosen, backend=backend, problem=problem))
+    device = chosen
+    device = torch.device(device).type  # "cpu:0" is the CPU
     attrs: dict[str, Any] = {"conformance_backend": backend, "conformance_unsupported": declared,
                              "conformance_lenient": lenient, "world_size": world_size, "timeout": timeout,
                              "conformance_device": device}
@@ -138,19 +158,20 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
     from disttest.runners.continuous import MultiProcContinousTest
 
     attrs["backend_str"] = classmethod(lambda cls: backend)
-    if device != "cpu":
-        def _init_pg(cls: Any, rank: int, world: int, rdvz_file: str | None) -> None:
-            _compat.set_device_index(rank % _compat.accelerator_count())
-            MultiProcContinousTest._init_pg.__func__(cls, rank, world, rdvz_file)  # type: ignore[attr-defined]
-
-        attrs["_init_pg"] = classmethod(_init_pg)
     # Every case is judged on its own: a backend that breaks the pool in
     # every case must still get a verdict for each one.
     attrs["max_pool_rebuilds"] = sys.maxsize
     # NB: made in a function, as its qualname says: the pool forks its ranks
     # from this process (a fork server could not import the class by name).
     attrs["__qualname__"] = "conformance_class.<locals>.ProcessConformance"
-    return type("ProcessConformance", (CollectiveConformance, MultiProcContinousTest), attrs)
+    made: Any = type("ProcessConformance", (CollectiveConformance, MultiProcContinousTest), attrs)
+    if device != "cpu":
+        def _init_pg(cls: Any, rank: int, world: int, rdvz_file: str | None) -> None:
+            _compat.set_device_index(rank % max(1, _compat.accelerator_count()))  # (in a rank: may ask the driver)
+            super(made, cls)._init_pg(rank, world, rdvz_file)
+
+        made._init_pg = classmethod(_init_pg)
+    return made  # type: ignore[no-any-return]
 
 
 class _Recording(unittest.TestResult):
@@ -178,11 +199,11 @@ class _Recording(unittest.TestResult):
 
 def run(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
         pattern: str | None = None, unsupported: Declaration | None = None,
-        lenient: bool = False, device: str | None = None) -> ConformanceResult:
+        lenient: bool = False, device: str | None = None, device_from: str = "device") -> ConformanceResult:
     """Run the suite on ``backend``; every case's result, in order."""
     import fnmatch
 
-    cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient, device)
+    cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient, device, device_from)
     cases = [c for c in CASES if not pattern or fnmatch.fnmatch(c.name, pattern)]
     recording = _Recording()
     start = time.monotonic()

@@ -8,7 +8,7 @@ import os
 import sys
 
 from disttest.config import ConfigError, parse_timeout, parse_world_size
-from disttest.conformance import CASES, Declaration, device_problem, run
+from disttest.conformance import CASES, Declaration, run
 
 __unittest = True
 
@@ -40,10 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         timeout = parse_timeout(args.timeout, "--timeout")
     except ConfigError as e:
         parser.error(str(e))
-    if args.device is not None:
-        problem = device_problem(args.device)
-        if problem:
-            parser.error(f"--device {args.device!r}: {problem} (disttest)")
     declared = Declaration()
     for tokens in args.unsupported:
         declared.extend(tokens, "--unsupported")
@@ -63,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             parser.error(f"--import {name!r}: {problem} (disttest)")
     try:
+        # (the device is checked there, after the --import modules, one of
+        # which may register it)
         result = run(args.backend, world_size, args.imports, timeout, args.pattern, declared, args.lenient,
-                     args.device)
+                     args.device, "--device")
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     if not result.cases:
