@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 import disttest
-from disttest._runner import progress
 from disttest.faults import judge as _faults_judge
+from disttest.faults import rank as _faults_rank
 
 CALLS = 200
 
@@ -80,7 +80,7 @@ def disabled() -> Iterator[None]:
     def unarmed(*args: object) -> Iterator[None]:
         yield
 
-    with mock.patch.object(progress, "before_collective", lambda op, rank: None), \
+    with mock.patch.object(_faults_rank, "before_collective", lambda op, rank: None), \
             mock.patch.object(_faults_judge.Injection, "for_test", lambda *a: _Inactive()), \
             mock.patch("disttest.runners.multiprocess.armed", unarmed), \
             mock.patch("disttest.runners.multithread.armed", unarmed):
@@ -121,7 +121,7 @@ def main() -> int:
     calls = 1_000_000
     start = time.perf_counter()
     for _ in range(calls):
-        progress.before_collective("all_reduce", 0)
+        _faults_rank.before_collective("all_reduce", 0)
     per_call = (time.perf_counter() - start) / calls
     print(f"the unarmed interceptor: {per_call * 1e9:.0f} ns a collective "
           f"({per_call * CALLS * 1e6:.0f} us for the {CALLS} collectives of a test)")

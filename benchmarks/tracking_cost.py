@@ -28,14 +28,14 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from disttest._runner import progress
+    from disttest._runner import progress, tracking
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     direct = dist.all_reduce
-    undo = progress.install_tracking()
+    undo = tracking.install_tracking()
     with tempfile.TemporaryDirectory() as tmp:
         board = progress.ProgressBoard(os.path.join(tmp, "board"), 1, create=True)
-        progress.track_into(board, 0)
+        tracking.track_into(board, 0)
         t = torch.ones(4)
 
         def per_call(f: object) -> float:

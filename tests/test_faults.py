@@ -17,7 +17,7 @@ import torch
 from runner_cases import live_ranks
 
 from disttest import ConfigError, InjectedFault, inject_fault
-from disttest._runner import progress
+from disttest._runner import tracking
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest.faults import (
     CHAOS_ENV,
@@ -292,17 +292,17 @@ class HookTest(unittest.TestCase):
             def test_x(self):
                 pass
 
-        self.assertEqual(progress._hook, [])
+        self.assertEqual(tracking._hook, [])
         run_dir = tempfile.mkdtemp(prefix="disttest-hook-test-")
         self.addCleanup(shutil.rmtree, run_dir, True)
         with _faults_rank.armed(Case, "test_x", 0, run_dir):
-            self.assertEqual(progress._hook, [_faults_rank.before_collective])
+            self.assertEqual(tracking._hook, [_faults_rank.before_collective])
             with _faults_rank.armed(Case, "test_x", 0, run_dir):  # a second rank thread
                 pass
-            self.assertEqual(progress._hook, [_faults_rank.before_collective])
-        self.assertEqual(progress._hook, [])
+            self.assertEqual(tracking._hook, [_faults_rank.before_collective])
+        self.assertEqual(tracking._hook, [])
         with _faults_rank.armed(unittest.TestCase, "run", 0):  # nothing declared
-            self.assertEqual(progress._hook, [])
+            self.assertEqual(tracking._hook, [])
 
     def test_a_fault_where_no_parent_reads_the_records_is_refused(self):
         class Case:
@@ -313,7 +313,7 @@ class HookTest(unittest.TestCase):
         with self.assertRaises(ConfigError) as cm, _faults_rank.armed(Case, "test_x", 0):
             pass
         self.assertIn("this rank was started by an external launcher (run_rank)", str(cm.exception))
-        self.assertEqual(progress._hook, [])
+        self.assertEqual(tracking._hook, [])
 
 
 class RunnerFaultsTest(unittest.TestCase):
@@ -328,7 +328,7 @@ class RunnerFaultsTest(unittest.TestCase):
         self.assertEqual(_process, [], "interception left armed")
         self.assertIsNone(getattr(_local, "state", None))
         self.assertEqual(_faults_rank._armed_count, 0)
-        self.assertEqual(progress._hook, [], "the core's collective hook left set")
+        self.assertEqual(tracking._hook, [], "the core's collective hook left set")
 
     def each(self, name, runners=PROCESS_AND_POOL_AND_THREADS):
         """(runner, result, seconds) of ``name`` under each runner."""

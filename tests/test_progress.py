@@ -9,7 +9,7 @@ import threading
 import unittest
 from unittest import mock
 
-from disttest._runner import progress
+from disttest._runner import progress, tracking
 from disttest._runner.progress import WAITING, MemoryBoard, ProgressBoard, find_desync
 
 
@@ -32,12 +32,18 @@ class RecordEncoderTest(unittest.TestCase):
             with self.subTest(record=record):
                 self.assertEqual(progress._encode(record), json.dumps(record, separators=(",", ":")))
 
-    def test_without_the_c_encoder_the_public_one(self):
+    def test_without_the_c_encoder_or_where_it_differs_the_public_one(self):
         import json
 
-        with mock.patch.object(json.encoder, "c_make_encoder", None):
-            encode = progress._record_encoder()
-        self.assertEqual(encode(self.RECORDS[0]), json.dumps(self.RECORDS[0], separators=(",", ":")))
+        def differs(*args):
+            return lambda record, level: ["{}"]  # a scanner whose text is not json.dumps's
+
+        for make in (None, differs):
+            with self.subTest(make=make), mock.patch.object(json.encoder, "c_make_encoder", make):
+                encode = progress._record_encoder()
+            self.assertIsInstance(getattr(encode, "__self__", None), json.JSONEncoder)  # the public encoder
+            self.assertEqual(encode(self.RECORDS[0]), json.dumps(self.RECORDS[0], separators=(",", ":")))
+        self.assertNotIsInstance(getattr(progress._encode, "__self__", None), json.JSONEncoder)  # the fast one here
 
 
 class BoardTest(unittest.TestCase):
@@ -50,7 +56,7 @@ class BoardTest(unittest.TestCase):
 
     def test_a_256_rank_collective(self):
         board = self.board(256)
-        tracker = progress._Tracker(board, 5)
+        tracker = tracking._Tracker(board, 5)
         tracker.enter("all_reduce", progress.DEFAULT_GROUP, list(range(256)), waits=True)
         flight = board.in_flight(5)
         self.assertEqual(flight.peers, range(256))  # a whole group: O(1) to record and to ask
@@ -64,7 +70,7 @@ class BoardTest(unittest.TestCase):
         world = 1024
         board = MemoryBoard(world)
         for r in range(world):
-            tracker = progress._Tracker(board, r)
+            tracker = tracking._Tracker(board, r)
             tracker.enter("barrier", progress.DEFAULT_GROUP, range(world), waits=r >= 512)
         reads = []
         counts = board.counts
@@ -77,7 +83,7 @@ class BoardTest(unittest.TestCase):
 
     def test_all_pairs_point_to_point_at_64_ranks(self):
         board = self.board(64)
-        tracker = progress._Tracker(board, 3)
+        tracker = tracking._Tracker(board, 3)
         for peer in range(64):
             if peer != 3:
                 tracker.enter("send", f"send>{peer}", [peer], waits=False)
@@ -127,7 +133,7 @@ class BoardTest(unittest.TestCase):
         self.assertEqual(find_desync(board, [0], [1]), [])
 
     def test_threads_of_one_rank_count_their_own_depth(self):
-        tracker = progress._Tracker(self.board(2), 0)
+        tracker = tracking._Tracker(self.board(2), 0)
         tracker.depth += 1
         seen = []
         thread = threading.Thread(target=lambda: seen.append(tracker.depth))

@@ -13,30 +13,24 @@ than k collectives of G, waits for a peer that will never come.
 
 Only the outermost call is recorded (``all_gather_object`` calls
 ``all_gather``); ``async_op=True`` calls and ``isend``/``irecv`` count but do
-not wait.
+not wait. This module is the boards and the parent's judgement; the rank's
+side, which wraps the collectives and writes the record, is
+:mod:`~disttest._runner.tracking`.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import mmap
 import os
 import struct
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disttest._ops import COLLECTIVES, P2P_OPS
-
 __unittest = True
 
-__all__ = [
-    "Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "install_tracking",
-    "restart_counts", "set_collective_hook", "track_into",
-]
+__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync"]
 
 SLOT = 4096  # bytes per rank at least; more for wide worlds (slot_size)
 _HEADER = struct.Struct("<IIB")  # seqlock version, payload length, state
@@ -209,8 +203,9 @@ def _record_encoder() -> Callable[[Any], str]:
         def encode(record: Any) -> str:
             return "".join(scan(record, 0))
 
+        # (a literal, not encoder.encode's text: that goes through the same scanner)
         sample = {"op": "all_reduce", "peers": [[0, 4]], "fr": None, "x": 1.5, "ok": True, "s": "\u00e9"}
-        if encode(sample) == encoder.encode(sample):
+        if encode(sample) == '{"op":"all_reduce","peers":[[0,4]],"fr":null,"x":1.5,"ok":true,"s":"\\u00e9"}':
             return encode
     except (AttributeError, TypeError):
         pass
@@ -379,315 +374,3 @@ def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[in
     sent = sum(c.get(f"send>{rank}", 0) for c in theirs if c is not None)
     received = sum(v for k, v in (mine or {}).items() if k.startswith("recv<"))
     return others[0] if sent < received else None
-
-
-# --- rank side ----------------------------------------------------------------
-
-
-class _Tracker:
-    def __init__(self, board: Board, rank: int) -> None:
-        self.board = board
-        self.rank = rank
-        self.counts: dict[str, int] = {}
-        self._local = threading.local()  # each thread of a rank its own depth
-        self._lock = threading.Lock()  # the rank's threads and its watcher write
-        self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
-        self._pending: list[tuple[str, int]] = []  # flight-recorder collectives pending
-        self._since = 0.0
-
-    @property
-    def depth(self) -> int:
-        return getattr(self._local, "depth", 0)
-
-    @depth.setter
-    def depth(self, value: int) -> None:
-        self._local.depth = value
-
-    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool) -> None:
-        self.counts[group] = self.counts.get(group, 0) + 1
-        with self._lock:
-            self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
-                           "counts": dict(self.counts), "state": WAITING if waits else IDLE,
-                           "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
-            self.board.write(self.rank, self.record)
-
-    def leave(self, failed: bool) -> None:
-        # A failed collective keeps its record: the parent tells a desync
-        # from a plain error by the collective a rank died in.
-        with self._lock:
-            self.record["state"] = FAILED if failed else IDLE
-            self.board.set_state(self.rank, self.record["state"])
-
-    def reset(self) -> None:
-        with self._lock:
-            self.counts = {}
-            self.record = {"counts": {}, "state": IDLE, "fr": self.record.get("fr"),
-                           "fr_at": self.record.get("fr_at")}
-            self.board.write(self.rank, self.record)
-
-    def done(self) -> None:
-        """The rank's test ended (its peers' desync judgement needs when)."""
-        import time
-
-        with self._lock:
-            self.record["done_at"] = time.time()
-            self.board.write(self.rank, self.record)
-
-    def recorded(self, status: dict[str, list[Any]]) -> None:
-        """Publish what the flight recorder says (from the watcher thread),
-        with since when the same collectives are pending and when last seen."""
-        import time
-
-        now = time.time()
-        pending = sorted((k, v[0]) for k, v in status.items() if v[0] > v[1])
-        with self._lock:
-            if pending != self._pending:
-                self._pending, self._since = pending, now
-            self.record["fr"] = status
-            self.record["fr_at"] = [self._since, now]
-            self.board.write(self.rank, self.record)
-
-
-_TRACKED = (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS)
-
-#: What the tracking wrapper asks as a rank enters a collective: ``(op,
-#: rank) -> after or None``, where ``after(args, kwargs, result)`` runs once
-#: the collective returned. Fault injection (:mod:`disttest.faults.rank`, a
-#: layer above this core) sets it with :func:`set_collective_hook`.
-CollectiveHook = Callable[[str, int], Callable[[tuple[Any, ...], dict[str, Any], Any], None] | None]
-_hook: list[CollectiveHook] = []
-
-
-def set_collective_hook(hook: CollectiveHook | None) -> None:
-    """Make ``hook`` the one the tracking wrapper calls (None: no hook)."""
-    _hook[:] = [hook] if hook is not None else []
-
-_local = threading.local()
-_process_tracker: list[_Tracker] = []
-
-
-def _current() -> _Tracker | None:
-    tracker: _Tracker | None = getattr(_local, "tracker", None)
-    if tracker is not None:
-        return tracker
-    return _process_tracker[0] if _process_tracker else None
-
-
-def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
-    """Record this process's (or, with ``per_thread``, this thread's)
-    collectives into ``board`` as ``rank``."""
-    tracker = _Tracker(board, rank)
-    if per_thread:
-        _local.tracker = tracker
-    else:
-        _process_tracker[:] = [tracker]
-    board.write(rank, tracker.record)
-
-
-def untrack_thread() -> None:
-    """Stop recording this thread's collectives (a rank thread whose test ended)."""
-    _local.tracker = None
-
-
-def restart_counts() -> None:
-    """Count this rank's collectives from zero again (every rank of a pool
-    does it at the start of each test, so numbers read per test)."""
-    tracker = _current()
-    if tracker is not None:
-        tracker.reset()
-
-
-def _group_of(dist: Any, group: Any) -> tuple[str, list[int] | None]:
-    if group is None or group is dist.GroupMember.WORLD:
-        return DEFAULT_GROUP, None
-    from disttest import _compat
-
-    return _compat.group_name(group), dist.get_process_group_ranks(group)
-
-
-def _getter(sig: inspect.Signature, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    """A fast reader of argument ``name`` (bind_partial costs ~10 us a call)."""
-    params = list(sig.parameters)
-    if name not in params:
-        return lambda args, kwargs: None
-    index = params.index(name)
-    default = sig.parameters[name].default
-    default = None if default is inspect.Parameter.empty else default
-
-    def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name in kwargs:
-            return kwargs[name]
-        return args[index] if index < len(args) else default
-
-    return get
-
-
-def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    sig = inspect.signature(func)
-    get_group = _getter(sig, "group")
-    get_async = _getter(sig, "async_op")
-    peer_name = _P2P.get(name)
-    get_peer = _getter(sig, peer_name) if peer_name else None
-    get_group_peer = _getter(sig, "group_" + peer_name) if peer_name else None
-
-    @functools.wraps(func)
-    def tracked(*args: Any, **kwargs: Any) -> Any:
-        tracker = _current()
-        if tracker is None:
-            return func(*args, **kwargs)
-        local = tracker._local  # this thread's depth (not the property: this runs per collective)
-        depth = getattr(local, "depth", 0)
-        if depth or not (dist.is_initialized() or name in _RENDEZVOUS):
-            return func(*args, **kwargs)
-        # Injected faults and schedule fuzzing (disttest.faults); before the
-        # record, so that an injected raise is not counted as entered.
-        after = _hook[0](name, tracker.rank) if _hook else None
-        try:
-            ranks: Sequence[int] | None
-            # NB: a whole group is a range (O(1) to record): a list of every
-            # rank would cost each rank O(world) per call.
-            if name in _RENDEZVOUS:
-                group, ranks = RENDEZVOUS_GROUP, range(tracker.board.world_size)
-            elif name == "batch_isend_irecv":
-                group, ranks = P2P_GROUP, []
-            else:
-                group, ranks = _group_of(dist, get_group(args, kwargs))
-            if ranks is None:
-                ranks = range(dist.get_world_size())
-            if get_peer is not None and get_group_peer is not None:
-                peer = get_peer(args, kwargs)
-                peer = get_group_peer(args, kwargs) if peer is None else peer
-                arrow = "send>" if peer_name == "dst" else "recv<"
-                group = arrow + (ANY if peer is None else str(peer))
-                ranks = ranks if peer is None else [peer]
-            waits = name not in _ASYNC_ONLY and not get_async(args, kwargs)
-            tracker.enter(name, group, ranks, waits)
-        except Exception:  # never let bookkeeping break the user's call
-            return func(*args, **kwargs)
-        local.depth = depth + 1
-        failed = True
-        try:
-            result = func(*args, **kwargs)
-            if after is not None:
-                after(args, kwargs, result)
-            failed = False
-            return result
-        finally:
-            local.depth = depth
-            tracker.leave(failed)
-
-    tracked.__disttest_tracked__ = True  # type: ignore[attr-defined]
-    return tracked
-
-
-_installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
-_users = [0]
-_wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
-_plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
-
-
-def install_tracking() -> Callable[[], None]:
-    """Wrap the collectives of ``torch.distributed``; return the undo.
-
-    Counted: the wrappers stay until every install is undone. Pure Python,
-    no tensor work: safe in a fork server before it forks.
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    _users[0] += 1
-    if _users[0] == 1:
-        plans = [(module, _plan(c10d, module)) for module in (c10d, dist)]
-        for module, (wrappers, originals) in plans:
-            vars(module).update(wrappers)
-            _installed.append((module, wrappers, originals))
-    done = [False]
-
-    def undo() -> None:
-        if done[0]:
-            return
-        done[0] = True
-        _users[0] -= 1
-        if _users[0] == 0:
-            while _installed:
-                module, wrappers, originals = _installed.pop()
-                namespace = vars(module)
-                if tuple(map(namespace.get, wrappers)) == tuple(wrappers.values()):
-                    namespace.update(originals)
-                    continue
-                for name, tracked in wrappers.items():
-                    if namespace.get(name) is tracked:  # not if someone replaced it since
-                        setattr(module, name, originals[name])
-
-    return undo
-
-
-def _plan(c10d: Any, module: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The functions of ``module`` to wrap (those it holds as c10d does):
-    ``({name: wrapper}, {name: function})``. NB: a threaded test installs
-    and removes tracking every time: wrappers are made once per function
-    (inspect.signature is slow) and the plan is reused while c10d and the
-    module hold the same functions."""
-    import torch.distributed as dist
-
-    originals = tuple(map(vars(c10d).get, _TRACKED))
-    now = tuple(map(vars(module).get, _TRACKED))
-    cached = _plans.get(id(module))
-    if cached is not None and cached[0] == (originals, now):
-        return cached[1]
-    wrappers, funcs = {}, {}
-    for name, func, c10d_func in zip(_TRACKED, now, originals, strict=True):
-        if func is None or func is not c10d_func or getattr(func, "__disttest_tracked__", False):
-            continue
-        wrapper = _wrappers.get(name)
-        if wrapper is None or wrapper[0] is not func:
-            wrapper = _wrappers[name] = (func, _wrap(dist, name, func))
-        wrappers[name], funcs[name] = wrapper[1], func
-    _plans[id(module)] = ((originals, now), (wrappers, funcs))
-    return wrappers, funcs
-
-
-#: Seconds between the flight-recorder watcher's looks (a rank waiting in a
-#: collective issued from C++ is seen within this).
-WATCH_INTERVAL = 0.05
-
-
-def watch_flight_recorder() -> Callable[[], None]:
-    """In a rank process: a daemon thread publishes what c10d's flight
-    recorder knows (collectives issued from C++ too) into this process's
-    record, every :data:`WATCH_INTERVAL` while a group exists. Returns
-    ``publish``, to call with ``done=True`` when the rank's test ends (and
-    ``look=False`` when it passed: peers are judged by their own record and
-    by when this rank ended, never by a finished rank's recorder counts, so
-    a passing rank skips the recorder's dump)."""
-    from disttest import _compat
-
-    last: list[Any] = [None]
-
-    def publish(done: bool = False, look: bool = True) -> None:
-        tracker = _process_tracker[0] if _process_tracker else None
-        if done and tracker is not None:
-            tracker.done()
-        import torch.distributed as dist
-
-        if tracker is None or not look or not dist.is_initialized():
-            return
-        status = _compat.flight_status()
-        # While a collective is pending, every look is published: its time
-        # tells the parent the record is fresh.
-        if status is not None and (status != last[0] or any(v[0] > v[1] for v in status.values())):
-            last[0] = status
-            tracker.recorded(status)
-
-    def loop() -> None:
-        import time
-
-        while True:
-            time.sleep(WATCH_INTERVAL)
-            try:
-                publish()
-            except Exception:  # noqa: BLE001,S110 (bookkeeping never breaks a rank)
-                pass
-
-    threading.Thread(target=loop, name="disttest flight watcher", daemon=True).start()
-    return publish

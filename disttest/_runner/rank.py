@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from disttest import _compat
-from disttest._runner import progress, rank_look
+from disttest._runner import progress, rank_look, tracking
 from disttest._runner.channel import connect
 from disttest._runner.messages import Done, Hello, Ready, Run
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
@@ -305,15 +305,15 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
 
         torch.set_num_threads(spec.threads)
     faulthandler.enable(file=2, all_threads=True)  # fd 2: the rank's log
-    progress.install_tracking()
+    tracking.install_tracking()
     # assert_close imports torch.distributed.tensor (0.9 s) only to ask
     # whether an input is a DTensor: not before anything else imported it.
     _compat.lazy_dtensor_comparison()
-    progress.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
+    tracking.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
     # c10d's flight recorder sees collectives issued from C++ (DDP's reducer)
     # and functional collectives; the watcher publishes what it sees.
     os.environ.setdefault(FR_ENV, str(FR_ENTRIES))
-    _context_publish[:] = [progress.watch_flight_recorder()]
+    _context_publish[:] = [tracking.watch_flight_recorder()]
     # As upstream's ranks: argv, start method, backends.
     rank_look.prepare_process(spec.argv)
     return files
@@ -469,7 +469,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
 def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str], test: str) -> Outcome:
     """Run one test in this rank; its outcome with what it left behind,
     the flight recorder's final counts published, and its output's end."""
-    progress.restart_counts()
+    tracking.restart_counts()
     before = _descendants()
     ctx.test_outcome = None
     outcome = part.run(test)

@@ -26,16 +26,8 @@ from typing import Any, TextIO
 
 from disttest._runner import thread_pool
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
-from disttest._runner.progress import (
-    FR_SETTLE,
-    WORLD_GROUP,
-    InFlight,
-    MemoryBoard,
-    find_desync,
-    install_tracking,
-    track_into,
-    untrack_thread,
-)
+from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
+from disttest._runner.tracking import install_tracking, track_into, untrack_thread
 from disttest._runner.verdict import reclassified
 from disttest.pg.threaded import CollectiveAborted, ThreadedWorld, _bind_thread
 

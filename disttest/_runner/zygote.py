@@ -141,9 +141,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     _compat.lazy_dtensor_comparison()
 
     importlib.import_module("disttest")  # the public API every test module imports
-    from disttest._runner import progress
+    from disttest._runner import tracking
 
-    progress.install_tracking()
+    tracking.install_tracking()
     inbox = Connection(read_fd, writable=False)
     outbox = Connection(write_fd, readable=False)
     wake_r, wake_w = os.pipe()

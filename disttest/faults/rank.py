@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from disttest._runner import progress
+from disttest._runner import tracking
 from disttest.config import ConfigError
 from disttest.faults import (
     ANY,
@@ -168,14 +168,14 @@ def armed(cls: object, test_name: str, rank: int, run_dir: str | None = None) ->
         if _armed_count == 1:
             # The core's collective tracking asks this module while a rank is
             # armed (the core sits below fault injection and never imports it).
-            progress.set_collective_hook(before_collective)
+            tracking.set_collective_hook(before_collective)
     try:
         yield
     finally:
         with _count_lock:
             _armed_count -= 1
             if not _armed_count:
-                progress.set_collective_hook(None)
+                tracking.set_collective_hook(None)
         write({"counts": state.counts})
         _swap(previous, world is not None)
         if close is not None:
