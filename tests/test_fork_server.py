@@ -279,11 +279,20 @@ class ThreadsAtImportTest(unittest.TestCase):
         self.assertIn("Ran 2 tests", proc.stderr)
         self.assertNotIn("(disttest)", proc.stderr)
 
+    def test_numpys_pool_at_import_is_no_refusal(self):
+        # It ends at every fork (a throwaway fork shows it): only OpenMP's stays.
+        proc = self.run_modules("omp_clean_cases", "np_import_cases")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 2 tests", proc.stderr)
+        self.assertNotIn("(disttest)", proc.stderr)
+
     def test_the_refusal_counts_threads_by_id(self):
         from disttest._runner import cuda_fork, fork_threads
 
         def now(*ids):
-            return mock.patch.object(fork_threads, "thread_ids", return_value=frozenset(ids))
+            # (the threads after the throwaway fork: the same here)
+            return mock.patch.multiple(fork_threads, thread_ids=mock.Mock(return_value=frozenset(ids)),
+                                       _surviving_a_fork=mock.Mock(return_value=frozenset(ids)))
 
         with now("1"):
             self.assertIsNone(fork_threads.refusal("m", own=frozenset({"1"}), before=frozenset({"1"})))
@@ -295,6 +304,10 @@ class ThreadsAtImportTest(unittest.TestCase):
                              (fork_threads.SERVER_THREADS.format(module="m", count=1), "threads"))
             self.assertEqual(fork_threads.refusal("m", own=frozenset({"1"}), before=frozenset({"1", "3"})),
                              (fork_threads.SERVER_THREADS_EARLIER.format(module="m", count=1), "threads-earlier"))
+        # Threads that end at a fork (numpy's OpenBLAS pool) are no refusal.
+        with mock.patch.multiple(fork_threads, thread_ids=mock.Mock(return_value=frozenset({"1", "4"})),
+                                 _surviving_a_fork=mock.Mock(return_value=frozenset({"1"}))):
+            self.assertIsNone(fork_threads.refusal("m", own=frozenset({"1"}), before=frozenset({"1"})))
         saved = set(fork_threads._threads_at_import)
         self.addCleanup(lambda: (fork_threads._threads_at_import.clear(), fork_threads._threads_at_import.update(saved)))
         cuda_fork.learn_unsafe_import("m2", "threads-earlier")  # not this module's doing: not learned

@@ -17,9 +17,12 @@ to fork (:class:`~.messages.ForkUnsafe`) where threads beyond its own run:
 - started before it, by an earlier test's module (``threads-earlier``):
   not this module's doing, so the client asks a fresh server instead.
 
-Ids, not counts: numpy's OpenBLAS pool, started at its import, ends before
-every fork and starts again at its next call, so a count can come back to
-the server's own while OpenMP's pool runs.
+Ids, not counts, and only threads that survive a fork: numpy's OpenBLAS
+pool ends before every fork and starts again at its next call (under new
+ids), so a count can come back to the server's own while OpenMP's pool
+runs, and numpy work at import would look like a new pool. Where threads
+beyond the server's own run, it makes a throwaway fork and judges only the
+threads still there after it.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ def refusal(module: str, own: frozenset[str] | None, before: frozenset[str] | No
     now = thread_ids()
     if now is None or own is None or before is None:
         return None  # no /proc: unknown, never a refusal
+    if not now - own:
+        return None
+    now = _surviving_a_fork()
     extra = now - own
     if not extra:
         return None
@@ -83,6 +89,17 @@ def refusal(module: str, own: frozenset[str] | None, before: frozenset[str] | No
     if started:
         return SERVER_THREADS.format(module=module, count=len(started)), UNSAFE_THREADS
     return SERVER_THREADS_EARLIER.format(module=module, count=len(extra)), UNSAFE_THREADS_EARLIER
+
+
+def _surviving_a_fork() -> frozenset[str]:
+    """This process's threads once a fork is made: a throwaway child ends at
+    once. Pools that end themselves at a fork (numpy's OpenBLAS) are safe to
+    fork and are gone; OpenMP's stays."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return thread_ids() or frozenset()
 
 
 def learned(module: str) -> None:

@@ -63,11 +63,7 @@ def _unruns(runs: list[list[int]]) -> Sequence[int]:
         return range(runs[0][0], runs[0][1] + 1)
     return tuple(r for a, b in runs for r in range(a, b + 1))
 
-_P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
-_ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}
-# Collective set-up: every rank must take part, so a peer that leaves breaks
-# it; counted apart, so collective numbers read as the user counts them.
-_RENDEZVOUS = ("init_process_group", "new_group")
+
 DEFAULT_GROUP = "default"
 RENDEZVOUS_GROUP = "rendezvous"
 # Point-to-point ops are not matched by a group's sequence: each direction is

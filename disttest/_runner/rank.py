@@ -1,7 +1,7 @@
 """The code that runs inside a rank process: the one rank loop.
 
 Self-contained: it depends on the standard library, torch, the data
-modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.messages`,
+modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.tracking`, :mod:`.messages`,
 :mod:`.channel`'s ``connect``) and :mod:`disttest._compat`, not on the runners. A rank prepares itself
 right after fork (parent-death signal, environment, output to a file, one
 OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the

@@ -15,9 +15,6 @@ from typing import Any
 
 from disttest._ops import COLLECTIVES, P2P_OPS
 from disttest._runner.progress import (
-    _ASYNC_ONLY,
-    _P2P,
-    _RENDEZVOUS,
     ANY,
     DEFAULT_GROUP,
     FAILED,
@@ -35,6 +32,12 @@ __all__ = [
     "CollectiveHook", "install_tracking", "restart_counts", "set_collective_hook", "track_into", "untrack_thread",
     "watch_flight_recorder",
 ]
+
+_P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
+_ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}
+# Collective set-up: every rank must take part, so a peer that leaves breaks
+# it; counted apart, so collective numbers read as the user counts them.
+_RENDEZVOUS = ("init_process_group", "new_group")
 
 
 class _Tracker:

@@ -27,7 +27,9 @@ Where it comes from (``DISTTEST_FORK_SERVER``):
   (``subprocess``), started on first use; its children may use OpenMP,
   unless importing the test's module started threads in it (OpenMP's pool,
   after a parallel op at import): then it refuses ranks that keep OpenMP's
-  threads, as it refuses CUDA below, and they are spawned.
+  threads (:mod:`.fork_threads`), as it refuses CUDA below; they are
+  spawned, or, where an earlier test's module started the threads, a
+  fresh server is asked instead.
 
 It speaks the typed messages of :mod:`.messages` over two pipes: ``Start``
 -> ``Started`` (or ``StartFailed``), then ``Exited`` per rank. The ranks it
@@ -66,6 +68,7 @@ from disttest._runner import launcher as launcher_mod
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import (
+    UNSAFE_CUDA,
     UNSAFE_THREADS_EARLIER,
     Exited,
     ForkUnsafe,
@@ -98,7 +101,7 @@ class ForkServerUnsafe(ZygoteUnavailable):
     CUDA, or they would hang at their first parallel op (``kind``, as
     :class:`~.messages.ForkUnsafe`'s)."""
 
-    def __init__(self, reason: str, kind: str = "cuda") -> None:
+    def __init__(self, reason: str, kind: str = UNSAFE_CUDA) -> None:
         super().__init__(reason)
         self.reason = reason
         self.kind = kind
@@ -172,6 +175,8 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             continue
         run_id, spec = message.run, message.spec
         before = fork_threads.thread_ids()
+        if own_threads is not None and before is not None:
+            own_threads &= before  # (ids of its own that ended, numpy's at a fork, are not kept for reuse)
         try:
             sys.path[:] = spec.sys_path
             # The test module's top-level code sees the test process's argv,
@@ -479,7 +484,7 @@ class ZygoteLauncher(ProcessLauncher):
         owner = (self.spec.module, self.spec.qualname)
         client = _client(self.spec.threads, owner)
         self._client = client
-        self._run_id = next(client.ids)
+        self._run_id = -1  # (none yet: _ask draws one from the server that is asked)
         try:
             client.await_ready()
         except ZygoteUnavailable as e:
@@ -496,7 +501,6 @@ class ZygoteLauncher(ProcessLauncher):
             client.runs.pop(self._run_id, None)
             _retire(client)
             client = self._client = _client(self.spec.threads, owner)
-            self._run_id = next(client.ids)
             client.await_ready()
             self._ask(client)
         if self._unsafe is not None:
@@ -510,7 +514,9 @@ class ZygoteLauncher(ProcessLauncher):
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
 
     def _ask(self, client: _Client) -> None:
-        """Send the test to ``client``'s server and wait for its answer."""
+        """Send the test to ``client``'s server, under a run id of that
+        server's, and wait for its answer."""
+        self._run_id = next(client.ids)
         self._error: str | None = None
         self._unsafe: tuple[str, str] | None = None  # (reason, kind) of a ForkUnsafe
         client.runs[self._run_id] = self

@@ -55,8 +55,8 @@ MODULE_ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"
 UNKNOWN_BACKEND = ("--backend {backend!r}: no such c10d backend is registered on this host (disttest); "
                    "pass the module that registers it with --import")
 DEVICE_REFUSED = "{source} {device!r}: {problem} (disttest)"
-DEFAULT_DEVICE_REFUSED = ("device {device!r}, the default for backend {backend!r}: {problem}; choose one with --device "
-                          "(disttest)")
+DEFAULT_DEVICE_REFUSED = ("device {device!r}, the default for backend {backend!r}: {problem}; run on a host that has "
+                          "one, or choose another device (--device) or backend (disttest)")
 NOT_A_DEVICE = "not a torch device ({error})"
 NO_SUCH_DEVICE = "this host has no {kind} device (torch {version})"
 ONE_DEVICE = "name a device type ({kind}), not one device: the pool's rank r uses device r modulo the host's count"
