@@ -3,7 +3,7 @@ OpenBLAS pool in the process that imports it, the fork server included.
 That pool ends itself at every fork, so the fork server still forks ranks
 that keep OpenMP's threads. tests/test_fork_server.py runs it after
 tests/omp_clean_cases.py (the server has forked once: the pool's threads
-are new ones), in a new process."""
+are new ones) and before tests/omp_import_cases.py, in a new process."""
 
 from __future__ import annotations
 

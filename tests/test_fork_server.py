@@ -254,10 +254,11 @@ class ThreadsAtImportTest(unittest.TestCase):
         from disttest._runner import fork_threads
 
         # A clean module's test first: the server has forked once (numpy's
-        # OpenBLAS pool ends at a fork), then imports the module.
-        proc = self.run_modules("omp_clean_cases", "omp_import_cases")
+        # OpenBLAS pool ends at a fork); then numpy work at import (its pool
+        # ends at every fork: no refusal); then a parallel op at import.
+        proc = self.run_modules("omp_clean_cases", "np_import_cases", "omp_import_cases")
         self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
-        self.assertIn("Ran 4 tests", proc.stderr)
+        self.assertIn("Ran 5 tests", proc.stderr)
         text = " ".join(proc.stderr.split())
         first = fork_threads.FELL_BACK_THREADS.format(
             test="OmpRanks.test_a", method="zygote", source="OmpRanks.start_method", cls="OmpRanks", threads=None,
@@ -267,7 +268,7 @@ class ThreadsAtImportTest(unittest.TestCase):
         self.assertIn(fork_threads.FELL_BACK_THREADS.format(
             test="OmpRanks.test_b", method="zygote", source="OmpRanks.start_method", cls="OmpRanks", threads=None,
             reason=fork_threads.SERVER_THREADS_LEARNED.format(module="omp_import_cases")), text)
-        for forked in ("CleanOmpRanks.test_forked", "SerialRanks.test_forked"):
+        for forked in ("CleanOmpRanks.test_forked", "NumpyAtImport.test_forked", "SerialRanks.test_forked"):
             self.assertNotIn(f"{forked}: its ranks start with 'spawn'", text)
 
     def test_threads_an_earlier_module_started_send_the_test_to_a_fresh_server(self):
@@ -275,13 +276,6 @@ class ThreadsAtImportTest(unittest.TestCase):
         # its pool starts), then the clean module: not that module's doing,
         # so a fresh server forks its ranks, and nothing is said.
         proc = self.run_modules("omp_import_cases.SerialRanks", "omp_clean_cases")
-        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
-        self.assertIn("Ran 2 tests", proc.stderr)
-        self.assertNotIn("(disttest)", proc.stderr)
-
-    def test_numpys_pool_at_import_is_no_refusal(self):
-        # It ends at every fork (a throwaway fork shows it): only OpenMP's stays.
-        proc = self.run_modules("omp_clean_cases", "np_import_cases")
         self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
         self.assertIn("Ran 2 tests", proc.stderr)
         self.assertNotIn("(disttest)", proc.stderr)
