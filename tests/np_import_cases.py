@@ -7,29 +7,17 @@ are new ones) and before tests/omp_import_cases.py, in a new process."""
 
 from __future__ import annotations
 
-import multiprocessing
 import unittest
 
 import numpy as np
-from omp_clean_cases import parallel_op
-
-import disttest
+from omp_clean_cases import OneRank
 
 _ = np.random.rand(400, 400) @ np.random.rand(400, 400)  # numpy's BLAS at import
 
 
-class NumpyAtImport(disttest.MultiProcessTestCase):
-    world_size = 1
-    rank_threads = None
-    timeout = 60
-
-    def setUp(self) -> None:
-        super().setUp()
-        self._spawn_processes()
-
+class NumpyAtImport(OneRank):
     def test_forked(self) -> None:
-        parallel_op()
-        self.assertIsNone(multiprocessing.parent_process(), "spawned, not forked by the fork server")
+        self.check(forked=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """A module that does no tensor work at import, with fresh-process tests
 whose ranks keep OpenMP's threads: a fork server forks them, whatever an
 earlier test's module started in it (it asks a fresh server then).
-tests/test_fork_server.py runs it with tests/omp_import_cases.py, in a new
-process, in both orders."""
+tests/test_fork_server.py runs it with tests/omp_import_cases.py and
+tests/np_import_cases.py, in a new process, in both orders. Their classes
+derive from :class:`OneRank`."""
 
 from __future__ import annotations
 
@@ -19,18 +20,30 @@ def parallel_op() -> float:
     return float((a @ a).sum().item())
 
 
-class CleanOmpRanks(disttest.MultiProcessTestCase):
+class OneRank(disttest.MultiProcessTestCase):
+    """One fresh rank that keeps OpenMP's threads (``rank_threads = None``)."""
+
     world_size = 1
-    rank_threads = None
+    rank_threads: int | None = None
     timeout = 60
 
     def setUp(self) -> None:
         super().setUp()
         self._spawn_processes()
 
-    def test_forked(self) -> None:
+    def check(self, forked: bool) -> None:
+        """In the rank: run a parallel op; the rank was forked (by the fork
+        server), or spawned."""
         parallel_op()
-        self.assertIsNone(multiprocessing.parent_process(), "spawned, not forked by the fork server")
+        if forked:
+            self.assertIsNone(multiprocessing.parent_process(), "spawned, not forked by the fork server")
+        else:
+            self.assertIsNotNone(multiprocessing.parent_process(), "forked, not spawned")
+
+
+class CleanOmpRanks(OneRank):
+    def test_forked(self) -> None:
+        self.check(forked=True)
 
 
 if __name__ == "__main__":

@@ -13,50 +13,31 @@ pytest's process (a parallel op there would start its pool).
 
 from __future__ import annotations
 
-import multiprocessing
 import unittest
 
 import torch
-from omp_clean_cases import parallel_op
-
-import disttest
+from omp_clean_cases import OneRank
 
 _ = torch.randn(1500, 1500) @ torch.randn(1500, 1500)  # a parallel op at import
 
 
-class OmpRanks(disttest.MultiProcessTestCase):
+class OmpRanks(OneRank):
     """Ranks that keep OpenMP's threads: spawned, and their parallel ops run."""
 
-    world_size = 1
-    rank_threads = None
-    timeout = 60
-
-    def setUp(self) -> None:
-        super().setUp()
-        self._spawn_processes()
-
     def test_a(self) -> None:
-        parallel_op()
-        self.assertIsNotNone(multiprocessing.parent_process(), "forked, not spawned")
+        self.check(forked=False)
 
     def test_b(self) -> None:  # the module is known by now: no fork server is asked
-        parallel_op()
-        self.assertIsNotNone(multiprocessing.parent_process(), "forked, not spawned")
+        self.check(forked=False)
 
 
-class SerialRanks(disttest.MultiProcessTestCase):
+class SerialRanks(OneRank):
     """Ranks of one OpenMP thread (the default) are forked by the fork server."""
 
-    world_size = 1
-    timeout = 60
-
-    def setUp(self) -> None:
-        super().setUp()
-        self._spawn_processes()
+    rank_threads = 1
 
     def test_forked(self) -> None:
-        parallel_op()
-        self.assertIsNone(multiprocessing.parent_process(), "spawned, not forked by the fork server")
+        self.check(forked=True)
 
 
 if __name__ == "__main__":
