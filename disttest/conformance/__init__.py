@@ -141,8 +141,7 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
         raise ValueError(DEVICE_REFUSED.format(source=device_from, device=device, problem=problem))
     if problem:
         raise ValueError(DEFAULT_DEVICE_REFUSED.format(device=chosen, backend=backend, problem=problem))
-    device = chosen
-    device = torch.device(device).type  # "cpu:0" is the CPU
+    device = torch.device(chosen).type  # "cpu:0" is the CPU
     attrs: dict[str, Any] = {"conformance_backend": backend, "conformance_unsupported": declared,
                              "conformance_lenient": lenient, "world_size": world_size, "timeout": timeout,
                              "conformance_device": device}
