@@ -48,7 +48,6 @@ from disttest.support import skips
 from disttest.support.barrier import Barrier, BarrierTimeout, lock
 from disttest.support.devices import (
     ACCELERATOR_DIST_BACKENDS,
-    HAS_ACCELERATOR,
     at_least_x_gpu,
     create_device,
     has_efa,
@@ -265,6 +264,7 @@ __all__.sort()
 _LAZY_FROM = {
     "C10dTorchCommsTestBase": "disttest.bases.torchcomms",
     "EFA_PROBE_RESULT": "disttest.support.devices",
+    "HAS_ACCELERATOR": "disttest.support.devices",
     "setup_torchcomms_pg": "disttest.bases.torchcomms",
     "PLATFORM_SUPPORTS_SYMM_MEM": "disttest.support.platform",
     "TORCHCOMM_HAS_GLOO": "disttest.support.platform",

@@ -178,15 +178,34 @@ class ForkServerTest(unittest.TestCase):
 class DeviceHelpersTest(unittest.TestCase):
     def test_counting_devices_does_not_poison_fork(self):
         """torch.cuda.is_available() poisons fork on a CUDA host (it calls
-        cuInit); disttest.support.devices.HAS_ACCELERATOR calls it at import,
-        through _compat.accelerator_count, in the test process and the fork
-        server. torch.cuda.device_count() asks NVML instead."""
+        cuInit); disttest.HAS_ACCELERATOR counts through
+        _compat.accelerator_count. torch.cuda.device_count() asks NVML instead."""
         poison = AssertionError("torch.cuda.is_available() poisons fork")
         with mock.patch.object(torch.accelerator, "current_accelerator", return_value=torch.device("cuda")), \
                 mock.patch.object(torch.cuda, "is_available", side_effect=poison), \
                 mock.patch.object(torch.cuda, "device_count", return_value=2):
             self.assertEqual(_compat.accelerator_count(), 2)
             self.assertEqual(_compat.accelerator_type(), "cuda")
+
+    def test_importing_disttest_counts_no_device(self):
+        """Where NVML cannot count, torch's count falls back to the driver,
+        which would poison fork: importing disttest, its runners and skips
+        must not count; HAS_ACCELERATOR counts at its first read, once."""
+        script = (
+            "import torch\n"
+            "calls = []\n"
+            "real = torch.accelerator.device_count\n"
+            "torch.accelerator.device_count = lambda: calls.append(1) or real()\n"
+            "import disttest, disttest.support.skips, disttest.runners.case\n"
+            "from disttest import skip_if_lt_x_gpu, TestCase\n"
+            "print(len(calls))\n"
+            "print(disttest.HAS_ACCELERATOR, disttest.HAS_ACCELERATOR)\n"
+            "from disttest import HAS_ACCELERATOR\n"
+            "print(len(calls))\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.split("\n")[:3], ["0", "False False", "1"])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 
 from disttest import _compat
 from disttest.runners.case_parity import CaseParityMixin
-from disttest.support.devices import HAS_ACCELERATOR
+from disttest.support.devices import has_accelerator
 from disttest.support.skips import DistSkip, skip_for_exit_code
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def _chain_breaker(cls: type) -> type | None:
 
 def set_rng_seed(seed: int = DEFAULT_SEED) -> None:
     """Seed torch, numpy and ``random`` in the calling process or thread."""
-    if HAS_ACCELERATOR:
+    if has_accelerator():
         torch.manual_seed(seed)
     else:
         # torch.manual_seed also queues lazy seeding for every accelerator

@@ -6,6 +6,10 @@ a later ``fork`` on CUDA hosts where NVML answers.
 
 ``EFA_PROBE_RESULT`` (torch 2.7 to 2.9 have it) is read through the module
 ``__getattr__``: what :func:`has_efa` found, None before it first asks.
+``HAS_ACCELERATOR`` is read there too, so that importing disttest counts no
+device: the count is asked at the first read, then kept (NB: where NVML
+cannot count, torch falls back to ``cudaGetDeviceCount``, which would make
+the importing process unable to fork CUDA ranks).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from disttest import _compat
 
 __unittest = True
 
-# EFA_PROBE_RESULT is read through the module __getattr__.
+# EFA_PROBE_RESULT and HAS_ACCELERATOR are read through the module __getattr__.
 __all__ = [  # noqa: F822
     "ACCELERATOR_DIST_BACKENDS",
     "EFA_PROBE_RESULT",
@@ -31,6 +35,7 @@ __all__ = [  # noqa: F822
     "accelerator_type",
     "at_least_x_gpu",
     "create_device",
+    "has_accelerator",
     "has_efa",
     "init_multigpu_helper",
     "tp_transports",
@@ -50,8 +55,14 @@ def accelerator_count() -> int:
     return _compat.accelerator_count()
 
 
-#: True when this host has at least one accelerator device (read at import).
-HAS_ACCELERATOR: bool = accelerator_count() > 0
+@functools.cache
+def has_accelerator() -> bool:
+    """True when this host has at least one accelerator device.
+
+    Asked once, at the first call (``HAS_ACCELERATOR`` reads it), never at
+    import.
+    """
+    return accelerator_count() > 0
 
 
 def at_least_x_gpu(x: int) -> bool:
@@ -102,6 +113,8 @@ def __getattr__(name: str) -> Any:
     # to 2.9); here the cache of has_efa is the one place it is kept.
     if name == "EFA_PROBE_RESULT":
         return has_efa() if has_efa.cache_info().currsize else None
+    if name == "HAS_ACCELERATOR":
+        return has_accelerator()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

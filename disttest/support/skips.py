@@ -29,9 +29,9 @@ from disttest._typing import F
 from disttest.config import ConfigError, parse_world_size
 from disttest.support.devices import (
     ACCELERATOR_DIST_BACKENDS,
-    HAS_ACCELERATOR,
     accelerator_count,
     at_least_x_gpu,
+    has_accelerator,
 )
 
 __unittest = True
@@ -213,7 +213,7 @@ def skip_if_no_gpu(func: F) -> F:
     """Skip unless every rank can have its own accelerator device."""
 
     def check(args: Sequence[Any]) -> TestSkip | None:
-        if not HAS_ACCELERATOR:
+        if not has_accelerator():
             return TEST_SKIPS["no_cuda"]
         world_size = _world_size_of(args, "skip_if_no_gpu")
         return _gpu_skip(world_size) if accelerator_count() < world_size else None
@@ -262,7 +262,7 @@ def skip_if_lt_x_gpu(x: int, *, allow_cpu: bool = False) -> Callable[[F], F]:
     """
 
     def check(args: Sequence[Any]) -> TestSkip | None:
-        if at_least_x_gpu(x) or (allow_cpu and not HAS_ACCELERATOR):
+        if at_least_x_gpu(x) or (allow_cpu and not has_accelerator()):
             return None
         return _gpu_skip(x)
 
@@ -427,8 +427,8 @@ def requires_accelerator_dist_backend(
     names = list(ACCELERATOR_DIST_BACKENDS if backends is None else backends)
     probes: dict[str, Callable[[], bool]] = {
         "nccl": lambda: nccl_skip_reason() is None,
-        "xccl": lambda: bool(getattr(dist, "is_xccl_available", lambda: False)()) and HAS_ACCELERATOR,
-        "hccl": lambda: hasattr(torch, "hpu") and HAS_ACCELERATOR,
+        "xccl": lambda: bool(getattr(dist, "is_xccl_available", lambda: False)()) and has_accelerator(),
+        "hccl": lambda: hasattr(torch, "hpu") and has_accelerator(),
     }
     ok = dist.is_available() and any(probes.get(b, lambda: False)() for b in names)
     return skip_but_pass_in_sandcastle_if(

@@ -90,8 +90,8 @@ class ForkAfterImportTest(unittest.TestCase):
 
     # NB: _compat.accelerator_type/accelerator_count count through NVML, never
     # torch.accelerator.is_available() (cudaGetDeviceCount poisons fork), and
-    # disttest.support.devices.HAS_ACCELERATOR counts at import;
-    # tests/test_cuda_fork.py pins the same on CPU.
+    # importing disttest counts nothing (HAS_ACCELERATOR counts at its first
+    # read); tests/test_cuda_fork.py pins the same on CPU.
     def test_importing_disttest_leaves_fork_usable(self):
         proc = self.fork_after_import()
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
