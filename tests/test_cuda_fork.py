@@ -132,6 +132,9 @@ class PoolOnACudaHostTest(unittest.TestCase):
                 self.assertEqual(cases.Pooled._start_choice(), ("zygote", "Pooled.start_method", None))
                 with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "fork"}):  # the user's choice stays
                     self.assertEqual(cases.Pooled._start_choice()[0], "fork")
+                # Not where the fork server could not start (the fallback's fork).
+                self.assertEqual(cuda_fork.choose("fork", cases.Pooled, "t", "Pooled.start_method", True,
+                                                  server=False), ("fork", None))
 
     def test_not_on_a_host_without_cuda(self):
         with one_thread():

@@ -280,6 +280,40 @@ class ThreadsAtImportTest(unittest.TestCase):
         self.assertIn("Ran 2 tests", proc.stderr)
         self.assertNotIn("(disttest)", proc.stderr)
 
+    def test_ranks_forked_from_a_test_process_that_ran_a_parallel_op(self):
+        from disttest._runner import fork_threads
+
+        proc = self.run_modules("omp_parent_cases")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 3 tests", proc.stderr)
+        text = " ".join(proc.stderr.split())
+        warning = fork_threads.FORKED_SERIAL.format(cls="ForkedRanks", threads=None,
+                                                    reason=fork_threads.PARENT_THREADS.format(count="COUNT"))
+        head, tail = warning.split("COUNT")
+        self.assertRegex(text, re.escape(head) + r"[1-9]\d*" + re.escape(tail))
+        self.assertNotIn("PooledRanks: its ranks", text)  # the pool's own default: the fork server, silently
+
+    def test_the_test_processs_threads(self):
+        from disttest._runner import fork_threads
+
+        self.assertIsNone(fork_threads.parent_refusal(1))  # serial ranks are safe: nothing asked
+        with mock.patch.object(fork_threads, "_surviving_a_fork") as probe:
+            # Only threading's threads (this one, maybe a pytest worker's): no probe.
+            python = frozenset(str(t.native_id) for t in threading.enumerate())
+            with mock.patch.object(fork_threads, "thread_ids", return_value=python):
+                self.assertIsNone(fork_threads.parent_refusal(None))
+            probe.assert_not_called()
+            # A native thread that ends at a fork (numpy's OpenBLAS pool): safe.
+            probe.return_value = python
+            with mock.patch.object(fork_threads, "thread_ids", return_value=python | {"1"}):
+                self.assertIsNone(fork_threads.parent_refusal(None))
+            # One that survives it; asked again with the same threads: the answer kept.
+            probe.return_value = python | {"2"}
+            with mock.patch.object(fork_threads, "thread_ids", return_value=python | {"2"}):
+                self.assertEqual(fork_threads.parent_refusal(2), fork_threads.PARENT_THREADS.format(count=1))
+                self.assertEqual(fork_threads.parent_refusal(None), fork_threads.PARENT_THREADS.format(count=1))
+            self.assertEqual(probe.call_count, 2)
+
     def test_the_refusal_counts_threads_by_id(self):
         from disttest._runner import cuda_fork, fork_threads
 

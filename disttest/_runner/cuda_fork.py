@@ -148,23 +148,28 @@ def fell_back(cls: type, test: str, method: str, source: str, reason: str, kind:
     return FELL_BACK.format(test=test, method=method, source=source, reason=reason, cls=cls.__name__)
 
 
-def choose(method: str, cls: type, test: str, source: str, importable: bool) -> tuple[str, str | None]:
+def choose(method: str, cls: type, test: str, source: str, importable: bool,
+           server: bool = True) -> tuple[str, str | None]:
     """The start method to use instead of ``method`` (from ``source``) so that
     the ranks of ``cls`` can use CUDA, and do not hang in OpenMP, and the
     warning to give, if any.
 
     ``importable``: ``spawn`` (and the fork server) can import ``cls`` by name.
+    ``server``: the fork server may be chosen (False once it could not start).
     """
     if method == "fork":
         if cuda_initialised():
             if importable:
                 return "spawn", fell_back(cls, test, method, source, PARENT_INITIALISED)
             return method, FORKED_ANYWAY.format(test=test, reason=PARENT_INITIALISED, cls=cls.__qualname__)
-        if importable and chosen_by_disttest(cls, source) and not no_cuda_device():
+        if importable and server and chosen_by_disttest(cls, source) and (
+                not no_cuda_device() or fork_threads.parent_refusal(getattr(cls, "rank_threads", 1))):
             # The test process has most likely poisoned fork already
             # (torch.cuda.is_available() does); the fork server has not.
             # (Asked without the driver: where NVML cannot count, a device
             # is assumed, since counting through the driver would poison fork.)
+            # Or it runs OpenMP's pool, which ranks that keep OpenMP's threads
+            # would find broken; the fork server does not.
             method = "zygote"
     if method == "zygote" and initialises_cuda_at_import(cls.__module__):
         reason = SERVER_INITIALISED.format(module=cls.__module__)

@@ -23,19 +23,29 @@ ids), so a count can come back to the server's own while OpenMP's pool
 runs, and numpy work at import would look like a new pool. Where threads
 beyond the server's own run, it makes a throwaway fork and judges only the
 threads still there after it.
+
+The test process forks ranks itself with ``fork`` (the pool's default, a
+class defined inside a function, a fork server that could not start). Where
+it runs native threads that survive a fork (:func:`parent_refusal`), ranks
+that would keep OpenMP's threads go to the fork server when ``fork`` was
+disttest's default; else they are forked with one OpenMP thread each, with
+:data:`FORKED_SERIAL`.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import warnings
 
 from disttest._runner.messages import UNSAFE_THREADS, UNSAFE_THREADS_EARLIER
 
 __unittest = True
 
 __all__ = [
-    "FELL_BACK_THREADS", "SERVER_THREADS", "SERVER_THREADS_EARLIER", "SERVER_THREADS_LEARNED", "fell_back",
-    "keeps_openmp", "known_refusal", "learned", "refusal", "thread_ids",
+    "FELL_BACK_THREADS", "FORKED_SERIAL", "PARENT_THREADS", "SERVER_THREADS", "SERVER_THREADS_EARLIER",
+    "SERVER_THREADS_LEARNED", "fell_back", "keeps_openmp", "known_refusal", "learned", "parent_refusal", "refusal",
+    "thread_ids",
 ]
 
 SERVER_THREADS = ("importing {module} started {count} thread(s) in the fork server (OpenMP's pool, after a parallel op "
@@ -50,6 +60,15 @@ FELL_BACK_THREADS = (
     "threads). To choose 'spawn' yourself and silence this, set start_method = 'spawn' on {cls} or "
     "DISTTEST_START_METHOD=spawn; to keep fork's speed, keep tensor work out of the module's import, or set "
     "rank_threads = 1 on {cls}"
+)
+PARENT_THREADS = ("the test process runs {count} native thread(s) that survive a fork (OpenMP's pool, after a "
+                  "parallel op such as a matmul, most likely)")
+FORKED_SERIAL = (
+    "{cls}: its ranks are forked from the test process with one OpenMP thread each, not with rank_threads = "
+    "{threads!r} (disttest): {reason}, and a rank forked with OpenMP's threads after that hangs at its first "
+    "parallel op. To keep OpenMP's threads in the ranks, start them with 'zygote' or 'spawn' (start_method on a "
+    "class defined at module level, or DISTTEST_START_METHOD), or run no parallel op in the test process before "
+    "the ranks start; set rank_threads = 1 on {cls} to silence this"
 )
 
 # Modules whose import started threads in a fork server (learned from its
@@ -100,6 +119,39 @@ def _surviving_a_fork() -> frozenset[str]:
         os._exit(0)
     os.waitpid(pid, 0)
     return thread_ids() or frozenset()
+
+
+_parent_answer: dict[tuple[int, frozenset[str]], str | None] = {}  # by (pid, thread ids): parent_refusal's
+
+
+def parent_refusal(threads: int | None) -> str | None:
+    """In the test process, about to fork ranks of ``rank_threads =
+    threads``: why their OpenMP threads would hang (native threads that
+    survive a fork run here), or None. The threads of the ``threading``
+    module are not counted: only native ones can be OpenMP's pool."""
+    if not keeps_openmp(threads):
+        return None
+    ids = thread_ids()
+    if ids is None:
+        return None
+    python = {str(t.native_id) for t in threading.enumerate() if t.native_id is not None}
+    if not ids - python:
+        return None
+    key = (os.getpid(), ids)
+    if key not in _parent_answer:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns at a fork with other threads alive; this
+            # child ends at once, without running any code.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            extra = _surviving_a_fork() - python
+        _parent_answer.clear()
+        _parent_answer[key] = PARENT_THREADS.format(count=len(extra)) if extra else None
+    return _parent_answer[key]
+
+
+def forked_serial(cls: type, threads: int | None, reason: str) -> str:
+    """The warning for ranks forked with one OpenMP thread instead of ``threads``."""
+    return FORKED_SERIAL.format(cls=cls.__qualname__, threads=threads, reason=reason)
 
 
 def learned(module: str) -> None:

@@ -22,12 +22,13 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import psutil
 
-from disttest._runner import janitor, settings, thread_pool
+from disttest._runner import fork_threads, janitor, settings, thread_pool
 from disttest._runner import rank as rank_mod
 from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
@@ -366,6 +367,11 @@ class ForkLauncher(ProcessLauncher):
         # Idle rank threads (a threaded class's) end first: forking a process
         # with other threads copies their locks as they are.
         thread_pool.release_idle(wait=1.0)
+        reason = fork_threads.parent_refusal(self.spec.threads)
+        if reason is not None:
+            # NB: OpenMP's pool runs here; its forks would hang at their first parallel op.
+            warnings.warn(fork_threads.forked_serial(cls, self.spec.threads, reason), stacklevel=3)
+            self.spec = dataclasses.replace(self.spec, threads=1)
         for rank in range(self.world_size):
             pid = os.fork()
             if pid == 0:

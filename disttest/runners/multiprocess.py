@@ -187,7 +187,7 @@ class MultiProcessTestCase(RankDispatch):
             self._start(launcher, cls)
         except ZygoteUnavailable as e:
             warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
-            method, note = cuda_fork.choose("fork", cls, test, source, importable)
+            method, note = cuda_fork.choose("fork", cls, test, source, importable, server=False)
             threads = None if method == "spawn" else self.rank_threads
             launcher = _LAUNCHERS[method](dataclasses.replace(spec, threads=threads))
             self._start(launcher, cls)
