@@ -275,3 +275,28 @@ class RankSchedulingTest(OutcomeMixin, unittest.TestCase):
         with mock.patch.dict(os.environ, {"DISTTEST_RANK_SCHEDULING": "realtime"}):
             result = run(cases.Scheduled, "test_batch")[0]
         self.assertIn("DISTTEST_RANK_SCHEDULING", self.only(result.errors))
+
+
+class RankThreadsTest(OutcomeMixin, unittest.TestCase):
+    def test_values(self):
+        from disttest import ConfigError
+        from disttest._runner import settings
+
+        for good in (None, 1, 3):
+            self.assertEqual(settings.rank_threads(type("Good", (), {"rank_threads": good})), good)
+        for bad in (0, -1, True, "2", 1.5):
+            with self.subTest(bad=bad), self.assertRaises(ConfigError) as caught:
+                settings.rank_threads(type("Bad", (), {"rank_threads": bad}))
+            self.assertIn(f"{bad!r} from Bad.rank_threads", str(caught.exception))
+
+    def test_a_bad_value_errors_the_test_before_any_rank_starts(self):
+        import pool_cases
+
+        fresh = type("ZeroThreads", (cases.Scheduled,), {"rank_threads": 0})
+        pooled = type("TextThreads", (pool_cases.Scheduled,), {"rank_threads": "2"})
+        for cls, name, value in ((fresh, "test_batch", "0"), (pooled, "test_batch", "'2'")):
+            with self.subTest(cls=cls.__name__), mock.patch("os.fork", side_effect=AssertionError("a rank started")):
+                result = unittest.TestResult()
+                unittest.TestSuite([cls(name)]).run(result)
+                self.assertIn(f"Invalid number of threads per rank {value} from {cls.__name__}.rank_threads",
+                              self.only(result.errors))

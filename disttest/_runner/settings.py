@@ -13,6 +13,8 @@ Resolved here, once, for the three test-case classes:
   stack, before the outer limit kills the process;
 - start method: an explicit argument, else ``DISTTEST_START_METHOD``, else
   the class's ``start_method``;
+- rank threads: the class's ``rank_threads``, OpenMP threads per forked
+  rank process (a positive int, or None for torch's default);
 - fork server: ``DISTTEST_FORK_SERVER``: ``copy`` (the default) forks the
   fork server from the test process where that is safe (one thread, no
   CUDA on the host, ranks with one OpenMP thread), so it costs a fork
@@ -73,6 +75,7 @@ __all__ = [
     "output_mode",
     "pin_world_size",
     "rank_scheduling",
+    "rank_threads",
     "start_method",
     "test_timeout",
     "thread_scheduling",
@@ -188,6 +191,15 @@ def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
     if method not in START_METHODS:
         raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
     return method, where
+
+
+def rank_threads(cls: type) -> int | None:
+    """``cls.rank_threads``, validated: a positive int, or None."""
+    raw = _static(cls, "rank_threads")
+    if raw is None or (isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1):
+        return raw
+    raise ConfigError("number of threads per rank", raw, f"{cls.__name__}.rank_threads",
+                      "expected a positive int, or None for torch's default")
 
 
 def fork_server() -> str:

@@ -90,6 +90,8 @@ class MultiProcContinousTest(TestCase):
     #: the fork server on importing the class's module, initialised it),
     #: "spawn" with a warning.
     start_method: str = "fork"
+    #: OpenMP threads per worker (None: torch's default; see
+    #: :attr:`MultiProcessTestCase.rank_threads`).
     rank_threads: int | None = 1
     #: "batch" (default) or "normal": the rank processes' scheduling policy
     #: (see ``DISTTEST_RANK_SCHEDULING`` in the README).
@@ -195,12 +197,13 @@ class MultiProcContinousTest(TestCase):
         if unusable is not None:
             cls._pool_skip = unusable
             raise unittest.SkipTest(cls._pool_skip)
+        rank_threads = settings.rank_threads(cls)
         method, where, note = cls._start_choice()
         module = sys.modules.get(cls.__module__)
         fields = {
             "module": cls.__module__, "qualname": cls.__qualname__,
             "module_file": getattr(module, "__file__", None),
-            "threads": None if method == "spawn" else cls.rank_threads,
+            "threads": None if method == "spawn" else rank_threads,
             "scheduling": settings.rank_scheduling(cls),
             "environ": {**os.environ, **janitor.rank_environ()}, "cwd": os.getcwd(), "sys_path": list(sys.path),
         }

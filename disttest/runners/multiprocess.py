@@ -72,8 +72,8 @@ class MultiProcessTestCase(RankDispatch):
     #: ranks could not use CUDA (the test process, or the fork server on
     #: importing the test's module, initialised it), "spawn" with a warning.
     start_method: str = "zygote"
-    #: OpenMP threads per forked rank (None: torch's default). NB: more than
-    #: one is only safe when the forking process ran no parallel op.
+    #: OpenMP threads per forked rank (None: torch's default). Ranks forked
+    #: from a process that ran a parallel op get one, with a warning.
     rank_threads: int | None = 1
     #: "batch" (default) or "normal": the rank processes' scheduling policy
     #: (see ``DISTTEST_RANK_SCHEDULING`` in the README).
@@ -162,6 +162,7 @@ class MultiProcessTestCase(RankDispatch):
         method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
         source = getattr(self, "_start_source", "") or "_start_processes()"
         cls = type(self)
+        rank_threads = settings.rank_threads(cls)
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None
@@ -173,7 +174,7 @@ class MultiProcessTestCase(RankDispatch):
             module=cls.__module__, qualname=cls.__qualname__, module_file=module_file,
             test_name=self._current_test_name(), world_size=self._effective_world_size(),
             run_dir=self.run_dir, file_name=self.file_name,
-            threads=None if method == "spawn" else self.rank_threads,
+            threads=None if method == "spawn" else rank_threads,
             scheduling=settings.rank_scheduling(cls),
             environ={**os.environ, **janitor.rank_environ()}, cwd=os.getcwd(), sys_path=list(sys.path),
             run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
@@ -188,7 +189,7 @@ class MultiProcessTestCase(RankDispatch):
         except ZygoteUnavailable as e:
             warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
             method, note = cuda_fork.choose("fork", cls, test, source, importable, server=False)
-            threads = None if method == "spawn" else self.rank_threads
+            threads = None if method == "spawn" else rank_threads
             launcher = _LAUNCHERS[method](dataclasses.replace(spec, threads=threads))
             self._start(launcher, cls)
         if note is not None:
