@@ -135,14 +135,21 @@ class UpFrontTest(unittest.TestCase):
                     super().setUp()
                     self._spawn_threads()
                 def test_x(self):
-                    dist.all_reduce(torch.ones(1))
+                    t = torch.ones(1)
+                    dist.all_reduce(t)
+                    # torch's assert_close would import it to ask whether t is a DTensor
+                    self.assertEqual(t, torch.full((1,), 4.0))
 
+            from torch.testing import _comparison
+            torchs = _comparison._unwrap_dtensor_for_comparison
             assert unittest.TextTestRunner().run(T("test_x")).wasSuccessful()
             print("dtensor imported:", "torch.distributed.tensor" in sys.modules)
+            print("torch's function back:", _comparison._unwrap_dtensor_for_comparison is torchs)
         """)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn("dtensor imported: False", proc.stdout)
+        self.assertIn("torch's function back: True", proc.stdout)
 
 
 if __name__ == "__main__":

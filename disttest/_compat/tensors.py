@@ -71,8 +71,8 @@ def lazy_dtensor_comparison() -> Callable[[], None]:
     (``torch.testing._comparison._unwrap_dtensor_for_comparison``), which no
     input can be before the package is loaded. The wrapper answers "no" then,
     and asks torch's function otherwise: the same results. Installed in
-    disttest's own processes (a fork server, a rank process), never at import
-    and never in the test process.
+    disttest's own processes (a fork server, a rank process), and in the test
+    process while a threaded test runs (undone after it); never at import.
     """
     try:
         from torch.testing import _comparison as comparison

@@ -69,6 +69,10 @@ class _ThreadRun:
         self.world = install_threaded_pg()
         # As in upstream's ranks (its helpers register it): undone after the test.
         self.undo_fake = _compat.install_fake_backend()
+        # The ranks' first assertEqual would import torch.distributed.tensor
+        # (about a second, in the test's time, the other ranks blocked on the
+        # import lock) only to ask whether an input is a DTensor.
+        self.undo_lazy = _compat.lazy_dtensor_comparison()
         # Upstream's setUp sets it for the rest of the process; here for the test.
         self.environ = set_environ({"TORCH_SHOW_CPP_STACKTRACES": "1"})
         self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
@@ -94,6 +98,7 @@ class _ThreadRun:
             uninstall_threaded_pg()
             if self.undo_fake is not None:
                 self.undo_fake()
+            self.undo_lazy()
             set_environ(self.environ)
             self.world = None  # type: ignore[assignment]
             sys.excepthook, threading.excepthook = self.hooks
