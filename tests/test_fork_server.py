@@ -6,6 +6,7 @@ else a fresh interpreter; see disttest/_runner/zygote.py.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import os
 import re
@@ -297,22 +298,34 @@ class ThreadsAtImportTest(unittest.TestCase):
         from disttest._runner import fork_threads
 
         self.assertIsNone(fork_threads.parent_refusal(1))  # serial ranks are safe: nothing asked
+
+        def threads(ids, python=2):
+            return mock.patch.multiple(fork_threads, thread_ids=mock.Mock(return_value=frozenset(ids)),
+                                       _python_threads=mock.Mock(return_value=python))
+
         with mock.patch.object(fork_threads, "_surviving_a_fork") as probe:
-            # Only threading's threads (this one, maybe a pytest worker's): no probe.
-            python = frozenset(str(t.native_id) for t in threading.enumerate())
-            with mock.patch.object(fork_threads, "thread_ids", return_value=python):
+            # Only threads that run Python (one started with _thread too): no probe.
+            with threads({"1", "2"}):
                 self.assertIsNone(fork_threads.parent_refusal(None))
             probe.assert_not_called()
             # A native thread that ends at a fork (numpy's OpenBLAS pool): safe.
-            probe.return_value = python
-            with mock.patch.object(fork_threads, "thread_ids", return_value=python | {"1"}):
+            probe.return_value = frozenset({"1", "2"})
+            with threads({"1", "2", "3"}):
                 self.assertIsNone(fork_threads.parent_refusal(None))
             # One that survives it; asked again with the same threads: the answer kept.
-            probe.return_value = python | {"2"}
-            with mock.patch.object(fork_threads, "thread_ids", return_value=python | {"2"}):
+            probe.return_value = frozenset({"1", "2", "4"})
+            with threads({"1", "2", "4"}):
                 self.assertEqual(fork_threads.parent_refusal(2), fork_threads.PARENT_THREADS.format(count=1))
                 self.assertEqual(fork_threads.parent_refusal(None), fork_threads.PARENT_THREADS.format(count=1))
             self.assertEqual(probe.call_count, 2)
+        # Really: this process's threads that run Python, a _thread one included.
+        started, release = threading.Event(), threading.Event()
+        _thread.start_new_thread(lambda: (started.set(), release.wait(10)), ())
+        try:
+            started.wait(10)
+            self.assertGreaterEqual(fork_threads._python_threads(), threading.active_count() + 1)
+        finally:
+            release.set()
 
     def test_the_refusal_counts_threads_by_id(self):
         from disttest._runner import cuda_fork, fork_threads

@@ -35,7 +35,7 @@ disttest's default; else they are forked with one OpenMP thread each, with
 from __future__ import annotations
 
 import os
-import threading
+import sys
 import warnings
 
 from disttest._runner.messages import UNSAFE_THREADS, UNSAFE_THREADS_EARLIER
@@ -124,18 +124,22 @@ def _surviving_a_fork() -> frozenset[str]:
 _parent_answer: dict[tuple[int, frozenset[str]], str | None] = {}  # by (pid, thread ids): parent_refusal's
 
 
+def _python_threads() -> int:
+    """How many threads of this process run Python, those started with
+    ``_thread`` included (pytest-xdist's receiver), which ``threading`` does
+    not list."""
+    return len(sys._current_frames())
+
+
 def parent_refusal(threads: int | None) -> str | None:
     """In the test process, about to fork ranks of ``rank_threads =
     threads``: why their OpenMP threads would hang (native threads that
-    survive a fork run here), or None. The threads of the ``threading``
-    module are not counted: only native ones can be OpenMP's pool."""
+    survive a fork run here), or None. Threads that run Python are not
+    counted: only native ones can be OpenMP's pool."""
     if not keeps_openmp(threads):
         return None
     ids = thread_ids()
-    if ids is None:
-        return None
-    python = {str(t.native_id) for t in threading.enumerate() if t.native_id is not None}
-    if not ids - python:
+    if ids is None or len(ids) <= _python_threads():
         return None
     key = (os.getpid(), ids)
     if key not in _parent_answer:
@@ -143,9 +147,9 @@ def parent_refusal(threads: int | None) -> str | None:
             # Python 3.12+ warns at a fork with other threads alive; this
             # child ends at once, without running any code.
             warnings.simplefilter("ignore", DeprecationWarning)
-            extra = _surviving_a_fork() - python
+            extra = len(_surviving_a_fork()) - _python_threads()
         _parent_answer.clear()
-        _parent_answer[key] = PARENT_THREADS.format(count=len(extra)) if extra else None
+        _parent_answer[key] = PARENT_THREADS.format(count=extra) if extra > 0 else None
     return _parent_answer[key]
 
 
