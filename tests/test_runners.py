@@ -305,3 +305,58 @@ class BehaviourTest(unittest.TestCase):
             self.assertIsInstance(ctx.exception, RankFailure)
             self.assertEqual(ctx.exception.ranks, [1])
         self.assertTrue(issubclass(RankError, RuntimeError))
+
+
+class DeclaredOptionsTest(unittest.TestCase):
+    """A bad value of a declared option is refused before any rank starts,
+    naming the value and where it came from; a good one acts."""
+
+    def only_error(self, runner: type, attrs: dict, env: dict | None = None) -> str:
+        cls = type(f"Bad{runner.__name__}", (runner,), attrs)
+        with mock.patch.dict(os.environ, env or {}), \
+                mock.patch("os.fork", side_effect=AssertionError("a rank started")):
+            result, _ = run(cls, "test_pass")
+        self.assertEqual((result.testsRun, len(result.errors), result.failures), (1, 1, []), result.errors)
+        return result.errors[0][1]
+
+    def test_a_bad_seed(self):
+        for runner in cases.RUNNERS:
+            for bad in (-1, 2**32, "1", 1.5, True, None):
+                with self.subTest(runner=runner.__name__, seed=bad):
+                    error = self.only_error(runner, {"seed": bad})
+                    self.assertIn(f"Invalid seed {bad!r} from Bad{runner.__name__}.seed (disttest)", error)
+
+    def test_bad_run_variables(self):
+        for runner in cases.RUNNERS:
+            for env, text in ((("DISTTEST_KEEP_LOGS", "maybe"), "Invalid flag 'maybe'"),
+                              (("DISTTEST_OUTPUT", "bogus"), "Invalid output mode 'bogus'")):
+                with self.subTest(runner=runner.__name__, env=env):
+                    error = self.only_error(runner, {}, dict([env]))
+                    self.assertIn(f"{text} from environment variable {env[0]} (disttest)", error)
+
+    def test_a_bad_fork_server_is_the_error_not_what_cleanup_met(self):
+        error = self.only_error(cases.ProcessRunner, {}, {"DISTTEST_FORK_SERVER": "bogus"})
+        self.assertIn("Invalid fork server 'bogus' from environment variable DISTTEST_FORK_SERVER", error)
+        self.assertNotIn("AttributeError", error)
+
+    def test_the_pools_backend_and_rebuild_cap(self):
+        for attrs, text in (
+            ({"backend_str": classmethod(lambda cls: "glo")}, "Invalid backend 'glo' from BadPoolRunner.backend_str()"),
+            ({"backend_str": classmethod(lambda cls: "cpu:gloo,cuda:ncl")},
+             "Invalid backend 'cpu:gloo,cuda:ncl' from BadPoolRunner.backend_str()"),
+            ({"max_pool_rebuilds": None}, "Invalid number of pool rebuilds None from BadPoolRunner.max_pool_rebuilds"),
+            ({"max_pool_rebuilds": -1}, "Invalid number of pool rebuilds -1 from BadPoolRunner.max_pool_rebuilds"),
+        ):
+            with self.subTest(attrs=attrs):
+                self.assertIn(text, self.only_error(cases.PoolRunner, attrs))
+
+    def test_a_pool_with_a_limit_beyond_the_groups(self):
+        # The group's own timeout is the limit plus a margin, capped where
+        # gloo keeps it (milliseconds in a C int): 1e13 s broke the start.
+        from disttest._runner import settings
+
+        cls = type("LongPool", (cases.PoolRunner,), {"timeout": 1e13})
+        with settings.outer_limit(None):  # not kept below pytest-timeout's limit here
+            result, _ = run(cls, "test_pass")
+        self.assertEqual((result.testsRun, result.errors, result.failures), (1, [], []))
+

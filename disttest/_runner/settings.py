@@ -69,6 +69,7 @@ __all__ = [
     "START_METHOD_ENV",
     "THREAD_SCHEDULINGS",
     "THREAD_SCHEDULING_ENV",
+    "check_run_variables",
     "fork_server",
     "keep_logs",
     "outer_limit",
@@ -76,6 +77,8 @@ __all__ = [
     "pin_world_size",
     "rank_scheduling",
     "rank_threads",
+    "rebuild_cap",
+    "seed",
     "start_method",
     "test_timeout",
     "thread_scheduling",
@@ -196,10 +199,38 @@ def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
 def rank_threads(cls: type) -> int | None:
     """``cls.rank_threads``, validated: a positive int, or None."""
     raw = _static(cls, "rank_threads")
-    if raw is None or (isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1):
-        return raw
+    if raw is None or (_is_int(raw) and raw >= 1):
+        return int(raw) if raw is not None else None
     raise ConfigError("number of threads per rank", raw, f"{cls.__name__}.rank_threads",
                       "expected a positive int, or None for torch's default")
+
+
+def _is_int(raw: object) -> bool:
+    return isinstance(raw, int) and not isinstance(raw, bool)
+
+
+def rebuild_cap(cls: type) -> int:
+    """``cls.max_pool_rebuilds``, validated: an int of at least 0."""
+    raw = _static(cls, "max_pool_rebuilds")
+    if _is_int(raw) and raw >= 0:
+        return int(raw)
+    raise ConfigError("number of pool rebuilds", raw, f"{cls.__name__}.max_pool_rebuilds",
+                      "expected an int of at least 0")
+
+
+#: What torch, numpy and ``random`` all accept as a seed.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def seed(owner: Any) -> int:
+    """``owner.seed`` (a test case or its class), validated: an int that
+    torch, numpy and ``random`` all accept."""
+    cls = owner if isinstance(owner, type) else type(owner)
+    raw: Any = getattr(owner, "seed", None)
+    if _is_int(raw) and SEED_RANGE[0] <= raw <= SEED_RANGE[1]:
+        return int(raw)
+    raise ConfigError("seed", raw, f"{cls.__name__}.seed",
+                      f"expected an int from {SEED_RANGE[0]} to {SEED_RANGE[1]} (numpy's range)")
 
 
 def fork_server() -> str:
@@ -214,6 +245,14 @@ def output_mode() -> str:
         raise ConfigError("output mode", os.environ[OUTPUT_ENV], f"environment variable {OUTPUT_ENV}",
                           f"expected one of {OUTPUT_MODES}")
     return raw
+
+
+def check_run_variables() -> None:
+    """Refuse a bad ``DISTTEST_OUTPUT`` or ``DISTTEST_KEEP_LOGS`` as a run
+    starts: they are read when a rank prints or a test fails, where a
+    ConfigError would hide the test's own result."""
+    output_mode()
+    keep_logs()
 
 
 def keep_logs() -> bool:

@@ -566,5 +566,8 @@ class ZygoteLauncher(ProcessLauncher):
 
     def close(self) -> None:
         super().close()
-        self._client.runs.pop(self._run_id, None)
-        _close_if_idle(self._client)
+        client = getattr(self, "_client", None)
+        if client is None:
+            return  # no server was reached (a bad DISTTEST_FORK_SERVER, a start that failed)
+        client.runs.pop(self._run_id, None)
+        _close_if_idle(client)

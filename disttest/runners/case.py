@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from disttest import _compat
+from disttest._runner import settings
 from disttest.runners.case_parity import CaseParityMixin
 from disttest.support.devices import has_accelerator
 from disttest.support.skips import DistSkip, skip_for_exit_code
@@ -232,7 +233,7 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
     def setUp(self) -> None:
         self._chain_reached = True
         super().setUp()
-        set_rng_seed(self.seed)
+        set_rng_seed(settings.seed(self))
 
     def tearDown(self) -> None:
         self._chain_reached = True

@@ -41,7 +41,7 @@ from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.runners.case import TestCase, set_rng_seed
 from disttest.support.launchers import resolve_rank
-from disttest.support.skips import backend_skip_reason, precheck_skip
+from disttest.support.skips import backend_skip_reason, check_backend_name, precheck_skip
 
 __unittest = True
 
@@ -49,6 +49,8 @@ __all__ = ["MultiProcContinousTest", "MultiProcContinuousTest"]
 
 #: Seconds the class's group waits beyond the test's limit before it raises.
 PG_TIMEOUT_MARGIN = 60
+#: The longest group timeout given (24 days: gloo keeps it in an int of milliseconds).
+PG_TIMEOUT_MAX = (2**31 - 1) / 1000
 POOL_FAILED = "the pool of {cls} could not start, so its tests do not run (disttest): {cause}"
 REBUILD_CAP = (
     "the pool of {cls} broke and was rebuilt {n} times (max_pool_rebuilds); "
@@ -133,7 +135,7 @@ class MultiProcContinousTest(TestCase):
         if limit is not None:
             # A backstop beyond the test's limit: the join loop reports a
             # hang first, with the stack of a rank still waiting in it.
-            kwargs["timeout"] = timedelta(seconds=limit + PG_TIMEOUT_MARGIN)
+            kwargs["timeout"] = timedelta(seconds=min(limit + PG_TIMEOUT_MARGIN, PG_TIMEOUT_MAX))
         if rdvz_file is not None:
             kwargs["store"] = dist.FileStore(rdvz_file, world_size)
         else:
@@ -190,10 +192,15 @@ class MultiProcContinousTest(TestCase):
         if pool is not None:
             pool.close()
             cls._pool = None
-        if cls.__dict__.get("_pool_breaks", 0) > cls.max_pool_rebuilds:
-            cls._pool_failed = REBUILD_CAP.format(cls=cls.__name__, n=cls.max_pool_rebuilds)
+        cap = settings.rebuild_cap(cls)
+        settings.seed(cls)  # a bad one refused here, not by every rank
+        settings.check_run_variables()
+        if cls.__dict__.get("_pool_breaks", 0) > cap:
+            cls._pool_failed = REBUILD_CAP.format(cls=cls.__name__, n=cap)
             raise PoolUnavailable(cls._pool_failed)
-        unusable = backend_skip_reason(cls.backend_str())  # nccl needs a visible GPU too
+        backend = cls.backend_str()
+        check_backend_name(backend, f"{cls.__name__}.backend_str()")
+        unusable = backend_skip_reason(backend)  # nccl needs a visible GPU too
         if unusable is not None:
             cls._pool_skip = unusable
             raise unittest.SkipTest(cls._pool_skip)
@@ -298,7 +305,7 @@ class MultiProcContinousTest(TestCase):
 
     def _callSetUp(self) -> None:
         if not self._dispatching():  # run_rank: an ordinary test in this rank
-            set_rng_seed(self.seed)
+            set_rng_seed(settings.seed(self))
             self._phase = "setUp"
             super()._callSetUp()
             return

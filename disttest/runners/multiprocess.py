@@ -163,6 +163,7 @@ class MultiProcessTestCase(RankDispatch):
         source = getattr(self, "_start_source", "") or "_start_processes()"
         cls = type(self)
         rank_threads = settings.rank_threads(cls)
+        settings.check_run_variables()
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None
@@ -260,7 +261,7 @@ class MultiProcessTestCase(RankDispatch):
         from disttest.runners.case import set_rng_seed
 
         os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"
-        set_rng_seed(self.seed)
+        set_rng_seed(settings.seed(self))
         exc: BaseException | None = None
         try:
             with armed(type(self), test_name, self.rank, rank_mod.run_dir()):

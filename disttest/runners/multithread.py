@@ -62,6 +62,7 @@ class _ThreadRun:
         """``owner``: what holds the test as attribute ``test``, for the
         faults it declares (default ``test_cls``)."""
         turns = settings.thread_scheduling(test_cls) == "turns"
+        settings.check_run_variables()
         owner = owner if owner is not None else test_cls
         # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
         # restored after each test, or 10,000 tests nest 20,000 hooks.

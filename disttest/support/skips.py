@@ -340,6 +340,27 @@ def nccl_skip_reason() -> str | None:
     return None
 
 
+#: Backend names some torch build has, beyond those this torch lists.
+OTHER_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl", "hccl")
+
+
+def check_backend_name(backend: object, where: str) -> None:
+    """Refuse a backend name no torch knows (a typo would otherwise skip as
+    "not available"): ``backend`` (from ``where``) is None, a name torch
+    lists or has registered (``Backend.register_backend``), or one of
+    :data:`OTHER_BACKENDS`; also per device (``"cpu:gloo,cuda:nccl"``)."""
+    if backend is None:
+        return
+    known = {*(b.lower() for b in dist.Backend.backend_list), *OTHER_BACKENDS,
+             *(str(p).lower() for p in getattr(dist.Backend, "_plugins", {}))}
+    names = [part.rpartition(":")[2].strip().lower() for part in backend.split(",")] \
+        if isinstance(backend, str) else []
+    if not names or not all(names) or any(n not in known for n in names):
+        raise ConfigError("backend", backend, where, f"expected one of {sorted(known - {'undefined'})} "
+                          "(a backend registered with torch.distributed.Backend.register_backend counts), "
+                          "optionally per device ('cpu:gloo,cuda:nccl')")
+
+
 def backend_skip_reason(backend: str | None) -> str | None:
     """Why a process group of ``backend`` cannot be made here, or None.
 
