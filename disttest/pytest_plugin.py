@@ -103,6 +103,10 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
     return _faults_pytest.runtest_protocol(item, nextitem)
 
 
+#: A ``world_size`` marker given what it does not take (a typo would be ignored).
+MARKER_EXTRA = "@pytest.mark.world_size takes one number and mode=, not {extra}, on {where} (disttest)"
+
+
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     _skip_gpu_tests(items)
     for item in items:
@@ -111,6 +115,9 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             continue
         if not marker.args:
             raise pytest.UsageError(f"@pytest.mark.world_size needs a number, on {item.nodeid} (disttest)")
+        extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]
+        if extra:
+            raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))
         try:
             size = parse_world_size(marker.args[0], f"@pytest.mark.world_size on {item.nodeid}")
         except ConfigError as e:

@@ -106,6 +106,18 @@ class PluginTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 4)
         self.assertIn("Invalid timeout 'soon' from --disttest-timeout", proc.stderr)
 
+    def test_what_a_world_size_marker_does_not_take_is_a_usage_error(self):
+        from disttest.pytest_plugin import MARKER_EXTRA
+
+        for marker, extra in (('2, mdoe="processes"', "mdoe="), ("2, 3", "3")):
+            with self.subTest(marker=marker), tempfile.TemporaryDirectory() as tmp:
+                with open(os.path.join(tmp, "test_marker.py"), "w") as f:
+                    f.write(f"import pytest\n@pytest.mark.world_size({marker})\ndef test_x():\n    pass\n")
+                proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_marker.py"],
+                                      cwd=tmp, capture_output=True, text=True, timeout=120)
+                self.assertEqual(proc.returncode, 4, proc.stdout[-2000:])
+                self.assertIn(MARKER_EXTRA.format(extra=extra, where="test_marker.py::test_x"), proc.stderr)
+
     def test_world_size_marker_on_methods_and_classes(self):
         proc = pytest_run("--disttest-timeout=30", "-k", "three or five")
         self.assertIn("4 passed", proc.stdout, proc.stdout[-2000:])

@@ -334,6 +334,15 @@ class DeclaredOptionsTest(unittest.TestCase):
                     error = self.only_error(runner, {}, dict([env]))
                     self.assertIn(f"{text} from environment variable {env[0]} (disttest)", error)
 
+    def test_a_bad_rank_preload(self):
+        for runner in cases.PROCESS_RUNNERS:
+            for bad, text in (("json", "Invalid list of modules to preload 'json'"),
+                              (["no_such_module_xyz"], "Invalid module to preload 'no_such_module_xyz'"),
+                              ([5], "Invalid list of modules to preload [5]")):
+                with self.subTest(runner=runner.__name__, preload=bad):
+                    error = self.only_error(runner, {"rank_preload": bad})
+                    self.assertIn(f"{text} from Bad{runner.__name__}.rank_preload (disttest)", error)
+
     def test_a_bad_fork_server_is_the_error_not_what_cleanup_met(self):
         error = self.only_error(cases.ProcessRunner, {}, {"DISTTEST_FORK_SERVER": "bogus"})
         self.assertIn("Invalid fork server 'bogus' from environment variable DISTTEST_FORK_SERVER", error)

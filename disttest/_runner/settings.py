@@ -76,6 +76,7 @@ __all__ = [
     "output_mode",
     "pin_world_size",
     "rank_scheduling",
+    "rank_preload",
     "rank_threads",
     "rebuild_cap",
     "seed",
@@ -203,6 +204,24 @@ def rank_threads(cls: type) -> int | None:
         return int(raw) if raw is not None else None
     raise ConfigError("number of threads per rank", raw, f"{cls.__name__}.rank_threads",
                       "expected a positive int, or None for torch's default")
+
+
+def rank_preload(cls: type) -> tuple[str, ...]:
+    """``cls.rank_preload``, validated: module names whose top-level package
+    exists (found without importing anything)."""
+    import importlib.util
+
+    raw = _static(cls, "rank_preload")
+    if raw is None:
+        return ()
+    where = f"{cls.__name__}.rank_preload"
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)) or not all(isinstance(n, str) for n in raw):
+        raise ConfigError("list of modules to preload", raw, where, "expected a list or tuple of module names")
+    for name in raw:
+        top = name.partition(".")[0]
+        if not top or importlib.util.find_spec(top) is None:
+            raise ConfigError("module to preload", name, where, f"no module named {top!r} can be imported here")
+    return tuple(raw)
 
 
 def _is_int(raw: object) -> bool:

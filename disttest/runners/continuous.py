@@ -195,6 +195,7 @@ class MultiProcContinousTest(TestCase):
         cap = settings.rebuild_cap(cls)
         settings.seed(cls)  # a bad one refused here, not by every rank
         settings.check_run_variables()
+        settings.rank_preload(cls)
         if cls.__dict__.get("_pool_breaks", 0) > cap:
             cls._pool_failed = REBUILD_CAP.format(cls=cls.__name__, n=cap)
             raise PoolUnavailable(cls._pool_failed)

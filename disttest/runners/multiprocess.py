@@ -163,6 +163,7 @@ class MultiProcessTestCase(RankDispatch):
         source = getattr(self, "_start_source", "") or "_start_processes()"
         cls = type(self)
         rank_threads = settings.rank_threads(cls)
+        settings.rank_preload(cls)
         settings.check_run_variables()
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
