@@ -343,6 +343,48 @@ class DeclaredOptionsTest(unittest.TestCase):
                     error = self.only_error(runner, {"rank_preload": bad})
                     self.assertIn(f"{text} from Bad{runner.__name__}.rank_preload (disttest)", error)
 
+    def test_a_world_beyond_the_systems_limits(self):
+        from disttest._runner import thread_pool
+
+        # Threads: the third "can't start new thread"; the two started go idle.
+        real_thread, made = thread_pool.RankThread, []
+
+        def limited_thread(pool):
+            if len(made) == 2:
+                raise RuntimeError("can't start new thread")
+            made.append(real_thread(pool))
+            return made[-1]
+
+        thread_pool.release_idle(wait=1.0)
+        with mock.patch.object(thread_pool, "RankThread", side_effect=limited_thread), \
+                self.assertRaises(RuntimeError) as caught:
+            thread_pool.take(5)
+        self.assertEqual(str(caught.exception), thread_pool.START_LIMIT.format(
+            rank=2, world_size=5, what="a thread", error="can't start new thread"))
+        again = thread_pool.take(2)
+        self.assertEqual({t.thread for t in again}, {t.thread for t in made})
+        thread_pool.give_back(again)
+        # Processes: the second fork fails (EAGAIN); the first rank is stopped.
+        real_fork, forks = os.fork, []
+
+        def limited_fork():
+            if forks:
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            forks.append(real_fork())
+            return forks[-1]
+
+        cls = type("ForkedRunner", (cases.ProcessRunner,), {"start_method": "fork"})
+        with mock.patch("os.fork", side_effect=limited_fork):
+            result, _ = run(cls, "test_pass")
+        self.assertEqual(len(result.errors), 1, result.failures)
+        self.assertIn(thread_pool.START_LIMIT.format(
+            rank=1, world_size=cls("test_pass").world_size, what="a forked process",
+            error="[Errno 11] Resource temporarily unavailable"), result.errors[0][1])
+        deadline = time.monotonic() + 5
+        while cases.live_ranks() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(cases.live_ranks(), [], "the rank started before the failure outlived the test")
+
     def test_a_bad_fork_server_is_the_error_not_what_cleanup_met(self):
         error = self.only_error(cases.ProcessRunner, {}, {"DISTTEST_FORK_SERVER": "bogus"})
         self.assertIn("Invalid fork server 'bogus' from environment variable DISTTEST_FORK_SERVER", error)

@@ -373,7 +373,11 @@ class ForkLauncher(ProcessLauncher):
             warnings.warn(fork_threads.forked_serial(cls, self.spec.threads, reason), stacklevel=3)
             self.spec = dataclasses.replace(self.spec, threads=1)
         for rank in range(self.world_size):
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as e:  # EAGAIN: a limit on processes; the caller stops those started
+                raise RuntimeError(thread_pool.START_LIMIT.format(
+                    rank=rank, world_size=self.world_size, what="a forked process", error=e)) from e
             if pid == 0:
                 self.channel.drop_inherited()
                 rank_mod.run_rank_process(cls, self.spec, rank, parent)

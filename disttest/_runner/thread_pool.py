@@ -28,13 +28,19 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["IDLE_EXIT", "RankThread", "release_idle", "take"]
+__all__ = ["IDLE_EXIT", "START_LIMIT", "RankThread", "release_idle", "take"]
 
 #: Seconds an idle rank thread waits for its next test before it ends.
 IDLE_EXIT = 5.0
 IDLE_NAME = "disttest idle thread {n}"  # NB: no " rank " in it (that names a running rank)
 
 _names = itertools.count(1)
+
+#: A rank (a thread, a process) the system would not start: world sizes beyond its limits.
+START_LIMIT = (
+    "could not start rank {rank} of a world of {world_size} ({what}) (disttest): {error}. This process may not "
+    "have more threads or processes (its limits: ulimit -u, a cgroup's pids.max, memory); use a smaller world size"
+)
 
 
 def _thread_state() -> tuple[Any, ...]:
@@ -99,7 +105,13 @@ class _Pool:
             keep = max(0, len(self._idle) - n)
             got, self._idle = self._idle[keep:], self._idle[:keep]
         got = [t for t in got if t.thread.is_alive()]
-        return got + [RankThread(self) for _ in range(n - len(got))]
+        try:
+            while len(got) < n:
+                got.append(RankThread(self))
+        except RuntimeError as e:  # "can't start new thread"
+            self.give_back(got)  # idle, they end after IDLE_EXIT
+            raise RuntimeError(START_LIMIT.format(rank=len(got), world_size=n, what="a thread", error=e)) from e
+        return got
 
     def give_back(self, threads: list[RankThread]) -> None:
         back = [t for t in threads if not t.retired and t.thread.is_alive()]
