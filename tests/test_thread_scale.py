@@ -4,6 +4,7 @@ too (faults, reports, desyncs, turns), and nothing is paid up front."""
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 import unittest
 
 import torch
@@ -118,6 +120,41 @@ class CollectorTest(unittest.TestCase):
         before = gc.get_freeze_count()
         self.assertTrue(run(Frozen("test_count")).wasSuccessful())
         self.assertGreater(gc.get_freeze_count(), before // 2)  # not unfrozen (some objects died meanwhile)
+
+
+class PollRaceTest(unittest.TestCase):
+    def test_polling_while_rank_threads_finish(self):
+        # The join loop's poll read the set of finished ranks while rank
+        # threads added to it: "Set changed size during iteration" at 1024
+        # ranks (the test's whole report). Switches forced every microsecond.
+        from disttest._runner.threads import ThreadLauncher
+
+        fake = types.SimpleNamespace(world=types.SimpleNamespace(baton=types.SimpleNamespace(watch=lambda: None)),
+                                     _done=set(), _outcomes={})
+        stop = threading.Event()
+
+        def finish_and_restart():
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                r = i % 512
+                if r in fake._done:
+                    fake._done.discard(r)
+                else:
+                    fake._done.add(r)
+                    fake._outcomes[r] = None
+
+        other = threading.Thread(target=finish_and_restart)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        other.start()
+        try:
+            for _ in range(2000):
+                ThreadLauncher.poll(fake)  # type: ignore[arg-type]
+        finally:
+            stop.set()
+            other.join()
+            sys.setswitchinterval(interval)
 
 
 class UpFrontTest(unittest.TestCase):

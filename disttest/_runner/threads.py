@@ -174,7 +174,9 @@ class ThreadLauncher:
     # -- Launcher --
     def poll(self) -> dict[int, ExitStatus]:
         self.world.baton.watch()
-        return {r: _DONE for r in self._done if r in self._outcomes}
+        # NB: rank threads add to the set meanwhile: iterate over a copy
+        # (made in one step under the GIL), never the set itself.
+        return {r: _DONE for r in self._done.copy() if r in self._outcomes}
 
     def outcome(self, rank: int) -> Outcome | None:
         return self._outcomes.get(rank)
