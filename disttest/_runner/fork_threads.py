@@ -121,7 +121,8 @@ def _surviving_a_fork() -> frozenset[str]:
     return thread_ids() or frozenset()
 
 
-_parent_answer: dict[tuple[int, frozenset[str]], str | None] = {}  # by (pid, thread ids): parent_refusal's
+# parent_refusal's last answer, by (pid, thread ids): asked again only when they change.
+_parent_answer: tuple[tuple[int, frozenset[str]], str | None] | None = None
 
 
 def _python_threads() -> int:
@@ -141,16 +142,16 @@ def parent_refusal(threads: int | None) -> str | None:
     ids = thread_ids()
     if ids is None or len(ids) <= _python_threads():
         return None
+    global _parent_answer
     key = (os.getpid(), ids)
-    if key not in _parent_answer:
+    if _parent_answer is None or _parent_answer[0] != key:
         with warnings.catch_warnings():
             # Python 3.12+ warns at a fork with other threads alive; this
             # child ends at once, without running any code.
             warnings.simplefilter("ignore", DeprecationWarning)
             extra = len(_surviving_a_fork()) - _python_threads()
-        _parent_answer.clear()
-        _parent_answer[key] = PARENT_THREADS.format(count=extra) if extra > 0 else None
-    return _parent_answer[key]
+        _parent_answer = (key, PARENT_THREADS.format(count=extra) if extra > 0 else None)
+    return _parent_answer[1]
 
 
 def forked_serial(cls: type, threads: int | None, reason: str) -> str:

@@ -77,6 +77,7 @@ __all__ = [
     "pin_world_size",
     "rank_scheduling",
     "rank_preload",
+    "rank_process_options",
     "rank_threads",
     "rebuild_cap",
     "seed",
@@ -204,6 +205,15 @@ def rank_threads(cls: type) -> int | None:
         return int(raw) if raw is not None else None
     raise ConfigError("number of threads per rank", raw, f"{cls.__name__}.rank_threads",
                       "expected a positive int, or None for torch's default")
+
+
+def rank_process_options(cls: type) -> int | None:
+    """The options of ``cls``'s rank processes (fresh or pooled), validated
+    before any starts: ``rank_preload``, ``DISTTEST_OUTPUT`` and
+    ``DISTTEST_KEEP_LOGS``; returns ``rank_threads``."""
+    rank_preload(cls)
+    check_run_variables()
+    return rank_threads(cls)
 
 
 def rank_preload(cls: type) -> tuple[str, ...]:

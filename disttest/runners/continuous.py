@@ -194,8 +194,7 @@ class MultiProcContinousTest(TestCase):
             cls._pool = None
         cap = settings.rebuild_cap(cls)
         settings.seed(cls)  # a bad one refused here, not by every rank
-        settings.check_run_variables()
-        settings.rank_preload(cls)
+        rank_threads = settings.rank_process_options(cls)
         if cls.__dict__.get("_pool_breaks", 0) > cap:
             cls._pool_failed = REBUILD_CAP.format(cls=cls.__name__, n=cap)
             raise PoolUnavailable(cls._pool_failed)
@@ -205,7 +204,6 @@ class MultiProcContinousTest(TestCase):
         if unusable is not None:
             cls._pool_skip = unusable
             raise unittest.SkipTest(cls._pool_skip)
-        rank_threads = settings.rank_threads(cls)
         method, where, note = cls._start_choice()
         module = sys.modules.get(cls.__module__)
         fields = {

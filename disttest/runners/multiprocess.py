@@ -162,9 +162,7 @@ class MultiProcessTestCase(RankDispatch):
         method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
         source = getattr(self, "_start_source", "") or "_start_processes()"
         cls = type(self)
-        rank_threads = settings.rank_threads(cls)
-        settings.rank_preload(cls)
-        settings.check_run_variables()
+        rank_threads = settings.rank_process_options(cls)
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None
