@@ -78,13 +78,18 @@ def as_number(kind: Callable[[Any], N], value: object, bad: ConfigError) -> N:
         raise bad from None
 
 
-def parse_timeout(value: object, where: str) -> float:
+def parse_timeout(value: object, where: str, text: bool = False) -> float:
     """Return ``value`` as a positive, finite number of seconds.
 
     Integral values come back as ``int`` so that messages read ``30s``.
+    ``text``: the value comes from text (an environment variable, a command
+    line), so a string is read as a number; elsewhere a string is an error
+    (``timeout = "30"`` in a class), as for :func:`parse_world_size`.
     Raises :class:`ConfigError` naming ``value`` and ``where`` otherwise.
     """
     bad = ConfigError("timeout", value, where, "expected a positive number of seconds")
+    if isinstance(value, str) and not text:
+        raise bad
     seconds = as_number(float, value, bad)
     if not math.isfinite(seconds) or seconds <= 0:
         raise bad
@@ -119,7 +124,7 @@ def default_timeout(environ: Mapping[str, str] | None = None) -> float:
     for name in TIMEOUT_ENV_VARS:
         raw = env.get(name)
         if raw is not None and raw.strip() != "":
-            return parse_timeout(raw, f"environment variable {name}")
+            return parse_timeout(raw, f"environment variable {name}", text=True)
     return TIMEOUT_FALLBACK
 
 

@@ -84,7 +84,7 @@ def pytest_configure(config: Any) -> None:
     raw = config.getoption("disttest_timeout")
     if raw is not None:
         try:
-            seconds = parse_timeout(raw, "--disttest-timeout")
+            seconds = parse_timeout(raw, "--disttest-timeout", text=True)
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
         os.environ["DISTTEST_TIMEOUT"] = str(seconds)

@@ -9,7 +9,13 @@ import unittest
 from unittest import mock
 
 import disttest
-from disttest.config import ConfigError, default_timeout, get_timeout, parse_world_size
+from disttest.config import (
+    ConfigError,
+    default_timeout,
+    get_timeout,
+    parse_timeout,
+    parse_world_size,
+)
 
 
 class TimeoutTest(unittest.TestCase):
@@ -50,6 +56,15 @@ class TimeoutTest(unittest.TestCase):
             env=env, capture_output=True, text=True, timeout=120,
         )
         self.assertEqual(out.stdout.strip(), "imported", out.stderr)
+
+
+class TimeoutTextTest(unittest.TestCase):
+    def test_a_string_is_a_number_only_from_text(self):
+        self.assertEqual(parse_timeout("2.5", "environment variable DISTTEST_TIMEOUT", text=True), 2.5)
+        with self.assertRaises(ConfigError) as ctx:
+            parse_timeout("3", "Suite.timeout")
+        self.assertEqual((ctx.exception.value, ctx.exception.where), ("3", "Suite.timeout"))
+        self.assertEqual(parse_timeout(3, "Suite.timeout"), 3)
 
 
 class WorldSizeTest(unittest.TestCase):

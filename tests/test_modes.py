@@ -11,6 +11,7 @@ from unittest import mock
 import modes_cases as cases
 
 import disttest
+import disttest.runners.modes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -69,5 +70,15 @@ class ModesTest(unittest.TestCase):
                 self.assertRaisesRegex(disttest.ConfigError,
                                        r"Invalid mode 'thread' from environment variable DISTTEST_MODE"):
             disttest.run_in("threads")(type("Body", (), {}))
+        with self.assertRaisesRegex(disttest.ConfigError, r"Invalid backend 'glo' from Body.backend"):
+            disttest.run_in("threads")(type("Body", (), {"backend": "glo"}))  # the threads would pass
+
+    def test_a_forced_mode_is_read_as_every_choice(self):
+        with mock.patch.dict(os.environ, {disttest.MODE_ENV: " Threads"}):
+            self.assertEqual(disttest.runners.modes.forced_mode(), "threads")
+        with mock.patch.dict(os.environ, {disttest.MODE_ENV: " "}):
+            self.assertIsNone(disttest.runners.modes.forced_mode())
+
+    def test_not_a_plain_class(self):
         with self.assertRaisesRegex(TypeError, "must be a plain class"):
             disttest.run_in("threads")(type("T", (unittest.TestCase,), {}))

@@ -4,6 +4,7 @@ the decorator's skip and failure types, upstream's hook names."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import unittest
@@ -118,6 +119,65 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertIs(disttest._uninstall_threaded_pg, threaded_pg.uninstall_threaded_pg)
         self.assertTrue(issubclass(disttest.ProcessLocalGroup, dist.ProcessGroup))
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
+
+
+class StartTest(unittest.TestCase):
+    """Starting the ranks: held to the test's limit, and undone when it fails."""
+
+    class Case(disttest.MultiThreadedTestCase):
+        world_size = 40
+        timeout = 0.5
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_body(self):
+            pass
+
+    def process_state(self):
+        from disttest.pg import threaded
+
+        return (os.environ.get("TORCH_SHOW_CPP_STACKTRACES"), torch.autograd.is_multithreading_enabled(),
+                sys.excepthook, threading.excepthook, dict(getattr(dist.Backend, "_plugins", {})),
+                len(threaded._installed))
+
+    def test_starting_the_ranks_is_held_to_the_tests_limit(self):
+        from disttest._runner import thread_pool
+
+        real_thread = thread_pool.RankThread
+
+        def slow_thread(pool):
+            time.sleep(0.05)  # a machine that starts a thread in 50 ms
+            return real_thread(pool)
+
+        thread_pool.release_idle(wait=1.0)
+        before = self.process_state()
+        began = time.monotonic()
+        with mock.patch.object(thread_pool, "RankThread", side_effect=slow_thread):
+            result = run(self.Case("test_body"))
+        took = time.monotonic() - began
+        self.assertEqual((len(result.errors), result.failures), (1, []), result.errors)
+        error = result.errors[0][1]
+        self.assertIn("TimeoutError: started ", error)
+        self.assertIn(" of the 40 rank threads within the test's limit of 0.5s, and ran none (disttest)", error)
+        self.assertLess(took, 1.5, "starting the ranks ran past the test's limit")
+        self.assertEqual(self.process_state(), before)
+
+    def test_a_failed_start_leaves_the_process_as_it_was(self):
+        from disttest._runner import thread_pool
+        from disttest.faults import judge
+
+        before = self.process_state()
+        for target, error in ((thread_pool, RuntimeError("can't start new thread")),
+                              (judge.Injection, disttest.ConfigError("fault", "x", "here", "expected y"))):
+            name = "take" if target is thread_pool else "for_test"
+            with self.subTest(failing=name), mock.patch.object(target, name, side_effect=error):
+                result = run(self.Case("test_body"))
+                self.assertEqual(len(result.errors), 1, result.errors)
+                self.assertIn(str(error), result.errors[0][1])
+                self.assertEqual(self.process_state(), before)
+        self.assertTrue(run(self.Case("test_body")).wasSuccessful())
 
 
 class RankThreadReuseTest(unittest.TestCase):

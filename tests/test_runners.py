@@ -326,6 +326,23 @@ class DeclaredOptionsTest(unittest.TestCase):
                     error = self.only_error(runner, {"seed": bad})
                     self.assertIn(f"Invalid seed {bad!r} from Bad{runner.__name__}.seed (disttest)", error)
 
+    def test_a_timeout_given_as_a_string(self):
+        # As world_size: a class attribute is a number; only text (a variable) is read as one.
+        for runner in cases.RUNNERS:
+            with self.subTest(runner=runner.__name__):
+                error = self.only_error(runner, {"timeout": "3"})
+                self.assertIn(f"Invalid timeout '3' from Bad{runner.__name__}.timeout (disttest)", error)
+
+    def test_a_start_method_is_read_as_every_choice(self):
+        # Case and blanks do not count, as for the scheduling variables.
+        for runner in cases.PROCESS_RUNNERS:
+            for env, attrs in (({"DISTTEST_START_METHOD": " Fork"}, {}), ({}, {"start_method": "FORK"})):
+                with self.subTest(runner=runner.__name__, env=env, attrs=attrs), \
+                        mock.patch.dict(os.environ, env):
+                    cls = type(f"Upper{runner.__name__}", (runner,), attrs)
+                    result, _ = run(cls, "test_pass")
+                    self.assertTrue(result.wasSuccessful(), result.errors)
+
     def test_bad_run_variables(self):
         for runner in cases.RUNNERS:
             for env, text in ((("DISTTEST_KEEP_LOGS", "maybe"), "Invalid flag 'maybe'"),

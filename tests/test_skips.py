@@ -27,6 +27,8 @@ CASES = [
     (disttest.skip_if_no_gpu, 2, {}, SKIP, "no_cuda"),
     (disttest.skip_if_small_worldsize, 4, {}, SKIP, "small_worldsize"),
     (disttest.skip_if_small_worldsize, 4, {"BACKEND": "mpi"}, RUN, None),
+    (disttest.skip_if_small_worldsize, 4, {"BACKEND": "MPI"}, RUN, None),  # as c10d reads the name
+    (disttest.skip_if_odd_worldsize, 3, {"BACKEND": " Mpi"}, RUN, None),
     (disttest.skip_if_small_worldsize, 8, {}, RUN, None),
     (disttest.skip_if_odd_worldsize, 3, {}, SKIP, "odd_worldsize"),
     (disttest.skip_if_odd_worldsize, 4, {}, RUN, None),

@@ -74,6 +74,7 @@ __all__ = [
     "keep_logs",
     "outer_limit",
     "output_mode",
+    "pick",
     "pin_world_size",
     "rank_scheduling",
     "rank_preload",
@@ -190,12 +191,10 @@ def _env_or_class(env: str, cls: type | None, attr: str, default: Any) -> tuple[
 def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
     """(start method, where it came from), validated."""
     if explicit is not None:
-        method, where = explicit, "_spawn_processes(start_method=...)"
+        raw, where = explicit, "_spawn_processes(start_method=...)"
     else:
-        method, where = _env_or_class(START_METHOD_ENV, cls, "start_method", "zygote")
-    if method not in START_METHODS:
-        raise ConfigError("start method", method, where, f"expected one of {START_METHODS}")
-    return method, where
+        raw, where = _env_or_class(START_METHOD_ENV, cls, "start_method", "zygote")
+    return pick("start method", raw, where, START_METHODS), where
 
 
 def rank_threads(cls: type) -> int | None:
@@ -309,6 +308,12 @@ def thread_scheduling(cls: type | None) -> str:
 def _choice(what: str, env: str, cls: type | None, attr: str, choices: tuple[str, ...]) -> str:
     # The variable, else the class attribute, else the first choice.
     raw, where = _env_or_class(env, cls, attr, choices[0])
+    return pick(what, raw, where, choices)
+
+
+def pick(what: str, raw: object, where: str, choices: tuple[str, ...]) -> str:
+    """``raw`` (from ``where``) as one of ``choices``, read as every
+    disttest choice is: case and surrounding blanks do not count."""
     value = raw.strip().lower() if isinstance(raw, str) else raw
     if value not in choices:
         raise ConfigError(what, raw, where, f"expected one of {choices}")

@@ -28,7 +28,7 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["IDLE_EXIT", "START_LIMIT", "RankThread", "release_idle", "take"]
+__all__ = ["IDLE_EXIT", "START_LIMIT", "START_TIMEOUT", "RankThread", "release_idle", "take"]
 
 #: Seconds an idle rank thread waits for its next test before it ends.
 IDLE_EXIT = 5.0
@@ -40,6 +40,12 @@ _names = itertools.count(1)
 START_LIMIT = (
     "could not start rank {rank} of a world of {world_size} ({what}) (disttest): {error}. This process may not "
     "have more threads or processes (its limits: ulimit -u, a cgroup's pids.max, memory); use a smaller world size"
+)
+
+#: Starting the rank threads took the test's whole limit (a world too large for this machine).
+START_TIMEOUT = (
+    "started {started} of the {world_size} rank threads within the test's limit of {timeout}s, and ran none "
+    "(disttest). Use a smaller world size or a longer timeout"
 )
 
 
@@ -98,7 +104,9 @@ class _Pool:
         self._idle: list[RankThread] = []
         self._pid = os.getpid()
 
-    def take(self, n: int) -> list[RankThread]:
+    def take(self, n: int, deadline: float | None = None, timeout: float | None = None) -> list[RankThread]:
+        """``n`` rank threads, idle ones first; new ones are started until
+        ``deadline`` (a ``time.monotonic()``; ``timeout`` is for the message)."""
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the threads are the parent's
                 self._idle, self._pid = [], os.getpid()
@@ -107,9 +115,14 @@ class _Pool:
         got = [t for t in got if t.thread.is_alive()]
         try:
             while len(got) < n:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(START_TIMEOUT.format(started=len(got), world_size=n, timeout=timeout))
                 got.append(RankThread(self))
-        except RuntimeError as e:  # "can't start new thread"
+        except TimeoutError:
             self.give_back(got)  # idle, they end after IDLE_EXIT
+            raise
+        except RuntimeError as e:  # "can't start new thread"
+            self.give_back(got)
             raise RuntimeError(START_LIMIT.format(rank=len(got), world_size=n, what="a thread", error=e)) from e
         return got
 
@@ -142,9 +155,10 @@ class _Pool:
 _pool = _Pool()
 
 
-def take(n: int) -> list[RankThread]:
-    """``n`` rank threads for a test: idle ones first, else new ones."""
-    return _pool.take(n)
+def take(n: int, deadline: float | None = None, timeout: float | None = None) -> list[RankThread]:
+    """``n`` rank threads for a test: idle ones first, else new ones,
+    started until ``deadline`` (then :data:`START_TIMEOUT`, a TimeoutError)."""
+    return _pool.take(n, deadline, timeout)
 
 
 def give_back(threads: list[RankThread]) -> None:

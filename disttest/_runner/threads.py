@@ -104,7 +104,9 @@ class ThreadLauncher:
         self._given_back = False
         self._ended = threading.Event()
 
-    def start(self) -> None:
+    def start(self, deadline: float | None = None, timeout: float | None = None) -> None:
+        """Start the rank threads; starting them is held to ``deadline`` (a
+        ``time.monotonic()``; ``timeout`` is the limit it came from, for the message)."""
         # NB: torch.testing.assert_close imports torch.distributed.tensor on
         # first use; two rank threads doing it at once register its operators
         # twice ("Tried to register an operator ... multiple times"). With
@@ -125,7 +127,7 @@ class ThreadLauncher:
         self._streams = (sys.stdout, sys.stderr)
         sys.stdout = _Tee(sys.stdout, self._idents, self._kept)
         sys.stderr = _Tee(sys.stderr, self._idents, self._kept)
-        self._workers = thread_pool.take(self.world_size)
+        self._workers = thread_pool.take(self.world_size, deadline, timeout)
         for rank, worker in enumerate(self._workers):
             worker.thread.name = f"{self._name} {rank}"
             self.threads.append(worker.thread)

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         world_size = parse_world_size(args.world_size, "--world-size", text=True)
-        timeout = parse_timeout(args.timeout, "--timeout")
+        timeout = parse_timeout(args.timeout, "--timeout", text=True)
     except ConfigError as e:
         parser.error(str(e))
     declared = Declaration()

@@ -24,7 +24,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from disttest._runner import settings
 from disttest.config import ConfigError, parse_world_size
+from disttest.support.skips import check_backend_name
 
 __unittest = True
 
@@ -43,12 +45,10 @@ FORCED_SKIP = "{env}={mode} runs the {mode} mode only"
 def forced_mode() -> str | None:
     """The mode ``DISTTEST_MODE`` forces, or None; a value that names no
     mode is a :class:`~disttest.ConfigError` naming it."""
-    raw = os.environ.get(MODE_ENV)
-    if not raw:
+    raw = os.environ.get(MODE_ENV, "")
+    if not raw.strip():
         return None
-    if raw not in FORCED_MODES:
-        raise ConfigError("mode", raw, f"environment variable {MODE_ENV}", f"expected one of {FORCED_MODES}")
-    return raw
+    return settings.pick("mode", raw, f"environment variable {MODE_ENV}", FORCED_MODES)
 
 
 def only_in_forced_mode(cls: type, mode: str) -> type:
@@ -127,6 +127,9 @@ def run_in(*modes: str) -> Callable[[type], type]:
             raise TypeError(f"run_in: {body.__name__} must be a plain class of test methods, "
                             "not a TestCase (disttest makes the TestCase per mode)")
         size = parse_world_size(body.__dict__.get("world_size", 2), f"{body.__name__}.world_size")
+        # Threads always use the threaded group; the name still must be one
+        # the other modes can make (a typo would pass as threads only).
+        check_backend_name(getattr(body, "backend", "gloo"), f"{body.__name__}.backend")
         module = sys.modules[body.__module__]
         forced_mode()  # a bad value is named before any class is made
         for mode in chosen:

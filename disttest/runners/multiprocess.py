@@ -161,8 +161,10 @@ class MultiProcessTestCase(RankDispatch):
         self._refuse_second_start("_start_processes()", self._launcher is not None)
         method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
         source = getattr(self, "_start_source", "") or "_start_processes()"
+        method = settings.pick("start method", method, source, settings.START_METHODS)
         cls = type(self)
         rank_threads = settings.rank_process_options(cls)
+        self._test_timeout()  # a bad one is named before any rank starts
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None

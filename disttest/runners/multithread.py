@@ -10,6 +10,7 @@ shared by the threads, so random values differ between ranks
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -57,30 +58,42 @@ UNSTOPPABLE = (
 class _ThreadRun:
     """One test's threaded ranks: install the world, run, join, uninstall."""
 
-    def __init__(self, world_size: int, body: Callable[[int], None], test: str,
+    def __init__(self, world_size: int, body: Callable[[int], None], test: str, timeout: float,
                  test_cls: type | None = None, owner: object = None) -> None:
         """``owner``: what holds the test as attribute ``test``, for the
-        faults it declares (default ``test_cls``)."""
-        turns = settings.thread_scheduling(test_cls) == "turns"
-        settings.check_run_variables()
-        owner = owner if owner is not None else test_cls
-        # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
-        # restored after each test, or 10,000 tests nest 20,000 hooks.
-        self.hooks = (sys.excepthook, threading.excepthook)
-        self.world = install_threaded_pg()
-        # As in upstream's ranks (its helpers register it): undone after the test.
-        self.undo_fake = _compat.install_fake_backend()
-        # The ranks' first assertEqual would import torch.distributed.tensor
-        # (about a second, in the test's time, the other ranks blocked on the
-        # import lock) only to ask whether an input is a DTensor.
-        self.undo_lazy = _compat.lazy_dtensor_comparison()
-        # Upstream's setUp sets it for the rest of the process; here for the test.
-        self.environ = set_environ({"TORCH_SHOW_CPP_STACKTRACES": "1"})
-        self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
-        self.autograd = torch.autograd.set_multithreading_enabled(False)
-        self.test = test
-        self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank", turns=turns)
-        self.launcher.start()
+        faults it declares (default ``test_cls``); ``timeout``: the test's
+        limit, which starting the ranks is held to as well."""
+        # Each change to the process is undone by close(), also when a later
+        # step (a fault declared wrong, a world the system will not start) raises.
+        self._undo = contextlib.ExitStack()
+        try:
+            turns = settings.thread_scheduling(test_cls) == "turns"
+            settings.check_run_variables()
+            owner = owner if owner is not None else test_cls
+            # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
+            # restored after each test, or 10,000 tests nest 20,000 hooks.
+            self._undo.callback(_restore_hooks, sys.excepthook, threading.excepthook)
+            self.world = install_threaded_pg()
+            self._undo.callback(uninstall_threaded_pg)
+            # As in upstream's ranks (its helpers register it): undone after the test.
+            undo_fake = _compat.install_fake_backend()
+            if undo_fake is not None:
+                self._undo.callback(undo_fake)
+            # The ranks' first assertEqual would import torch.distributed.tensor
+            # (about a second, in the test's time, the other ranks blocked on the
+            # import lock) only to ask whether an input is a DTensor.
+            self._undo.callback(_compat.lazy_dtensor_comparison())
+            # Upstream's setUp sets it for the rest of the process; here for the test.
+            self._undo.callback(set_environ, set_environ({"TORCH_SHOW_CPP_STACKTRACES": "1"}))
+            self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
+            self._undo.push(torch.autograd.set_multithreading_enabled(False))
+            self.test = test
+            self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank", turns=turns)
+            self._undo.callback(self.launcher.stop)
+            self.launcher.start(deadline=time.monotonic() + timeout, timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
 
     def join(self, timeout: float) -> list[Outcome]:
         try:
@@ -90,19 +103,8 @@ class _ThreadRun:
             self.close()
 
     def close(self) -> None:
-        if self.world is None:
-            return
-        try:
-            self.launcher.stop()
-        finally:
-            self.autograd.__exit__(None, None, None)
-            uninstall_threaded_pg()
-            if self.undo_fake is not None:
-                self.undo_fake()
-            self.undo_lazy()
-            set_environ(self.environ)
-            self.world = None  # type: ignore[assignment]
-            sys.excepthook, threading.excepthook = self.hooks
+        """Stop the ranks and undo what the run changed (once)."""
+        self._undo.close()
 
     def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False,
                   where: Callable[..., Any] | None = None) -> None:
@@ -115,6 +117,10 @@ class _ThreadRun:
             if self.launcher.unstoppable:
                 e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
             raise
+
+
+def _restore_hooks(hook: Any, thread_hook: Any) -> None:
+    sys.excepthook, threading.excepthook = hook, thread_hook
 
 
 def check_left_running(before: set[threading.Thread], test: str) -> None:
@@ -224,7 +230,7 @@ class MultiThreadedTestCase(RankDispatch):
         def body(rank: int) -> None:
             cls._run(test_name, rank, world_size)
 
-        self._run_state = _ThreadRun(world_size, body, test_name, cls)
+        self._run_state = _ThreadRun(world_size, body, test_name, self._test_timeout(), cls)
         self.threads = self._run_state.launcher.threads
 
     @classmethod
@@ -323,8 +329,8 @@ def spawn_threads_and_init_comms(
                     dist.destroy_process_group()
 
         before = set(threading.enumerate())
-        run = _ThreadRun(size, body, test, owner=owner)
         seconds = limit if limit is not None else get_timeout(test)
+        run = _ThreadRun(size, body, test, seconds, owner=owner)
         outcomes = run.join(seconds)
         # Upstream's own tests assert RuntimeError around it: any failing rank
         # is a RankFailure (AssertionError and RuntimeError).

@@ -206,7 +206,8 @@ def _world_size_of(args: Sequence[Any], decorator: str) -> int:
 
 
 def _backend_is_mpi() -> bool:
-    return os.environ.get("BACKEND", "") == "mpi"
+    # As c10d reads a backend name: "MPI" is mpi.
+    return os.environ.get("BACKEND", "").strip().lower() == "mpi"
 
 
 def skip_if_no_gpu(func: F) -> F:
