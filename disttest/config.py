@@ -74,7 +74,7 @@ def as_number(kind: Callable[[Any], N], value: object, bad: ConfigError) -> N:
         raise bad
     try:
         return kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: float(10**400)
         raise bad from None
 
 

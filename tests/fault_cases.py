@@ -154,6 +154,48 @@ class FaultBodies:
         self.init()
         dist.all_reduce(torch.ones(1))
 
+    @inject_fault(rank=1, action="corrupt", at="irecv")
+    @inject_fault(rank=1, action="corrupt", at="batch_isend_irecv")
+    def test_corrupt_asynchronous_p2p_as_the_test_waits(self):
+        self.init()
+        peer = 1 - self.rank
+        if self.rank == 0:
+            time.sleep(0.2)  # rank 1's values arrive after its call returned
+        got = torch.zeros(3)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((3,), 7.0), peer),
+                                        dist.P2POp(dist.irecv, got, peer)])
+        for work in works:
+            work.wait()
+        # An irecv posted before the send its peer waits for: the values
+        # change at the test's wait, never by a wait of disttest's before it.
+        late = torch.zeros(2)
+        if self.rank == 1:
+            work = dist.irecv(late, src=0)
+            dist.send(torch.ones(2), dst=0)
+            work.wait()
+            self.assertTrue(bool((got != 7.0).all()), f"batch_isend_irecv not corrupted: {got}")
+            self.assertTrue(bool((late != 3.0).all()), f"irecv not corrupted: {late}")
+        else:
+            dist.recv(late, src=1)
+            dist.send(torch.full((2,), 3.0), dst=1)
+            self.assertEqual(got, torch.full((3,), 7.0))
+
+    @inject_fault(rank=0, action="corrupt", at="broadcast")
+    def test_corrupt_at_a_broadcasts_source(self):
+        self.init()
+        dist.broadcast(torch.ones(2), src=0)  # rank 0 sends: it receives nothing
+
+    @inject_fault(rank=1, action="raise", at="any")
+    @inject_fault(rank=1, action="raise", at="all_reduce")
+    def test_two_faults_meet_on_one_call(self):
+        self.init()
+        dist.all_reduce(torch.ones(1))
+
+    @inject_fault(rank=2, action="kill", at="all_reduce")
+    def test_a_fault_outside_the_world(self):
+        self.init()
+        dist.all_reduce(torch.ones(1))
+
     def test_plain(self):
         self.init()
         t = torch.ones(2)
@@ -233,6 +275,34 @@ class PoolHeals(disttest.MultiProcContinousTest):
         t = torch.ones(1)
         dist.all_reduce(t)
         self.assertEqual(t, torch.full((1,), 2.0))
+
+
+class PoolForgets(disttest.MultiProcContinousTest):
+    """Test 2's rank 1 fails in setUp, so it is never armed: what test 1's
+    rank 1 recorded is not test 2's."""
+
+    timeout = 10
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def setUp(self):
+        super().setUp()
+        if self._testMethodName == "test_2_setup_fails" and self.rank == 1:
+            raise RuntimeError("setUp fails on rank 1")
+
+    @inject_fault(rank=1, action="raise", at="all_reduce")
+    def test_1_raise_retried(self):
+        t = torch.ones(1)
+        try:
+            dist.all_reduce(t)
+        except InjectedFault:
+            dist.all_reduce(t)
+
+    @inject_fault(rank=1, action="delay", at="all_reduce", seconds=0.01)
+    def test_2_setup_fails(self):
+        dist.all_reduce(torch.ones(1))
 
 
 class ChaosThreads(disttest.MultiThreadedTestCase):

@@ -19,7 +19,9 @@ from runner_cases import live_ranks
 from disttest import ConfigError, InjectedFault, inject_fault
 from disttest._runner import tracking
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
+from disttest._runner.report import NEVER_MARK
 from disttest.faults import (
+    CANNOT_CORRUPT,
     CHAOS_ENV,
     FAULT_ENV,
     Fault,
@@ -30,7 +32,7 @@ from disttest.faults import (
     test_faults,
 )
 from disttest.faults import rank as _faults_rank
-from disttest.faults.judge import ALL_DIED, INJECTED, judge_injected
+from disttest.faults.judge import ALL_DIED, INJECTED, NOT_IN_WORLD, check_world, judge_injected
 from disttest.faults.rank import (
     CHAOS_LONG,
     _local,
@@ -95,6 +97,9 @@ class DeclarationTest(unittest.TestCase):
             (dict(rank=1, action="corrupt", at="all_gather_object"), "all_gather_object receives no tensor"),
             (dict(rank=1, action="raise", ends_test=True), "only a death (kill or exit) can end the test"),
             (dict(rank=1, action="kill", ends_test="maybe"), "Invalid fault ends_test 'maybe'"),
+            (dict(rank=1.0, action="kill"), "Invalid fault rank 1.0"),
+            (dict(rank=1, action="kill", nth=1.0), "Invalid fault nth 1.0"),
+            (dict(rank=1, action="delay", seconds=10**400), "Invalid fault seconds 1000"),
         ]
         for kwargs, message in cases_:
             with self.subTest(**{k: repr(v) for k, v in kwargs.items()}):
@@ -114,6 +119,8 @@ class DeclarationTest(unittest.TestCase):
             ("rank=1", "missing action="),
             ("rank=1,action=kill,when=3", "Invalid fault field 'when=3' from DISTTEST_FAULT"),
             ("rank=1,action=kill,nth=three", "Invalid fault nth 'three'"),
+            ("rank=1,action=kill,nth=1_0", "Invalid fault nth '1_0'"),
+            ("rank=-0,action=kill", "Invalid fault rank '-0'"),
         ]:
             with self.subTest(text=text), self.assertRaises(ConfigError) as cm:
                 env_faults({FAULT_ENV: text})
@@ -280,9 +287,17 @@ class JudgeTest(unittest.TestCase):
         self.assertEqual(judged[1].kind, Kind.ERRORED)
         self.assertEqual(judged[1].message, "injected fault never fired: rank 1 kill at all_reduce #3 "
                                             "(from @inject_fault): rank 1 made 2 all_reduce calls in the test")
-        wide = Fault((5,), "raise")
-        judged = judge_injected(outcomes, [wide], {})
-        self.assertIn("rank 5 is not in this test's world of 2", judged[0].message)
+        with self.assertRaises(ConfigError) as cm:
+            check_world([Fault((5,), "raise")], 2)  # the runners ask before any rank starts
+        self.assertIn(NOT_IN_WORLD.format(rank=5, world_size=2), str(cm.exception))
+
+    def test_a_suite_wide_fault_that_did_not_fire_is_noted_not_an_error(self):
+        outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.PASSED)]
+        suite = Fault((1, 5), "kill", "all_reduce", 3, where=FAULT_ENV)
+        check_world([suite], 2)  # rank 5: it acts in the tests that have one
+        judged = judge_injected(outcomes, [suite], {1: [{"counts": {"all_reduce": 2}}]})
+        self.assertEqual([o.kind for o in judged], [Kind.PASSED] * 2)
+        self.assertEqual(judged[1].faults_fired, [NEVER_MARK + suite.describe(1)])
 
 
 class HookTest(unittest.TestCase):
@@ -452,6 +467,55 @@ class RunnerFaultsTest(unittest.TestCase):
                 self.assertIn("rank 1/2 raised UnfiredFault", text)
                 self.assertIn("injected fault never fired: rank 1 kill at all_reduce #5 (from @inject_fault): "
                           "rank 1 made 1 all_reduce call in the test", text)
+
+    def test_corrupt_acts_on_asynchronous_p2p_when_the_test_waits(self):
+        for runner, result, _ in self.each("test_corrupt_asynchronous_p2p_as_the_test_waits"):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
+    def test_a_corrupt_on_a_broadcasts_source_is_an_error(self):
+        for runner, result, _ in self.each("test_corrupt_at_a_broadcasts_source"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn(CANNOT_CORRUPT.format(op="broadcast", nth=1, rank=0), text)
+                self.assertNotIn("corrupted its received values", text)
+
+    def test_two_faults_that_meet_on_one_call_at_run_time(self):
+        # at="any" and a named collective: only the run shows they meet.
+        for runner, result, _ in self.each("test_two_faults_meet_on_one_call"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("rank 1/2 raised ConfigError", text)
+                self.assertIn("acts on the same call", text)
+                self.assertIn("(both landed on all_reduce #1)", text)
+                self.assertNotIn("never fired", text)
+                self.assertNotIn("raised InjectedFault", text)
+
+    def test_a_fault_for_a_rank_outside_the_world_is_refused_before_any_rank_starts(self):
+        for runner, result, _ in self.each("test_a_fault_outside_the_world"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("Invalid fault 'rank 2 kill at all_reduce #1' from @inject_fault (disttest): "
+                              + NOT_IN_WORLD.format(rank=2, world_size=2), text)
+                self.assertNotIn("rank 0/2", text)  # no rank ran it
+
+    def test_a_pool_test_does_not_read_the_records_of_the_one_before(self):
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(cases.PoolForgets).run(result)
+        self.assertEqual((result.testsRun, result.failures), (2, []))
+        self.assertEqual(len(result.errors), 1, result.errors)
+        text = result.errors[0][1]
+        self.assertIn("'test_2_setup_fails' errored (disttest): rank 1/2 raised RuntimeError in setUp", text)
+        self.assertNotIn("InjectedFault at all_reduce", text)  # test 1's
+        self.assertIn("never fired: rank 1 delay 0.01s at all_reduce #1 (from @inject_fault)", text)
+
+    def test_whole_suite_fault_acts_where_it_can(self):
+        # A rank the test's world lacks, a call it never reaches: the test runs as without it.
+        for spec in ("rank=0|2,action=delay,at=any,seconds=0.01", "rank=1,action=kill,at=all_reduce,nth=5"):
+            with mock.patch.dict(os.environ, {FAULT_ENV: spec}):
+                for runner, result, _ in self.each("test_plain"):
+                    with self.subTest(runner=runner.__name__, spec=spec):
+                        self.assert_passed(result)
 
     def test_whole_suite_fault_from_the_environment(self):
         with mock.patch.dict(os.environ, {FAULT_ENV: "rank=1,action=raise,at=all_reduce,nth=2"}):

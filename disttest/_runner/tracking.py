@@ -108,9 +108,10 @@ _TRACKED = (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS)
 
 #: What the tracking wrapper asks as a rank enters a collective: ``(op,
 #: rank) -> after or None``, where ``after(args, kwargs, result)`` runs once
-#: the collective returned. Fault injection (:mod:`disttest.faults.rank`, a
+#: the collective returned, and returns what the call returns instead (None:
+#: the result itself). Fault injection (:mod:`disttest.faults.rank`, a
 #: layer above this core) sets it with :func:`set_collective_hook`.
-CollectiveHook = Callable[[str, int], Callable[[tuple[Any, ...], dict[str, Any], Any], None] | None]
+CollectiveHook = Callable[[str, int], Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None]
 _hook: list[CollectiveHook] = []
 
 
@@ -225,7 +226,8 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = func(*args, **kwargs)
             if after is not None:
-                after(args, kwargs, result)
+                replaced = after(args, kwargs, result)
+                result = result if replaced is None else replaced
             failed = False
             return result
         finally:

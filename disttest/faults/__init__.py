@@ -10,7 +10,8 @@ judges the outcomes (an injected death is expected; an unfired fault is an
 error) and names the injected faults in the report apart from the causes.
 
 Whole-suite faults: ``DISTTEST_FAULT="rank=1,action=kill,at=all_reduce,nth=3"``
-(several separated by ``;``; ranks as ``rank=0|2``) applies to every test.
+(several separated by ``;``; ranks as ``rank=0|2``) applies to every test,
+acting where the test has the rank and reaches the call.
 Schedule fuzzing: ``DISTTEST_CHAOS=<seed>`` delays each collective of each
 rank by a small seeded random amount.
 
@@ -119,6 +120,12 @@ class Fault:
     #: such faults the test passes (else that is an error: nothing was checked).
     ends_test: bool = False
 
+    @property
+    def suite_wide(self) -> bool:
+        """Declared for every test (``DISTTEST_FAULT``), not on this one: it
+        acts where a test reaches its call and its rank exists."""
+        return self.where == FAULT_ENV
+
     def describe(self, rank: int | None = None) -> str:
         """``rank 1 kill at all_reduce #3 (from @inject_fault)``."""
         return f"{self.what(rank)} (from {self.where})"
@@ -147,10 +154,12 @@ def _ranks(value: object, where: str) -> tuple[int, ...]:
         raise bad
     ranks = []
     for item in items:
-        rank = as_number(int, item, bad)
-        if rank < 0 or (not isinstance(item, str) and rank != item):
+        # An int, or (from a spec) its digits: not 1.0, "-0" or "1_0".
+        if isinstance(item, str) and item.strip().isascii() and item.strip().isdigit():
+            item = int(item)
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
             raise bad
-        ranks.append(rank)
+        ranks.append(item)
     return tuple(sorted(set(ranks)))
 
 
@@ -178,12 +187,11 @@ def make_fault(*, rank: object, action: object, at: object = ANY, nth: object = 
         raise ConfigError("fault collective", at, where,
                           f"expected 'any' or a torch.distributed collective: {', '.join(OPS)}")
     assert isinstance(at, str)
-    if isinstance(nth, bool) or not isinstance(nth, (int, str)):
+    if isinstance(nth, str) and nth.strip().isascii() and nth.strip().isdigit():  # a spec; not "1_0"
+        nth = int(nth)
+    if isinstance(nth, bool) or not isinstance(nth, int):
         raise ConfigError("fault nth", nth, where, "expected a call number >= 1")
-    try:
-        count = int(nth)
-    except ValueError:
-        raise ConfigError("fault nth", nth, where, "expected a call number >= 1") from None
+    count = nth
     if count < 1:
         raise ConfigError("fault nth", nth, where, "expected a call number >= 1")
     secs: float | None = None
@@ -222,7 +230,8 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
     - ``delay``: the rank sleeps ``seconds`` first;
     - ``corrupt``: the collective completes, then every element the rank
       received has its bits inverted (bitwise not; bool: logical not), so
-      every element changes (a float may become NaN).
+      every element changes (a float may become NaN); an asynchronous
+      call's values change when the test waits for them.
 
     The parent expects an injected death: the test passes when every other
     rank passes. When every rank dies by injected faults, nothing of the
@@ -230,7 +239,7 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
     ``ends_test=True``. A declared fault that never fires is an error of the
     test, and so is a ``corrupt`` that lands where the rank received no
     tensor values; two faults on one call of one rank (other than delays)
-    are refused. Nothing is installed by the decorator; a bad value raises
+    are refused, and so is a rank outside the test's world. Nothing is installed by the decorator; a bad value raises
     ``ConfigError``.
     """
     fault = make_fault(rank=rank, action=action, at=at, nth=nth, seconds=seconds, where=DECORATOR,

@@ -24,17 +24,22 @@ from typing import Any
 
 from disttest._runner.outcome import Kind, Outcome
 from disttest._runner.report import CHAOS_MARK, INJECTED, NEVER_MARK, injected_lines
+from disttest.config import ConfigError
 from disttest.faults import CHAOS_ENV, DEATHS, Fault, chaos_seed, test_faults
 
 __unittest = True
 
-__all__ = ["ALL_DIED", "INJECTED", "NEVER_FIRED", "NOT_SURVIVED", "Injection", "injected_lines", "judge_injected"]
+__all__ = ["ALL_DIED", "INJECTED", "NEVER_FIRED", "NOT_IN_WORLD", "NOT_SURVIVED", "Injection", "check_world",
+           "injected_lines", "judge_injected"]
 
 NEVER_FIRED = "injected fault never fired: {fault}{why}"
 #: Every rank died by an injected fault: the test's checks never ran.
 ALL_DIED = ("every rank was ended by an injected fault before the test finished ({faults}), so nothing "
             "of the test was checked; if that is the point, declare the deaths with ends_test=True")
 NOT_SURVIVED = "did not survive the injected fault ({faults}): {detail}"
+#: Why a fault declared on a test for a rank outside its world is refused.
+NOT_IN_WORLD = ("rank {rank} is not in this test's world of {world_size}; "
+                "declare it for a rank the test has (a suite-wide DISTTEST_FAULT acts where its rank exists)")
 _CHAOS_PREFIX = CHAOS_MARK + CHAOS_ENV + "="
 
 
@@ -86,21 +91,31 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
     for index, fault in enumerate(faults):
         for rank in fault.ranks:
             records = fired.get(rank, [])
-            if any(r.get("fault") == index for r in records):
-                continue
-            target = out[rank] if rank < world else out[0]
+            if rank >= world or any(r.get("fault") == index for r in records):
+                continue  # (outside the world: a suite-wide fault, which acts where its rank exists)
+            target = out[rank]
             counts = next((r["counts"] for r in records if "counts" in r), None)
-            message = NEVER_FIRED.format(fault=fault.describe(rank), why=_why(fault, rank, world, counts))
+            message = NEVER_FIRED.format(fault=fault.describe(rank), why=_why(fault, rank, counts))
             target.faults_fired = [*target.faults_fired, NEVER_MARK + fault.describe(rank)]
-            if target.kind is Kind.PASSED:
+            # A suite-wide fault acts where a test reaches its call; one
+            # declared on the test is a claim that it does.
+            if target.kind is Kind.PASSED and not fault.suite_wide:
                 target.kind, target.exc_type, target.message = Kind.ERRORED, "UnfiredFault", message
                 target.detail = ""
     return out
 
 
-def _why(fault: Fault, rank: int, world: int, counts: dict[str, int] | None) -> str:
-    if rank >= world:
-        return f": rank {rank} is not in this test's world of {world}"
+def check_world(faults: Sequence[Fault], world_size: int) -> None:
+    """Refuse a fault declared on the test for a rank outside its world
+    (a suite-wide one acts in the tests whose world has its rank)."""
+    for fault in faults:
+        for rank in fault.ranks:
+            if rank >= world_size and not fault.suite_wide:
+                raise ConfigError("fault", fault.what(rank), fault.where,
+                                  NOT_IN_WORLD.format(rank=rank, world_size=world_size))
+
+
+def _why(fault: Fault, rank: int, counts: dict[str, int] | None) -> str:
     if counts is None:
         return ""
     made = sum(counts.values()) if fault.at == "any" else counts.get(fault.at, 0)
@@ -118,10 +133,21 @@ class Injection:
         self.active = bool(self.faults) or seed is not None
 
     @classmethod
-    def for_test(cls, test_cls: object, test_name: str, source: Any) -> Injection:
+    def for_test(cls, test_cls: object, test_name: str, source: Any, world_size: int) -> Injection:
         """``source``: the run directory of rank processes, or the threaded
-        world of rank threads (where the ranks write what fired)."""
-        return cls(test_faults(getattr(test_cls, test_name, None)), chaos_seed(), source)
+        world of rank threads (where the ranks write what fired). A fault
+        declared on the test for a rank outside its world raises ConfigError."""
+        faults = test_faults(getattr(test_cls, test_name, None))
+        check_world(faults, world_size)
+        return cls(faults, chaos_seed(), source)
+
+    def forget_earlier(self) -> None:
+        """Remove what an earlier test's ranks wrote in this run directory
+        (a pool's, which every test of the class shares)."""
+        if self.active and isinstance(self.source, str):
+            from disttest.faults.rank import forget_fired
+
+            forget_fired(self.source)
 
     @property
     def expected_end(self) -> Callable[[int], bool] | None:

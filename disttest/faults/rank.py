@@ -19,6 +19,7 @@ corrupts values.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -37,6 +38,7 @@ from disttest.faults import (
     ANY,
     CANNOT_CORRUPT,
     CHAOS_ENV,
+    SAME_CALL,
     UNJUDGED,
     Fault,
     InjectedFault,
@@ -48,7 +50,7 @@ __unittest = True
 
 __all__ = [
     "CHAOS_LONG", "CHAOS_LONG_ODDS", "CHAOS_SHORT", "RankKilled", "armed", "before_collective",
-    "chaos_delay", "chaos_delays", "corrupt_",
+    "chaos_delay", "chaos_delays", "corrupt_", "forget_fired",
     "read_fired",
 ]
 
@@ -112,6 +114,16 @@ def _bound_world() -> Any:
 
 def records_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"rank{rank}.faults")
+
+
+def forget_fired(run_dir: str) -> None:
+    """Remove every rank's records from ``run_dir`` (before a pool's next
+    test: a rank whose setUp fails is never armed, and would leave the
+    previous test's records to be read as this one's)."""
+    with os.scandir(run_dir) as entries:
+        for entry in entries:
+            if entry.name.startswith("rank") and entry.name.endswith(".faults"):
+                os.unlink(entry.path)
 
 
 def _file_writer(path: str) -> Callable[[dict[str, Any]], None]:
@@ -192,7 +204,7 @@ def _swap(state: _State | None, per_thread: bool) -> _State | None:
     return previous_p
 
 
-def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str, Any], Any], None] | None:
+def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None:
     """Called by the tracking wrapper as ``rank`` enters collective ``op``
     (outermost calls only). Fires the fault declared there, if any; returns
     a callable to run on ``(args, kwargs, result)`` after the collective
@@ -206,11 +218,28 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
     state.total += 1
     if state.rng is not None:
         _sleep(state, chaos_delay(state.rng))
+    here = [(i, f) for i, f in state.faults
+            if (f.at == op and f.nth == nth) or (f.at == ANY and f.nth == state.total)]
+    acting = [(i, f) for i, f in here if f.action != "delay"]
+    if len(acting) > 1:
+        # Declared apart (at="any" and a named collective) but met on one
+        # call: the first would leave the second nothing to act on.
+        _refuse_together(state, acting, op, nth)
     after = None
-    for index, fault in state.faults:
-        if (fault.at == op and fault.nth == nth) or (fault.at == ANY and fault.nth == state.total):
-            after = _fire(state, index, fault, op, nth) or after
+    for index, fault in here:
+        after = _fire(state, index, fault, op, nth) or after
     return after
+
+
+def _refuse_together(state: _State, acting: list[tuple[int, Fault]], op: str, nth: int) -> None:
+    """An error of the test: faults that landed on one call of this rank
+    (recorded as met, so none reads as never fired)."""
+    first, second = acting[0][1], acting[1][1]
+    for index, fault in acting:  # NB: no "action": a kill that never acted is no death
+        state.write({"fault": index, "t": time.time(),
+                     "what": f"rank {state.rank} could not {fault.action} at {op} #{nth}: another fault is there"})
+    raise ConfigError("fault", second.what(state.rank), second.where,
+                      SAME_CALL.format(first=first.describe(state.rank)) + f" (both landed on {op} #{nth})")
 
 
 def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
@@ -250,10 +279,8 @@ def _sleep(state: _State, seconds: float) -> None:
 
 
 def _corrupt_after(state: _State, index: int, fault: Fault, op: str,
-                   nth: int) -> Callable[[tuple[Any, ...], dict[str, Any], Any], None]:
-    def after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        if result is not None and hasattr(result, "wait"):
-            result.wait()  # async: the values must be there before they change
+                   nth: int) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any]:
+    def corrupt_now(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         changed = corrupt_(_received(op, args, kwargs))
         if changed:
             state.write({"fault": index, "action": "corrupt", "what": fault.fired_text(state.rank, op, nth),
@@ -267,12 +294,107 @@ def _corrupt_after(state: _State, index: int, fault: Fault, op: str,
         raise ConfigError("fault", f"{fault.action} at {fault.at_text()}", fault.where,
                           CANNOT_CORRUPT.format(op=op, nth=nth, rank=state.rank))
 
+    def after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Any:
+        works = result if isinstance(result, (list, tuple)) else [result]
+        if not any(w is not None and hasattr(w, "wait") for w in works):
+            corrupt_now(args, kwargs)  # it returned with its values
+            return None
+        # Asynchronous (one work, or batch_isend_irecv's list): the values
+        # change as the test waits for them, not here. NB: waiting here made
+        # the test's own wait a second one, which a gloo p2p work never
+        # returns from; and an irecv posted before a send would deadlock.
+        batch = _WaitedBatch(len(works), functools.partial(corrupt_now, args, kwargs))
+        wrapped = [_corrupting_work()(w, batch, i) for i, w in enumerate(works)]
+        return wrapped if isinstance(result, (list, tuple)) else wrapped[0]
+
     return after
+
+
+class _WaitedBatch:
+    """The works of one call: once the test has waited for each, the values
+    are corrupted (once)."""
+
+    def __init__(self, size: int, corrupt: Callable[[], None]) -> None:
+        self._left = set(range(size))
+        self._corrupt: Callable[[], None] | None = corrupt
+
+    def waited(self, position: int) -> None:
+        self._left.discard(position)
+        if not self._left and self._corrupt is not None:
+            corrupt, self._corrupt = self._corrupt, None
+            corrupt()
+
+
+@functools.cache
+def _corrupting_work() -> Any:
+    """A ``Work`` that stands for the call's own until the test waits on it
+    (or on its future), then has the received values corrupted."""
+    import torch.distributed as dist
+
+    class CorruptingWork(dist.distributed_c10d.Work):
+        def __init__(self, inner: Any, batch: _WaitedBatch, position: int) -> None:
+            super().__init__()
+            self._inner, self._batch, self._position = inner, batch, position
+
+        def wait(self, *args: Any, **kwargs: Any) -> bool:
+            ok = self._inner.wait(*args, **kwargs)
+            self._batch.waited(self._position)
+            return bool(ok) if ok is not None else True
+
+        def get_future(self) -> Any:
+            def then(fut: Any) -> Any:
+                self._batch.waited(self._position)
+                return fut.value()
+
+            return self._inner.get_future().then(then)
+
+        def is_completed(self) -> bool:
+            return bool(self._inner.is_completed())
+
+        def is_success(self) -> bool:
+            return bool(self._inner.is_success())
+
+        def exception(self) -> Any:
+            return self._inner.exception()
+
+        def source_rank(self) -> int:
+            return int(self._inner.source_rank())
+
+        def result(self) -> Any:
+            return self._inner.result()
+
+        def synchronize(self) -> None:
+            self._inner.synchronize()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    return CorruptingWork
 
 
 #: The argument that receives each collective's values (else the first).
 _OUTPUT_ARG = {"gather": "gather_list", "gather_object": "object_gather_list",
                "scatter_object_list": "scatter_object_output_list", "batch_isend_irecv": "p2p_op_list"}
+
+
+#: Collectives with a root whose tensor argument is not received by every
+#: rank: a broadcast's source sends it; a reduce's other ranks only send theirs.
+_ROOT_SENDS = ("broadcast", "reduce")
+
+
+def _is_root(arguments: dict[str, Any]) -> bool:
+    """Whether this rank is the call's root (``src``/``dst`` are global
+    ranks; ``group_src``/``group_dst`` ranks in ``group``)."""
+    import torch.distributed as dist
+
+    group = arguments.get("group")
+    for name in ("src", "dst"):
+        if arguments.get(name) is not None:
+            return bool(arguments[name] == dist.get_rank())
+    for name in ("group_src", "group_dst"):
+        if arguments.get(name) is not None:
+            return bool(arguments[name] == dist.get_rank(group))
+    return dist.get_rank(group) == 0  # torch's default root
 
 
 def _received(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -284,6 +406,8 @@ def _received(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     bound = inspect.signature(func).bind_partial(*args, **kwargs)
     name = _OUTPUT_ARG.get(op) or next(iter(inspect.signature(func).parameters))
     value = bound.arguments.get(name)
+    if op in _ROOT_SENDS and _is_root(bound.arguments) == (op == "broadcast"):
+        return None  # a broadcast's source, a reduce's non-destination: it receives nothing
     if op == "batch_isend_irecv":
         return [p.tensor for p in value or () if getattr(p.op, "__name__", "") in ("irecv", "recv")]
     return value

@@ -268,7 +268,8 @@ class MultiProcContinousTest(TestCase):
                 cls=type(self).__name__, cause="its process group could not be made; see the first test's report")
         else:
             # Before dispatch: a fault that cannot act is refused before any rank runs the test.
-            injection = Injection.for_test(type(self), name, pool.run_dir)
+            injection = Injection.for_test(type(self), name, pool.run_dir, pool.world_size)
+            injection.forget_earlier()  # a rank that fails before its body writes none
             run = pool.dispatch(name)
             keep = run.keep_logs
             outcomes = join(run, settings.test_timeout(self, self.id()) or 0,

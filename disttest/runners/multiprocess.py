@@ -165,6 +165,9 @@ class MultiProcessTestCase(RankDispatch):
         cls = type(self)
         rank_threads = settings.rank_process_options(cls)
         self._test_timeout()  # a bad one is named before any rank starts
+        # As are faults that cannot act (a rank outside the world).
+        self._injection = Injection.for_test(cls, self._current_test_name(), self.run_dir,
+                                             self._effective_world_size())
         module = sys.modules.get(cls.__module__)
         module_file = getattr(module, "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None
@@ -214,7 +217,6 @@ class MultiProcessTestCase(RankDispatch):
             test = self._current_test_name()
             raise RankError(NO_RANKS_STARTED.format(test=test), test, 0, None, [])
         start = time.monotonic()
-        self._injection = Injection.for_test(type(self), self._current_test_name(), self.run_dir)
         self._outcomes = join(self._launcher, self._test_timeout(),
                               expected_end=self._injection.expected_end)
         self._check_return_codes(fn, time.monotonic() - start)

@@ -85,7 +85,7 @@ class _ThreadRun:
             self._undo.callback(_compat.lazy_dtensor_comparison())
             # Upstream's setUp sets it for the rest of the process; here for the test.
             self._undo.callback(set_environ, set_environ({"TORCH_SHOW_CPP_STACKTRACES": "1"}))
-            self.injection = Injection.for_test(owner, test, self.world) if owner is not None else None
+            self.injection = Injection.for_test(owner, test, self.world, world_size) if owner is not None else None
             self._undo.push(torch.autograd.set_multithreading_enabled(False))
             self.test = test
             self.launcher = ThreadLauncher(world_size, self.world, body, name=f"{test} rank", turns=turns)
