@@ -28,6 +28,12 @@ def _init_gloo(case) -> None:
         time.sleep(0.005)
 
 
+def _plain_decorator(func):
+    def wrapper(self):  # NB: no functools.wraps: the runner cannot see the faults below
+        return func(self)
+    return wrapper
+
+
 class FaultBodies:
     rank: int
     _testMethodName: str
@@ -188,6 +194,12 @@ class FaultBodies:
     @inject_fault(rank=1, action="raise", at="any")
     @inject_fault(rank=1, action="raise", at="all_reduce")
     def test_two_faults_meet_on_one_call(self):
+        self.init()
+        dist.all_reduce(torch.ones(1))
+
+    @_plain_decorator
+    @inject_fault(rank=1, action="raise", at="all_reduce")
+    def test_a_fault_a_decorator_hides(self):
         self.init()
         dist.all_reduce(torch.ones(1))
 

@@ -24,6 +24,8 @@ from disttest.faults import (
     CANNOT_CORRUPT,
     CHAOS_ENV,
     FAULT_ENV,
+    HIDDEN,
+    NOT_IN_A_RANK,
     Fault,
     chaos_seed,
     declared_faults,
@@ -60,9 +62,21 @@ class DeclarationTest(unittest.TestCase):
 
         decorated = inject_fault(rank=[1, 0], action="delay", at="barrier", seconds=0.5)(
             inject_fault(rank=1, action="kill", at="all_reduce", nth=3)(body))
-        self.assertIs(decorated, body)
+        self.assertIs(decorated.__wrapped__, body)  # one check wraps it, however many faults
         self.assertEqual(declared_faults(decorated), (
             Fault((0, 1), "delay", "barrier", 1, 0.5), Fault((1,), "kill", "all_reduce", 3)))
+        self.assertEqual(decorated.__name__, "body")
+
+    def test_a_fault_on_a_test_no_runner_runs_is_refused_when_it_runs(self):
+        class Plain(unittest.TestCase):
+            @inject_fault(rank=1, action="kill", at="all_reduce")
+            def test_x(self):
+                pass
+
+        result, _ = run(Plain, "test_x")
+        self.assertEqual(len(result.errors), 1, result.errors)
+        self.assertIn("Invalid fault 'rank 1 kill at all_reduce #1' from @inject_fault (disttest): "
+                      + NOT_IN_A_RANK, result.errors[0][1])
 
     def test_on_a_class_it_is_refused_not_dropped(self):
         with self.assertRaises(ConfigError) as ctx:
@@ -157,8 +171,8 @@ class DeclarationTest(unittest.TestCase):
         def body():
             pass
 
-        inject_fault(rank=1, action="kill", at="all_reduce")(inject_fault(rank=[0, 1], action="raise",
-                                                                          at="all_reduce")(body))
+        body = inject_fault(rank=1, action="kill", at="all_reduce")(inject_fault(rank=[0, 1], action="raise",
+                                                                                 at="all_reduce")(body))
         with self.assertRaises(ConfigError) as cm:
             test_faults(body, {})
         self.assertIn("Invalid fault 'rank 1 raise at all_reduce #1' from @inject_fault (disttest): "
@@ -167,7 +181,7 @@ class DeclarationTest(unittest.TestCase):
         def other():
             pass
 
-        inject_fault(rank=1, action="corrupt", at="all_reduce", nth=2)(other)
+        other = inject_fault(rank=1, action="corrupt", at="all_reduce", nth=2)(other)
         with self.assertRaises(ConfigError) as cm:
             test_faults(other, {FAULT_ENV: "rank=1,action=hang,at=all_reduce,nth=2"})
         self.assertIn("from DISTTEST_FAULT", str(cm.exception))
@@ -508,6 +522,13 @@ class RunnerFaultsTest(unittest.TestCase):
         self.assertIn("'test_2_setup_fails' errored (disttest): rank 1/2 raised RuntimeError in setUp", text)
         self.assertNotIn("InjectedFault at all_reduce", text)  # test 1's
         self.assertIn("never fired: rank 1 delay 0.01s at all_reduce #1 (from @inject_fault)", text)
+
+    def test_a_fault_a_decorator_hides_from_the_runner_is_refused(self):
+        for runner, result, _ in self.each("test_a_fault_a_decorator_hides"):
+            with self.subTest(runner=runner.__name__):
+                text = self.only_error(result)
+                self.assertIn("Invalid fault 'rank 1 raise at all_reduce #1' from @inject_fault (disttest): "
+                              + HIDDEN, text)
 
     def test_whole_suite_fault_acts_where_it_can(self):
         # A rank the test's world lacks, a call it never reaches: the test runs as without it.

@@ -2,8 +2,9 @@
 
 ``@disttest.inject_fault(rank=1, action="kill", at="all_reduce", nth=3)``
 declares that rank 1 dies as it enters its third ``all_reduce`` of the test.
-Declarations are plain data (:class:`Fault`) attached to the test method;
-nothing is installed at import or by the decorator. Inside a rank, the
+Declarations are plain data (:class:`Fault`) attached to the test method
+(wrapped in a check that a runner found them); nothing is installed at
+import or by the decorator. Inside a rank, the
 collective-tracking wrapper asks :mod:`disttest.faults.rank` what to do as
 the rank enters each collective; in the parent, :mod:`disttest.faults.judge`
 judges the outcomes (an injected death is expected; an unfired fault is an
@@ -20,11 +21,14 @@ Depends only on the standard library and :mod:`disttest.config`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from disttest._ops import COLLECTIVES, P2P_OPS
 from disttest._typing import F as _F
@@ -37,6 +41,8 @@ __all__ = [
     "CHAOS_ENV",
     "DEATHS",
     "FAULT_ENV",
+    "HIDDEN",
+    "NOT_IN_A_RANK",
     "OPS",
     "Fault",
     "InjectedFault",
@@ -83,6 +89,20 @@ NO_VALUES = ("barrier", "monitored_barrier", "send", "isend", "all_gather_object
 CANNOT_CORRUPT = ("it landed on {op} #{nth}, which gave rank {rank} no tensor values to corrupt; "
                   "declare it at= a collective that does, or with a different nth=")
 _ATTR = "__disttest_faults__"
+#: Marks a function that starts ranks itself (``spawn_threads_and_init_comms``'s
+#: wrapper): a fault declared above it is read by it, not checked at its call.
+SPAWNS = "__disttest_spawns__"
+#: Why a test method whose faults no runner found is refused when it runs.
+NOT_IN_A_RANK = ("the test runs outside disttest's ranks (a plain unittest.TestCase or pytest function), "
+                 "where no fault can act; declare faults on tests of MultiProcessTestCase, "
+                 "MultiThreadedTestCase, MultiProcContinousTest, spawn_threads_and_init_comms or a "
+                 "@pytest.mark.world_size function")
+#: Why a test method whose faults a decorator hid from the runner is refused when it runs.
+HIDDEN = ("disttest's runner did not see it: a decorator above @inject_fault hides it (give that "
+          "decorator functools.wraps, or put @inject_fault above it)")
+#: The faults the runner found for the test this thread runs as a rank
+#: (set by :func:`disttest.faults.rank.armed`); unset outside a rank.
+_running = threading.local()
 
 
 class InjectedFault(RuntimeError):
@@ -239,8 +259,11 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
     ``ends_test=True``. A declared fault that never fires is an error of the
     test, and so is a ``corrupt`` that lands where the rank received no
     tensor values; two faults on one call of one rank (other than delays)
-    are refused, and so is a rank outside the test's world. Nothing is installed by the decorator; a bad value raises
-    ``ConfigError``.
+    are refused, and so is a rank outside the test's world. The method is
+    wrapped in a check: run where no runner found its faults (outside
+    disttest's ranks, or under a decorator without ``functools.wraps``), it
+    raises ``ConfigError`` instead of running without them. Nothing is
+    installed in torch; a bad value raises ``ConfigError``.
     """
     fault = make_fault(rank=rank, action=action, at=at, nth=nth, seconds=seconds, where=DECORATOR,
                        ends_test=ends_test)
@@ -251,10 +274,34 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
             raise ConfigError("fault target", func.__qualname__, DECORATOR, ON_A_CLASS)
         # Outermost decorator last in the source order: keep source order.
         existing = list(getattr(func, _ATTR, ()))
-        setattr(func, _ATTR, (fault, *existing))
-        return func
+        if getattr(func, _CHECKED, False) or getattr(func, SPAWNS, False) or inspect.iscoroutinefunction(func):
+            setattr(func, _ATTR, (fault, *existing))
+            return func
+        checked = _checked(func)
+        setattr(checked, _ATTR, (fault, *existing))
+        return cast(_F, checked)
 
     return decorate
+
+
+_CHECKED = "__disttest_fault_checked__"
+
+
+def _checked(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``, refusing to run where no runner found its faults: outside
+    disttest's ranks, or under a decorator that hid them (a declared fault
+    acts or is refused, never dropped)."""
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        faults: tuple[Fault, ...] = getattr(checked, _ATTR)
+        seen = getattr(_running, "faults", None)
+        if seen is None or not any(f in seen for f in faults):
+            raise ConfigError("fault", faults[0].what(), DECORATOR, NOT_IN_A_RANK if seen is None else HIDDEN)
+        return func(*args, **kwargs)
+
+    setattr(checked, _CHECKED, True)
+    return checked
 
 
 def declared_faults(method: object) -> tuple[Fault, ...]:

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttest import faults as faults_mod
 from disttest._runner import tracking
 from disttest.config import ConfigError
 from disttest.faults import (
@@ -148,7 +149,19 @@ def armed(cls: object, test_name: str, rank: int, run_dir: str | None = None) ->
     ``run_dir`` (the run directory of its launcher), where the parent reads
     it; with neither (``run_rank`` under an external launcher) nothing reads
     the records."""
-    faults = [(i, f) for i, f in enumerate(test_faults(getattr(cls, test_name, None)))]
+    declared = test_faults(getattr(cls, test_name, None))
+    # What the test's own check reads (a fault a decorator hid is not here).
+    outer, faults_mod._running.faults = getattr(faults_mod._running, "faults", None), declared
+    try:
+        with _armed(declared, test_name, rank, run_dir):
+            yield
+    finally:
+        faults_mod._running.faults = outer
+
+
+@contextmanager
+def _armed(declared: tuple[Fault, ...], test_name: str, rank: int, run_dir: str | None) -> Iterator[None]:
+    faults = list(enumerate(declared))
     seed = chaos_seed()
     if not faults and seed is None:
         yield

@@ -32,7 +32,7 @@ from disttest._runner.outcome import Outcome, in_phase
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
-from disttest.faults import chaos_seed, test_faults
+from disttest.faults import SPAWNS, chaos_seed, test_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.pg.threaded import BACKEND, install_threaded_pg, uninstall_threaded_pg
@@ -339,4 +339,5 @@ def spawn_threads_and_init_comms(
         finally:
             check_left_running(before, test)
 
+    setattr(wrapper, SPAWNS, True)  # a fault declared above it is read by it
     return wrapper
