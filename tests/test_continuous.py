@@ -144,6 +144,11 @@ class PoolHygieneTest(unittest.TestCase):
         self.assertIn("then also raised in tearDown: ValueError", both)
         self.assertIn("raised AssertionError in test (i=2)", failures["test_subtest_fails"])
         self.assertEqual([c._testMethodName for c, _ in result.expectedFailures], ["test_expected_failure"])
+        expected = result.expectedFailures[0][1]
+        self.assertIn("raised AssertionError", expected)
+        # unittest reports it after tearDown; it is the test body's.
+        self.assertNotIn("in tearDown", expected)
+        self.assertNotIn("in cleanup", expected)
         self.assertNotIn("test_z_pass", set(errors) | set(failures))
 
     def test_a_pool_that_cannot_start_fails_the_rest_at_once(self):
