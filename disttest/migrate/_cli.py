@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import os
 import sys
@@ -13,7 +14,7 @@ from disttest.migrate._homes import HOMES as _HOMES
 
 __unittest = True
 
-__all__ = ["NEEDS_LIBCST", "main"]
+__all__ = ["NEEDS_LIBCST", "main", "run"]
 
 NEEDS_LIBCST = ("python -m disttest.migrate needs libcst, which is not installed (disttest): "
                 "pip install 'torch-disttest[migrate]' (or pip install libcst)")
@@ -21,24 +22,65 @@ NEEDS_LIBCST = ("python -m disttest.migrate needs libcst, which is not installed
 HOMES = tuple(sorted({*_HOMES.values(), *FALLBACK}))
 
 
+def _skipped_folder(folder: str, name: str) -> bool:
+    """Folders a walk leaves alone: hidden ones, caches, and installed
+    packages (a virtual environment, site-packages), which are not the suite's."""
+    return (name.startswith(".") or name in ("__pycache__", "site-packages")
+            or os.path.isfile(os.path.join(folder, name, "pyvenv.cfg")))
+
+
 def _files(paths: list[str], parser: argparse.ArgumentParser) -> Iterator[str]:
+    seen: set[str] = set()
     for path in paths:
         if os.path.isdir(path):
+            found = []
             for folder, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-                yield from (os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
+                dirs[:] = sorted(d for d in dirs if not _skipped_folder(folder, d))
+                found += [os.path.join(folder, n) for n in sorted(names)
+                          if n.endswith(".py") and not n.startswith(".")
+                          and os.path.isfile(os.path.join(folder, n))]  # NB: not a FIFO: reading it waits forever
         elif os.path.isfile(path):
-            yield path
+            found = [path]
         else:
             parser.error(f"no such file or folder: {path!r} (from the command line)")
+        for file in found:
+            key = os.path.realpath(file)
+            if key not in seen:  # a file named twice (or through a link) is read once
+                seen.add(key)
+                yield file
 
 
-def main(argv: list[str] | None = None) -> int:
+def _why_not_parsed(path: str, data: bytes, error: Exception) -> str:
+    """The reason a file could not be read, with CPython's line where it has one."""
+    if isinstance(error, RecursionError):
+        return "RecursionError: nested too deeply for the parser"
+    try:
+        compile(data, path, "exec", dont_inherit=True, flags=ast.PyCF_ONLY_AST)
+    except SyntaxError as e:
+        return f"SyntaxError at line {e.lineno}: {e.msg}"
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _diff(path: str, before: str, after: str) -> Iterator[str]:
+    """A unified diff that ``patch`` applies (a last line without its
+    newline gets the marker)."""
+    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                     fromfile=path, tofile=path):
+        if line.endswith(("\n", "\r")):
+            yield line
+        else:
+            yield line + "\n\\ No newline at end of file\n"
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m disttest.migrate",
+        prog=prog,
         description="Move imports of torch.testing._internal's distributed test modules to disttest. "
                     "Exit status: 0 done (or nothing to do), 1 with --check when a file would change "
-                    "or when a file could not be parsed, 2 usage error.")
+                    "or when a file could not be read, parsed or written, 2 usage error.")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders (searched for *.py)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     parser.add_argument("--diff", action="store_true", help="change nothing; print what would change")
@@ -55,14 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     files = list(_files(args.paths, parser))
     changed = 0
+    dry = args.check or args.diff
     for path in files:
         try:
-            with open(path, encoding="utf-8") as f:
-                source = f.read()
-            result = rewrite(source, offers)
-        except (OSError, UnicodeDecodeError, libcst.ParserSyntaxError) as e:
-            print(f"{path}: not migrated: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                  file=sys.stderr)
+            with open(path, "rb") as f:  # bytes: libcst keeps the encoding, a BOM and the line endings
+                data = f.read()
+        except OSError as e:
+            print(f"{path}: not migrated: {type(e).__name__}: {e.strerror}", file=sys.stderr)
+            status = 1
+            continue
+        try:
+            result = rewrite(data, offers)
+        except (libcst.ParserSyntaxError, UnicodeDecodeError, SyntaxError, RecursionError) as e:
+            print(f"{path}: not migrated: {_why_not_parsed(path, data, e)}", file=sys.stderr)
             status = 1
             continue
         if not result.changes:
@@ -70,20 +117,31 @@ def main(argv: list[str] | None = None) -> int:
         if result.changed:
             changed += 1
         if result.changed or not args.quiet:
-            verb = "would change" if args.check or args.diff else ("changed" if result.changed else "unchanged")
+            verb = ("would change" if dry else "changed") if result.changed else "unchanged"
             print(f"{path}: {verb}")
             if not args.quiet:
                 for change in result.changes:
-                    print(f"  {change.describe()}")
-        if args.diff and result.changed:
-            sys.stdout.writelines(difflib.unified_diff(
-                source.splitlines(keepends=True), result.source.splitlines(keepends=True),
-                fromfile=path, tofile=path))
-        elif args.check and result.changed:
+                    print(f"{path}:{change.line}: {change.describe()}")
+        if not result.changed:
+            continue
+        if args.diff:
+            sys.stdout.writelines(_diff(path, data.decode(result.encoding), result.source))
+        if args.check:
             status = 1
-        elif result.changed and not args.diff:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(result.source)
-    verb = "would change" if args.check or args.diff else "changed"
+        if not dry:
+            try:
+                with open(path, "wb") as f:
+                    f.write(result.data)
+            except OSError as e:
+                print(f"{path}: not migrated: {type(e).__name__}: {e.strerror} (not written)",
+                      file=sys.stderr)
+                changed -= 1
+                status = 1
+    verb = "would change" if dry else "changed"
     print(f"{len(files)} file(s) read, {changed} {verb}")
     return status
+
+
+def run() -> None:
+    """The ``disttest-migrate`` console script: :func:`main`, its status the exit code."""
+    sys.exit(main(prog="disttest-migrate"))

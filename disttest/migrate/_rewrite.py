@@ -42,27 +42,35 @@ Lookup = Callable[[str, str], bool]
 @dataclasses.dataclass(frozen=True)
 class Change:
     """One finding in a file: ``moved`` (to ``home``), ``kept`` (no disttest
-    home, still imported from torch) or ``noted`` (left for a person)."""
+    home, still imported from torch) or ``noted`` (left for a person);
+    ``why``: the reason a name was kept or noted."""
 
     kind: str
     line: int
     upstream: str
     name: str
     home: str = ""
+    why: str = ""
 
     def describe(self) -> str:
+        """What a person reads after ``file:line:``."""
         if self.kind == "moved":
-            return f"line {self.line}: {self.name} from {self.upstream} -> {self.home}"
+            return f"{self.name} from {self.upstream} -> {self.home}"
         if self.kind == "kept":
-            return (f"line {self.line}: {self.name} from {self.upstream} kept (disttest has no such name; "
+            return (f"{self.name} from {self.upstream} kept ({self.why or 'disttest has no such name'}; "
                     f"upstream's is used)")
-        return f"line {self.line}: {self.name} ({self.upstream}) left as it is: change it by hand"
+        return f"{self.name} ({self.upstream}) left as it is: change it by hand" + (f" ({self.why})" if self.why else "")
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
+    """The rewritten file: ``source`` (text), ``data`` (its bytes, in the
+    file's own encoding, BOM and line endings) and what was found."""
+
     source: str
     changes: tuple[Change, ...]
+    data: bytes = b""
+    encoding: str = "utf-8"
 
     @property
     def changed(self) -> bool:
@@ -91,6 +99,8 @@ def _home_for(upstream: str, name: str, offers: Lookup) -> str | None:
     only = ONLY.get(upstream)
     if only is not None and name not in only:
         return None
+    if only is None and upstream not in HOMES and not upstream.startswith("distributed."):
+        return None  # a module of upstream's general framework (common_device_type's TestCase is not ours)
     first = HOMES.get(upstream)
     homes = [first] if first else []
     homes += [h for h in FALLBACK if h not in homes]
@@ -98,27 +108,80 @@ def _home_for(upstream: str, name: str, offers: Lookup) -> str | None:
 
 
 class _Attributes(cst.CSTVisitor):
-    """The attributes the file reads from each name (``m.X`` -> ``{"m": {"X"}}``)."""
+    """How the file uses each name: the attributes it reads (``m.X`` ->
+    ``{"m": {"X"}}``), assigns (``m.X = 1``), and the names it uses whole
+    (passed, returned, patched: anything but ``name.attr``)."""
 
     def __init__(self) -> None:
         self.read: dict[str, set[str]] = {}
-        self.bare: set[str] = set()  # names used other than as ``name.attr``
+        self.written: dict[str, set[str]] = {}
+        self.bare: set[str] = set()
+        self._bases: set[int] = set()  # the Name nodes that are some attribute's base
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False  # the names an import binds are not uses
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(node.value, cst.Name):
+            self._bases.add(id(node.value))
             self.read.setdefault(node.value.value, set()).add(node.attr.value)
 
     def visit_Name(self, node: cst.Name) -> None:
-        self.bare.add(node.value)
+        if id(node) not in self._bases:
+            self.bare.add(node.value)
+
+    def _assigned(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+            self.written.setdefault(target.value.value, set()).add(target.attr.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._assigned(element.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._assigned(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._assigned(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._assigned(node.target)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._assigned(node.target)
+
+
+def _unbound(tree: cst.Module) -> set[str]:
+    """The names the file uses and never binds (what a star import gives it)."""
+    wrapper = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True)
+    scopes = {s for s in wrapper.resolve(cst.metadata.ScopeProvider).values() if s is not None}
+    found: set[str] = set()
+    for scope in scopes:
+        for access in scope.accesses:
+            name = getattr(access.node, "value", None)
+            if isinstance(name, str) and not access.referents and name not in scope.globals:
+                found.add(name)
+    return found
+
+
+#: Upstream modules whose import registers a c10d backend as it runs, which
+#: disttest does only inside its ranks (never at import).
+REGISTERS = {
+    "distributed.fake_pg": ("fake", "call disttest.register_fake_backend() first"),
+    "distributed.distributed_utils": ("mock_process_group", "use disttest.mock_init_dist or with_dist"),
+}
 
 
 class _Rewriter(m.MatcherDecoratableTransformer):
     METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
 
-    def __init__(self, offers: Lookup, attributes: _Attributes) -> None:
+    def __init__(self, offers: Lookup, attributes: _Attributes, unbound: Callable[[], set[str]]) -> None:
         super().__init__()
         self.offers = offers
         self.attributes = attributes
+        self._unbound = unbound
         self.changes: list[Change] = []
 
     def _line(self, node: cst.CSTNode) -> int:
@@ -127,15 +190,31 @@ class _Rewriter(m.MatcherDecoratableTransformer):
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
                                   updated: cst.SimpleStatementLine) -> cst.BaseStatement | cst.FlattenSentinel[
                                       cst.BaseStatement]:
+        line = self._line(original)
         if len(updated.body) != 1:
+            self._note_imports(updated.body, line, "one of several statements on a line")
             return updated
         stmt = updated.body[0]
-        line = self._line(original)
         if isinstance(stmt, cst.ImportFrom):
             return self._from(stmt, updated, line)
         if isinstance(stmt, cst.Import):
             return self._import(stmt, updated, line)
         return updated
+
+    def leave_SimpleStatementSuite(self, original: cst.SimpleStatementSuite,
+                                   updated: cst.SimpleStatementSuite) -> cst.SimpleStatementSuite:
+        # ``if x: from ... import y``: noted, never rewritten in place.
+        self._note_imports(updated.body, self._line(original), "on the line of its block's header")
+        return updated
+
+    def _note_imports(self, body: Sequence[cst.BaseSmallStatement], line: int, why: str) -> None:
+        for stmt in body:
+            if isinstance(stmt, cst.ImportFrom) and not stmt.relative and _upstream(_dotted(stmt.module)):
+                self.changes.append(Change("noted", line, _dotted(stmt.module), "import", why=why))
+            elif isinstance(stmt, cst.Import):
+                for alias in stmt.names:
+                    if _upstream(_dotted(alias.name)):
+                        self.changes.append(Change("noted", line, _dotted(alias.name), "import", why=why))
 
     def _from(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine,
               line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
@@ -147,13 +226,9 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         upstream = _upstream(module)
         if upstream is None:
             return updated
+        self._note_registration(upstream, line)
         if isinstance(stmt.names, cst.ImportStar):
-            home = HOMES.get(upstream)
-            if home is None or not self.offers(home, "*"):
-                self.changes.append(Change("kept", line, upstream, "*"))
-                return updated
-            self.changes.append(Change("moved", line, upstream, "*", home))
-            return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
+            return self._star(stmt, updated, upstream, line)
         by_home: dict[str, list[cst.ImportAlias]] = {}
         kept: list[cst.ImportAlias] = []
         for alias in stmt.names:
@@ -161,22 +236,57 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             home = _home_for(upstream, name, self.offers)
             if home is None:
                 kept.append(alias)
-                self.changes.append(Change("kept", line, upstream, name))
+                why = "" if upstream not in ONLY else "disttest moves only the distributed names of this module"
+                self.changes.append(Change("kept", line, upstream, name, why=why))
             else:
                 by_home.setdefault(home, []).append(alias)
                 self.changes.append(Change("moved", line, upstream, name, home))
         if not by_home:
             return updated
+        if len(by_home) == 1 and not kept:  # one home: only the module changes, every byte else stays
+            (home,) = by_home
+            return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
         statements: list[cst.BaseStatement] = []
         groups = [(h, names) for h, names in by_home.items()] + ([(module, kept)] if kept else [])
+        comments = _alias_comments(stmt)
         for i, (home, names) in enumerate(groups):
-            names = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in names]
-            new = stmt.with_changes(module=cst.parse_expression(home), names=names, lpar=None, rpar=None)
+            if stmt.lpar is not None:  # parenthesised: one name a line, each with its comments
+                new: cst.BaseSmallStatement = _parenthesised(home, [(a, *comments[id(a)]) for a in names])
+            else:
+                names = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in names]
+                new = stmt.with_changes(module=cst.parse_expression(home), names=names)
             line_stmt = updated.with_changes(body=[new])
             if i:  # the comments above the original stay with the first
                 line_stmt = line_stmt.with_changes(leading_lines=[])
             statements.append(line_stmt)
         return cst.FlattenSentinel(statements)
+
+    def _star(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine, upstream: str,
+              line: int) -> cst.BaseStatement:
+        home = HOMES.get(upstream)
+        if home is None or not self.offers(home, "*"):
+            self.changes.append(Change("kept", line, upstream, "*", why="no disttest module stands for it"))
+            return updated
+        # Upstream's modules have no __all__: their star gives everything they
+        # hold (TEST_WITH_ROCM, os, torch...). Moved only when the file uses
+        # nothing from it that the home lacks.
+        lacking = sorted(n for n in self._unbound() if not self.offers(home, n))
+        if lacking:
+            shown = ", ".join(lacking[:3]) + (" ..." if len(lacking) > 3 else "")
+            self.changes.append(Change("kept", line, upstream, "*", why=f"the file uses {shown}, which {home} "
+                                       "lacks; import the names it uses one by one"))
+            return updated
+        self.changes.append(Change("moved", line, upstream, "*", home))
+        return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
+
+    def _note_registration(self, upstream: str, line: int) -> None:
+        registers = REGISTERS.get(upstream)
+        if registers is not None:
+            backend, advice = registers
+            self.changes.append(Change(
+                "noted", line, upstream, f"the {backend!r} backend",
+                why=f"importing upstream's module registered it, disttest registers it only in its ranks: "
+                    f"where the file makes a {backend!r} group outside them, {advice}"))
 
     @staticmethod
     def _imports_modules(stmt: cst.ImportFrom, module: str) -> bool:
@@ -185,30 +295,37 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         return (parent is not None and not isinstance(stmt.names, cst.ImportStar)
                 and any(f"{parent}.{_dotted(a.name)}" in HOMES for a in stmt.names))
 
-    def _module_home(self, upstream: str, bound: str) -> str | None:
-        """The home of a module bound to ``bound``, if every attribute read
-        from it is offered there (and it is not used bare)."""
+    def _module_home(self, upstream: str, bound: str) -> tuple[str | None, str]:
+        """(the home of a module bound to ``bound``, "") if the file only
+        reads attributes of it that the home offers; else (None, why)."""
         home = HOMES.get(upstream)
         if home is None:
-            return None
-        read = self.attributes.read.get(bound, set())
-        if all(_home_for(upstream, a, lambda h, n: h == home and self.offers(h, n)) for a in read):
-            return home
-        return None
+            return None, "no disttest module stands for it"
+        if bound in self.attributes.bare:
+            return None, f"{bound} is used as a whole, not only as {bound}.<name>"
+        written = sorted(self.attributes.written.get(bound, ()))
+        if written:
+            return None, f"{bound}.{written[0]} is assigned, which would not set disttest's"
+        for a in sorted(self.attributes.read.get(bound, ())):
+            if not _home_for(upstream, a, lambda h, n: h == home and self.offers(h, n)):
+                return None, f"{bound}.{a} is not in {home}"
+        return home, ""
 
     def _module_names(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine, module: str,
                       line: int) -> cst.BaseStatement:
         if isinstance(stmt.names, cst.ImportStar) or len(stmt.names) != 1:
             for alias in [] if isinstance(stmt.names, cst.ImportStar) else stmt.names:
-                self.changes.append(Change("noted", line, f"{module}.{_dotted(alias.name)}", "import"))
+                self.changes.append(Change("noted", line, f"{module}.{_dotted(alias.name)}", "import",
+                                           why="several modules in one statement"))
             return updated
         alias = stmt.names[0]
         name = _dotted(alias.name)
         upstream = (module[len(PREFIX) + 1:] + "." if module != PREFIX else "") + name
+        self._note_registration(upstream, line)
         bound = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
-        home = self._module_home(upstream, bound)
+        home, why = self._module_home(upstream, bound)
         if home is None:
-            self.changes.append(Change("kept", line, upstream, f"module {name}"))
+            self.changes.append(Change("kept", line, upstream, f"module {name}", why=why))
             return updated
         parent, _, leaf = home.rpartition(".")
         self.changes.append(Change("moved", line, upstream, f"module {name}", home))
@@ -222,21 +339,21 @@ class _Rewriter(m.MatcherDecoratableTransformer):
 
     def _import(self, stmt: cst.Import, updated: cst.SimpleStatementLine, line: int) -> cst.BaseStatement:
         if len(stmt.names) != 1:
-            for alias in stmt.names:
-                if _upstream(_dotted(alias.name)):
-                    self.changes.append(Change("noted", line, _dotted(alias.name), "import"))
+            self._note_imports([stmt], line, "several modules in one statement")
             return updated
         alias = stmt.names[0]
         upstream = _upstream(_dotted(alias.name))
         if upstream is None:
             return updated
+        self._note_registration(upstream, line)
         if alias.asname is None:  # import torch.testing._internal.x: read through the dotted path
-            self.changes.append(Change("noted", line, upstream, "import without as"))
+            self.changes.append(Change("noted", line, upstream, "import without as",
+                                       why="the file reads it through torch's dotted path"))
             return updated
         bound = alias.asname.name.value  # type: ignore[union-attr]
-        home = self._module_home(upstream, bound)
+        home, why = self._module_home(upstream, bound)
         if home is None:
-            self.changes.append(Change("kept", line, upstream, f"module as {bound}"))
+            self.changes.append(Change("kept", line, upstream, f"module as {bound}", why=why))
             return updated
         self.changes.append(Change("moved", line, upstream, f"module as {bound}", home))
         return updated.with_changes(body=[stmt.with_changes(
@@ -246,16 +363,71 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         if PREFIX in node.value:
             self.changes.append(Change("noted", self._line(node), node.value.strip("'\"rbuf"), "string"))
 
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        text = "".join(p.value for p in node.parts if isinstance(p, cst.FormattedStringText))
+        if PREFIX in text:
+            self.changes.append(Change("noted", self._line(node), text, "f-string"))
 
-def rewrite(source: str, offers: Lookup) -> Result:
-    """``source`` with its imports of torch's testing modules moved to
+
+def _alias_comments(stmt: cst.ImportFrom) -> dict[int, tuple[list[str], str]]:
+    """For each name of a parenthesised import: (the comment lines above
+    it, its trailing comment), read from the whitespace libcst keeps."""
+    assert not isinstance(stmt.names, cst.ImportStar)
+    names = list(stmt.names)
+    found: dict[int, tuple[list[str], str]] = {}
+
+    def lines(ws: object) -> tuple[str, list[str]]:
+        if not isinstance(ws, cst.ParenthesizedWhitespace):
+            return "", []
+        trailing = ws.first_line.comment.value if ws.first_line.comment else ""
+        return trailing, [e.comment.value for e in ws.empty_lines if e.comment]
+
+    first, above = lines(stmt.lpar.whitespace_after if stmt.lpar is not None else None)
+    above = ([first] if first else []) + above
+    for i, alias in enumerate(names):
+        after = alias.comma.whitespace_after if isinstance(alias.comma, cst.Comma) else None
+        if after is None and i == len(names) - 1 and stmt.rpar is not None:
+            after = stmt.rpar.whitespace_before  # the last name, without a comma: ``b  # c\n)``
+        trailing, below = lines(after)
+        found[id(alias)] = (above, trailing)
+        above = below
+    if above and names:  # comment lines before the closing parenthesis: with the last name
+        last = found[id(names[-1])]
+        found[id(names[-1])] = (last[0] + above, last[1])
+    return found
+
+
+def _parenthesised(home: str, names: Sequence[tuple[cst.ImportAlias, list[str], str]]) -> cst.BaseSmallStatement:
+    """``from <home> import (`` one name a line, with its comments ``)``."""
+    empty = cst.Module([])
+    text = [f"from {home} import ("]
+    for alias, above, trailing in names:
+        text += [f"    {c}" for c in above]
+        code = empty.code_for_node(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+        text.append(f"    {code}," + (f"  {trailing}" if trailing else ""))
+    text.append(")")
+    parsed = cst.parse_statement("\n".join(text) + "\n")
+    assert isinstance(parsed, cst.SimpleStatementLine)
+    return parsed.body[0]
+
+
+def rewrite(source: str | bytes, offers: Lookup) -> Result:
+    """``source`` (text, or a file's bytes: its encoding, BOM and line
+    endings are kept) with its imports of torch's testing modules moved to
     disttest where ``offers(home, name)`` says disttest has the name."""
     tree = cst.parse_module(source)
     attributes = _Attributes()
     tree.visit(attributes)
-    rewriter = _Rewriter(offers, attributes)
+    unbound: list[set[str]] = []
+
+    def unbound_names() -> set[str]:  # only for a star import: a scope analysis of the file
+        if not unbound:
+            unbound.append(_unbound(tree))
+        return unbound[0]
+
+    rewriter = _Rewriter(offers, attributes, unbound_names)
     new = cst.metadata.MetadataWrapper(tree).visit(rewriter)
-    return Result(new.code, tuple(sorted(rewriter.changes, key=lambda c: c.line)))
+    return Result(new.code, tuple(sorted(rewriter.changes, key=lambda c: c.line)), new.bytes, new.encoding)
 
 
 def module_names(modules: Sequence[str]) -> Lookup:
@@ -274,7 +446,10 @@ def module_names(modules: Sequence[str]) -> Lookup:
                 cache[home] = None
         if name == "*":  # whether the home exists
             return cache[home] is not None
-        found = getattr(cache[home], name, types)  # (a value that is never a name's)
+        try:
+            found = getattr(cache[home], name, types)  # (a value that is never a name's)
+        except Exception:  # noqa: BLE001 - a lazy name whose value failed (a bad DISTTEST_TIMEOUT): it exists
+            return True
         # Not a submodule of disttest's (``disttest.fake`` is an old module path, not a name).
         return found is not types and not isinstance(found, types.ModuleType)
 
