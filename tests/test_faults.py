@@ -523,6 +523,35 @@ class RunnerFaultsTest(unittest.TestCase):
         self.assertNotIn("InjectedFault at all_reduce", text)  # test 1's
         self.assertIn("never fired: rank 1 delay 0.01s at all_reduce #1 (from @inject_fault)", text)
 
+    def test_a_killed_rank_thread_that_catches_its_death_makes_no_more_calls(self):
+        import disttest
+
+        calls = []
+
+        class Caught(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            @inject_fault(rank=1, action="kill", at="all_reduce")
+            def test_x(self):
+                try:
+                    torch.distributed.all_reduce(torch.ones(1))
+                except BaseException:  # noqa: BLE001 - what the fault must survive
+                    pass
+                try:
+                    torch.distributed.barrier()
+                except BaseException as e:  # noqa: BLE001
+                    calls.append((self.rank, type(e).__name__))
+                    if self.rank == 1:
+                        raise
+
+        result, _ = run(Caught, "test_x")
+        self.assert_passed(result)  # rank 1's death was injected; rank 0 survived it
+        self.assertEqual(sorted(calls), [(0, "CollectiveAborted"), (1, "RankKilled")])
+
     def test_a_fault_a_decorator_hides_from_the_runner_is_refused(self):
         for runner, result, _ in self.each("test_a_fault_a_decorator_hides"):
             with self.subTest(runner=runner.__name__):

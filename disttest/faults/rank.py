@@ -82,6 +82,8 @@ class _State:
     rng: random.Random | None = None
     counts: dict[str, int] = field(default_factory=dict)
     total: int = 0
+    #: Why this rank thread was killed (its RankKilled, if the test caught it).
+    killed: str | None = None
 
 
 _local = threading.local()
@@ -227,6 +229,10 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
     state = getattr(_local, "state", None) or (_process[0] if _process else None)
     if state is None or op in _IGNORED:
         return None
+    if state.killed is not None:
+        # A killed rank thread whose test caught RankKilled (``except
+        # BaseException``): a dead process makes no more calls either.
+        raise RankKilled(state.killed)
     nth = state.counts[op] = state.counts.get(op, 0) + 1
     state.total += 1
     if state.rng is not None:
@@ -264,7 +270,7 @@ def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
                  "t": time.time()})
     if action in ("kill", "exit"):
         if state.thread_world is not None:
-            reason = KILLED.format(rank=rank, op=op, nth=nth)
+            reason = state.killed = KILLED.format(rank=rank, op=op, nth=nth)
             state.thread_world.abort(reason)
             raise RankKilled(reason)
         if action == "exit":
