@@ -289,6 +289,47 @@ class PoolHeals(disttest.MultiProcContinousTest):
         self.assertEqual(t, torch.full((1,), 2.0))
 
 
+class SubgroupBodies:
+    """Rank 3 of 4 dies; a group without it goes on, as gloo's does."""
+
+    rank: int
+    world_size = 4
+    timeout = 20
+
+    def init(self) -> None:
+        raise NotImplementedError
+
+    @inject_fault(rank=3, action="kill", at="barrier")
+    def test_a_group_without_the_dead_rank_goes_on(self):
+        self.init()
+        pair = dist.new_group([0, 1])
+        if self.rank == 3:
+            dist.barrier()  # dies here
+        if self.rank in (0, 1):
+            time.sleep(0.3)  # after the death
+            t = torch.ones(1)
+            dist.all_reduce(t, group=pair)
+            self.assertEqual(t.item(), 2.0)
+
+
+class SubgroupProcesses(SubgroupBodies, disttest.MultiProcessTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def init(self) -> None:
+        _init_gloo(self)
+
+
+class SubgroupThreads(SubgroupBodies, disttest.MultiThreadedTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def init(self) -> None:
+        pass
+
+
 class PoolForgets(disttest.MultiProcContinousTest):
     """Test 2's rank 1 fails in setUp, so it is never armed: what test 1's
     rank 1 recorded is not test 2's."""

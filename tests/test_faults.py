@@ -523,6 +523,12 @@ class RunnerFaultsTest(unittest.TestCase):
         self.assertNotIn("InjectedFault at all_reduce", text)  # test 1's
         self.assertIn("never fired: rank 1 delay 0.01s at all_reduce #1 (from @inject_fault)", text)
 
+    def test_a_group_without_the_dead_rank_goes_on(self):
+        for runner, result, _ in self.each("test_a_group_without_the_dead_rank_goes_on",
+                                           (cases.SubgroupProcesses, cases.SubgroupThreads)):
+            with self.subTest(runner=runner.__name__):
+                self.assert_passed(result)
+
     def test_a_killed_rank_thread_that_catches_its_death_makes_no_more_calls(self):
         import disttest
 

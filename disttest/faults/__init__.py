@@ -242,8 +242,8 @@ def inject_fault(*, rank: int | Sequence[int], action: str, at: str = ANY, nth: 
     enters the call:
 
     - ``kill``: the rank dies by SIGKILL (threads: the rank thread ends and
-      every collective of the test's threaded world fails at once, as a gloo
-      group breaks when a peer process dies);
+      every collective of a group that has it fails at once, as a gloo group
+      breaks when a peer process dies; groups without it go on);
     - ``exit``: ``os._exit(1)`` (threads: as ``kill``);
     - ``raise``: :class:`InjectedFault` is raised; the collective is not called;
     - ``hang``: the rank blocks there (the test's timeout reports it, with stacks);

@@ -271,7 +271,7 @@ def _fire(state: _State, index: int, fault: Fault, op: str, nth: int) -> Any:
     if action in ("kill", "exit"):
         if state.thread_world is not None:
             reason = state.killed = KILLED.format(rank=rank, op=op, nth=nth)
-            state.thread_world.abort(reason)
+            state.thread_world.kill(rank, reason)
             raise RankKilled(reason)
         if action == "exit":
             os._exit(1)

@@ -136,6 +136,8 @@ class ThreadedWorld:
         self._recvs: list[tuple[str, int | None, int, int, torch.Tensor, Future[Any], ThreadedWork]] = []
         self._pending: set[Future[Any]] = set()
         self._sizes: dict[str, int] = {}  # group name -> size
+        self._members: dict[str, frozenset[int]] = {}  # group name -> its global ranks
+        self._dead: dict[int, str] = {}  # global rank -> why (an injected kill)
         self.abort_reason: str | None = None
         self.store = dist.HashStore()
         #: Whose turn it is among the rank threads (:mod:`disttest.pg._baton`).
@@ -171,10 +173,45 @@ class ThreadedWorld:
                 fut.set_exception(CollectiveAborted(
                     f"released by disttest: {self.abort_reason}", self.abort_reason))
 
+    def register(self, group: str, members: Sequence[int]) -> None:
+        """Note the global ranks of ``group`` (as each member makes it)."""
+        with self._lock:
+            self._members[group] = frozenset(members)
+            self._sizes[group] = len(members)
+
+    def kill(self, rank: int, reason: str) -> None:
+        """Global rank ``rank`` is dead (an injected kill): as a gloo group
+        breaks when a peer process dies, every group that has it fails, now
+        and later, with a :class:`CollectiveAborted` that gives ``reason``;
+        groups without it go on."""
+        self.baton.go_free()  # before the waits are released: they must not wait for a turn
+        with self._lock:
+            self._dead[rank] = reason
+            doomed = [c.future for (group, _), calls in self._waiting.items() if self._broken(group)
+                      for c in calls.values()]
+            kept = [r for r in self._recvs if not self._broken(r[0])]
+            doomed += [r[5] for r in self._recvs if self._broken(r[0])]
+            self._recvs = kept
+            for fut in doomed:
+                self._pending.discard(fut)
+        for fut in doomed:
+            if not fut.done():
+                fut.set_exception(CollectiveAborted(f"released by disttest: {reason}", reason))
+
+    def _broken(self, group: str) -> str | None:
+        """Why ``group`` can no longer communicate (a member died), or None. Under the lock."""
+        if not self._dead:
+            return None
+        members = self._members.get(group)
+        for rank, reason in self._dead.items():
+            if members is None or rank in members:  # (a group not registered: assume the worst)
+                return reason
+        return None
+
     def _check_aborted(self, op: str, group: str) -> None:
-        if self.abort_reason is not None:
-            raise CollectiveAborted(
-                ABORTED.format(op=op, group=group, reason=self.abort_reason), self.abort_reason)
+        reason = self.abort_reason if self.abort_reason is not None else self._broken(group)
+        if reason is not None:
+            raise CollectiveAborted(ABORTED.format(op=op, group=group, reason=reason), reason)
 
     # -- collectives --
     def collective(
@@ -334,9 +371,11 @@ class ProcessLocalGroup(PythonGroup):
     BACKEND_NAME = BACKEND
 
     def __init__(self, rank: int, world_size: int, name: str = "", world: ThreadedWorld | None = None,
-                 timeout: Any = None) -> None:
+                 timeout: Any = None, members: Sequence[int] | None = None) -> None:
+        """``members``: the group's global ranks (default: ranks 0 to world_size - 1)."""
         super().__init__(rank, world_size, name)
         self._tworld = world if world is not None else _current_world()
+        self._tworld.register(name, members if members else range(world_size))
         # As upstream's group: autograd runs backward in the calling thread
         # (thread-local), whose default group is this thread's, not on
         # device threads that have none.
@@ -619,8 +658,10 @@ def _bind_thread(world: ThreadedWorld | None) -> None:
 
 
 def _create(opts: Any, backend_opts: Any) -> ProcessLocalGroup:
+    # global_ranks_in_group: a subgroup's ranks (empty for the default group: all).
     return ProcessLocalGroup(opts.group_rank, opts.group_size, str(opts.group_id),
-                             timeout=getattr(opts, "timeout", None))
+                             timeout=getattr(opts, "timeout", None),
+                             members=list(getattr(opts, "global_ranks_in_group", None) or ()))
 
 
 _install_lock = threading.Lock()
