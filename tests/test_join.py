@@ -7,7 +7,9 @@ import time
 import unittest
 
 from disttest._runner import join as join_mod
-from disttest._runner.outcome import ExitStatus, Outcome, outcome_from_exception
+from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
+from disttest._runner.progress import InFlight
+from disttest._runner.verdict import WAITED_FOR
 
 
 class SlowBoardLauncher:
@@ -115,6 +117,29 @@ class FailingLauncher(SlowBoardLauncher):
 
     def stop(self) -> None:
         self.stopped = True
+
+
+class TimedOutTest(unittest.TestCase):
+    """At the deadline: who hung, and who only waited for it."""
+
+    def launcher(self, waits):
+        class Waiting:
+            world_size = 3
+
+            def desync(self, ranks, finished, ended=False, entered_counts=True):
+                return [(peer, InFlight(rank, "barrier", 1, "world", range(3))) for rank, peer in waits]
+
+        return Waiting()
+
+    def test_ranks_waiting_for_a_rank_that_never_entered_are_its_consequence(self):
+        kinds, details = join_mod._timed_out(self.launcher([(0, 2), (1, 2)]), [0, 1, 2], 3)
+        self.assertEqual(kinds, {0: Kind.STOPPED, 1: Kind.STOPPED, 2: Kind.TIMED_OUT})
+        self.assertEqual(details[0], WAITED_FOR.format(what="barrier #1 of group world", peer=2, world=3))
+
+    def test_ranks_that_wait_for_each_other_all_time_out(self):
+        kinds, details = join_mod._timed_out(self.launcher([(0, 1), (1, 0)]), [0, 1, 2], 3)
+        self.assertEqual(kinds, dict.fromkeys(range(3), Kind.TIMED_OUT))
+        self.assertEqual(details, {})
 
 
 class FailFastTest(unittest.TestCase):

@@ -66,8 +66,8 @@ class FailFastTest(OutcomeMixin, unittest.TestCase):
     def test_stack_of_a_rank_blocked_in_a_collective(self):
         result, _ = run(cases.Hangs, "test_blocked_in_collective")
         text = self.only(result.errors)
-        # Taken while rank 0 was inside gloo's C++ all_reduce.
-        self.assertIn("rank 0/2 did not finish", text)
+        # Taken while rank 0 was inside gloo's C++ all_reduce, for rank 1, which hung.
+        self.assertIn("rank 0/2 waits in all_reduce #1 of the default group for rank 1/2", text)
         self.assertIn("in all_reduce", text)
         self.assertIn("in stuck_in_a_helper", text)
 

@@ -12,6 +12,7 @@ import runner_cases as cases
 
 import disttest
 from disttest import RankError, RankFailure
+from disttest._runner.verdict import WAITED_FOR
 from disttest.runners.multiprocess import START_METHOD_ENV
 
 
@@ -165,7 +166,10 @@ class BehaviourTest(unittest.TestCase):
                 text = self.only(result.errors)
                 self.assertIn("rank 1/2 did not finish 'test_hang' within 2s", text)
                 self.assertIn("in stuck_in_a_helper", text)
-                self.assertIn("rank 0/2 did not finish", text)
+                # The header names the rank that hung, not the one that waited for it.
+                self.assertIn("'test_hang' errored (disttest): rank 1/2 timed out after 2s\n", text)
+                self.assertIn(WAITED_FOR.format(what="barrier #1 of the default group", peer=1, world=2).format(
+                    who="rank 0/2", waits="waits"), text)
                 self.assertIn("in barrier", text)  # where the other rank waits
                 self.assertLess(elapsed, 9)
 

@@ -16,7 +16,7 @@ from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
-from disttest._runner.verdict import DESYNC_DETAIL, ended, explain
+from disttest._runner.verdict import DESYNC_DETAIL, WAITED_FOR, ended, explain
 
 __unittest = True
 
@@ -65,6 +65,21 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     # collective for the same peer are reported together.
     peer, flight = found
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
+
+
+def _timed_out(launcher: Launcher, live: list[int], world: int) -> tuple[dict[int, Kind], dict[int, str]]:
+    """The live ranks at the deadline: a rank that waits in a collective for
+    a peer that never entered it, and waits in none itself (it hung in its
+    own code), was stopped by that peer's hang; the rest timed out."""
+    kinds = dict.fromkeys(live, Kind.TIMED_OUT)
+    details: dict[int, str] = {}
+    waits = launcher.desync(live, live)
+    waiting = {flight.rank for _, flight in waits}
+    for peer, flight in waits:
+        if peer not in waiting:  # (peers that wait for each other: every one timed out)
+            kinds[flight.rank] = Kind.STOPPED
+            details[flight.rank] = WAITED_FOR.format(what=flight.describe(), peer=peer, world=world)
+    return kinds, details
 
 
 def _judged(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> dict[int, Outcome]:
@@ -167,7 +182,7 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             break
         if grace_end is None and time.monotonic() > deadline:
             live = _live(world, outcomes)
-            _stop(launcher, live, outcomes, dict.fromkeys(live, Kind.TIMED_OUT), {})
+            _stop(launcher, live, outcomes, *_timed_out(launcher, live, world))
             break
         launcher.pump_output()
         launcher.wait(poll_interval)

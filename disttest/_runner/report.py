@@ -119,7 +119,10 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
         exit_text = o.exit.describe() if o.exit else "exited"
         return CRASHED.format(who=who, exit=exit_text, test=test) + (f" ({o.detail})" if o.detail else "")
     if o.kind is Kind.STOPPED:
-        return f"{o.detail} (a consequence)" if o.detail else STOPPED.format(who=who)
+        if not o.detail:
+            return STOPPED.format(who=who)
+        # (A detail that names its ranks by the report's grouping: verdict.WAITED_FOR.)
+        return f"{_fill(o.detail, who) if '{who}' in o.detail else o.detail} (a consequence)"
     text = f"{who}{_in(o)}: {o.exc_type}: {o.message}".rstrip(": ")
     return f"{text}\n({o.detail})" if o.detail else text
 
