@@ -130,6 +130,10 @@ class RewriteTest(unittest.TestCase):
             )
         """))
 
+    def test_a_parenthesised_import_on_one_line_splits_into_lines_of_its_own(self):
+        out, _ = migrated("from torch.testing._internal.common_fsdp import (FSDPTest, skip_if_lt_x_gpu)\n")
+        self.assertEqual(out, "from disttest.bases.fsdp import FSDPTest\nfrom disttest import skip_if_lt_x_gpu\n")
+
     def test_a_module_used_whole_or_assigned_stays(self):
         for use, why in (("getattr(cd, 'TEST_WITH_ROCM')", "cd is used as a whole, not only as cd.<name>"),
                          ("cd.MultiProcessTestCase\ncd.TIMEOUT_DEFAULT = 1",

@@ -58,6 +58,19 @@ FUNCTIONS = textwrap.dedent("""
         assert t.item() == 3
         note(f"processes {rank}/{world_size} backend={dist.get_backend()} pid={os.getpid()}")
 
+    @pytest.mark.world_size(2, mode="processes")
+    def test_processes_leave_together(rank):
+        import time
+        real = dist.destroy_process_group
+
+        def leaving(*args, **kwargs):  # (in this forked rank only)
+            note(f"left {rank} {time.monotonic()}")
+            return real(*args, **kwargs)
+
+        dist.destroy_process_group = leaving
+        if rank == 1:
+            time.sleep(0.5)  # a peer still busy (gloo: still connecting) when rank 0 returns
+
     @pytest.mark.world_size(2)
     def test_rank_one_fails(rank):
         assert rank == 0, f"rank {rank} says no"
@@ -121,6 +134,13 @@ class FunctionTestsTest(unittest.TestCase):
         self.assertEqual([ln.split(" pid")[0] for ln in lines],
                          ["processes 0/2 backend=gloo", "processes 1/2 backend=gloo"])
         self.assertEqual(len({ln.split("pid=")[1] for ln in lines}), 2)
+
+    def test_process_ranks_leave_together(self):
+        # A rank that destroyed its group first broke a peer's gloo connect
+        # ("Connection closed by peer"): a test with no collective failed.
+        self.assertEqual(self.outcome("test_processes_leave_together"), "PASSED")
+        left = dict(ln.split()[1:] for ln in self.seen.splitlines() if ln.startswith("left "))
+        self.assertGreater(float(left["0"]), float(left["1"]) - 0.1, left)
 
     def test_a_failing_rank_fails_the_test_naming_it(self):
         for name in ("test_rank_one_fails", "test_rank_one_fails_in_processes"):

@@ -249,12 +249,14 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         statements: list[cst.BaseStatement] = []
         groups = [(h, names) for h, names in by_home.items()] + ([(module, kept)] if kept else [])
         comments = _alias_comments(stmt)
+        # A parenthesised import over several lines keeps that layout (and its comments).
+        multiline = stmt.lpar is not None and "\n" in cst.Module([]).code_for_node(stmt)
         for i, (home, names) in enumerate(groups):
-            if stmt.lpar is not None:  # parenthesised: one name a line, each with its comments
+            if multiline:  # one name a line, each with its comments
                 new: cst.BaseSmallStatement = _parenthesised(home, [(a, *comments[id(a)]) for a in names])
             else:
                 names = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in names]
-                new = stmt.with_changes(module=cst.parse_expression(home), names=names)
+                new = stmt.with_changes(module=cst.parse_expression(home), names=names, lpar=None, rpar=None)
             line_stmt = updated.with_changes(body=[new])
             if i:  # the comments above the original stay with the first
                 line_stmt = line_stmt.with_changes(leading_lines=[])

@@ -174,6 +174,10 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
         raise unittest.SkipTest(result.skip_reason)
 
 
+#: Store keys by which a function's rank processes leave together.
+LEAVING, LEFT = "disttest/leaving", "disttest/left"
+
+
 def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, name: str) -> unittest.TestCase:
     import torch.distributed as dist
 
@@ -197,6 +201,13 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
         dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
         try:
             _call(func, kwargs)
+            # NB: gloo's init may return in one rank while a peer still
+            # connects; a rank that destroyed its group and left first would
+            # break that connect ("Connection closed by peer"). The ranks
+            # leave together (through the store: no collective of the test's).
+            if store.add(LEAVING, 1) == self.world_size:
+                store.set(LEFT, "1")
+            store.wait([LEFT])
         finally:
             dist.destroy_process_group()
 
