@@ -174,13 +174,10 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
         raise unittest.SkipTest(result.skip_reason)
 
 
-#: Store keys by which a function's rank processes leave together.
-LEAVING, LEFT = "disttest/leaving", "disttest/left"
-
-
 def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, name: str) -> unittest.TestCase:
     import torch.distributed as dist
 
+    from disttest._runner import rank as rank_mod
     from disttest.runners.multiprocess import MultiProcessTestCase
 
     class FunctionInProcesses(MultiProcessTestCase):
@@ -201,14 +198,14 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
         dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
         try:
             _call(func, kwargs)
-            # NB: gloo's init may return in one rank while a peer still
-            # connects; a rank that destroyed its group and left first would
-            # break that connect ("Connection closed by peer"). The ranks
-            # leave together (through the store: no collective of the test's).
-            if store.add(LEAVING, 1) == self.world_size:
-                store.set(LEFT, "1")
-            store.wait([LEFT])
-        finally:
+        except BaseException:
+            dist.destroy_process_group()
+            raise
+        # NB: as a MultiProcessTestCase rank does: destroyed once the parent
+        # releases the rank (every rank answered). Destroyed now, its sockets
+        # closed under a peer still in gloo's connect ("Connection closed by
+        # peer"), and a test without a collective failed under load.
+        if not rank_mod.after_release(dist.destroy_process_group):
             dist.destroy_process_group()
 
     # Named as the user's test (reports, faults' chaos seeds); a report with
