@@ -329,9 +329,15 @@ class CommandTest(unittest.TestCase):
         with open(os.path.join(venv, "lib", "test_installed.py"), "w") as f:
             f.write(SUITE)
         os.mkfifo(os.path.join(self.folder, "test_fifo.py"))  # reading it would wait forever
+        elsewhere = tempfile.mkdtemp(prefix="disttest-migrate-elsewhere-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", elsewhere])
+        with open(os.path.join(elsewhere, "test_there.py"), "w") as f:
+            f.write(SUITE)
+        os.symlink(elsewhere, os.path.join(self.folder, "linked"))
         proc = self.command(self.folder, self.path)  # the file named twice is read once
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("1 file(s) read, 1 changed", proc.stdout)
+        self.assertIn("linked: a link to a folder, not followed; name its target to migrate it", proc.stderr)
 
     def test_the_console_script(self):
         from importlib.metadata import entry_points

@@ -36,6 +36,10 @@ def _files(paths: list[str], parser: argparse.ArgumentParser) -> Iterator[str]:
             found = []
             for folder, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not _skipped_folder(folder, d))
+                for d in dirs:
+                    if os.path.islink(os.path.join(folder, d)):  # os.walk does not follow it (a loop could)
+                        print(f"{os.path.join(folder, d)}: a link to a folder, not followed; name its target "
+                              "to migrate it", file=sys.stderr)
                 found += [os.path.join(folder, n) for n in sorted(names)
                           if n.endswith(".py") and not n.startswith(".")
                           and os.path.isfile(os.path.join(folder, n))]  # NB: not a FIFO: reading it waits forever
