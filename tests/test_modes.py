@@ -73,6 +73,17 @@ class ModesTest(unittest.TestCase):
         with self.assertRaisesRegex(disttest.ConfigError, r"Invalid backend 'glo' from Body.backend"):
             disttest.run_in("threads")(type("Body", (), {"backend": "glo"}))  # the threads would pass
 
+    def test_an_inherited_world_size_counts_as_run_simulated_reads_it(self):
+        class Sized:
+            world_size = 3
+
+        class Body(Sized):
+            def test_it(self):
+                pass
+
+        disttest.run_in("threads")(Body)
+        self.assertEqual(globals().pop("Body_threads").world_size, 3)
+
     def test_a_forced_mode_is_read_as_every_choice(self):
         with mock.patch.dict(os.environ, {disttest.MODE_ENV: " Threads"}):
             self.assertEqual(disttest.runners.modes.forced_mode(), "threads")

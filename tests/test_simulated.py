@@ -444,6 +444,14 @@ class InstallAndUndoTest(unittest.TestCase):
         self.assertEqual((result.testsRun, len(result.failures), len(result.errors)), (3, 1, 1))
         self.assertEqual(state(), before)
 
+        class Interrupted(disttest.SimulatedTestCase):  # unittest runs no cleanups on Ctrl-C
+            def test_it(self):
+                raise KeyboardInterrupt
+
+        with self.assertRaises(KeyboardInterrupt):
+            Interrupted("test_it").run(unittest.TestResult())
+        self.assertEqual(state(), before)
+
 
 @needs_mode
 class ReportsTest(unittest.TestCase):
@@ -564,6 +572,28 @@ class SimulatedTestCaseTest(unittest.TestCase):
 
         result = run(Bad)
         self.assertIn("Invalid world size 0 from Bad.world_size (disttest)", result.errors[0][1])
+
+    def test_speedups_given_as_one_string_are_named(self):
+        class Letters(disttest.SimulatedTestCase):
+            world_size = 2
+            speedups = "rng"  # would be read r, n, g
+
+            def test_it(self):
+                pass
+
+        result = run(Letters)
+        self.assertIn("Invalid local-tensor speedups 'rng' from Letters.speedups (disttest)", result.errors[0][1])
+
+    def test_a_mapping_that_misses_ranks_names_them(self):
+        class Missing(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_it(self):
+                self.assertRanksEqual(torch.ones(1) * self.rank, {0: torch.zeros(1), 1: torch.ones(1)})
+
+        result = run(Missing)
+        self.assertEqual(len(result.failures), 1, result.errors)
+        self.assertIn(simulated.MISSING_RANKS.format(ranks="2, 3", n=2, world=4), result.failures[0][1])
 
 
 @needs_mode

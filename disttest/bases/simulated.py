@@ -35,13 +35,14 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest.config import parse_world_size
+from disttest.config import ConfigError, parse_world_size
 from disttest.runners.case import TestCase, assert_equal
 from disttest.runners.modes import SIMULATED_MODE, only_in_forced_mode
 
 __unittest = True
 
 __all__ = [
+    "MISSING_RANKS",
     "RANKS_DIFFER",
     "SIMULATED_MODE",
     "SimulatedTestCase",
@@ -54,6 +55,8 @@ __all__ = [
 #: first few, each as ``rank 17: got [...] expected [...]`` and why.
 RANKS_DIFFER = "{count} of the {total} ranks checked differ (disttest){msg}:\n{details}"
 RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
+#: A ``{rank: value}`` expectation that lacks some of the ranks checked.
+MISSING_RANKS = "the expected values name no value for rank(s) {ranks} ({n} of the {world} ranks checked) (disttest)"
 #: How many differing ranks a failure shows.
 SHOWN_RANKS = 5
 #: How many values of a tensor a failure shows.
@@ -141,6 +144,11 @@ class SpmdMixin:
             if callable(expected) and not isinstance(expected, torch.Tensor):
                 want = {r: expected(r) for r in got}
             elif isinstance(expected, Mapping):
+                missing = sorted(set(got) - set(expected))
+                if missing:
+                    raise AssertionError(MISSING_RANKS.format(
+                        ranks=", ".join(map(str, missing[:SHOWN_RANKS])) + (" ..." if len(missing) > SHOWN_RANKS
+                                                                            else ""), n=len(missing), world=len(got)))
                 want = {r: expected[r] for r in got}
             else:
                 per_rank = _per_rank(expected)
@@ -205,6 +213,15 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     #: The test's LocalTensorMode (entered in ``setUp``).
     mode: Any = None
 
+    def run(self, result: Any = None) -> Any:
+        # NB: unittest runs no cleanup when a test is interrupted (Ctrl-C);
+        # the mode, the group and torch's patched code must not outlive it.
+        try:
+            return super().run(result)
+        except KeyboardInterrupt:
+            self.doCleanups()
+            raise
+
     def setUp(self) -> None:
         super().setUp()
         lt = _compat.local_tensor()
@@ -214,6 +231,10 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         if reason is not None:
             raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
         size = parse_world_size(self.world_size, f"{type(self).__name__}.world_size")
+        if isinstance(self.speedups, str) or not all(isinstance(n, str) for n in self.speedups):
+            # (a string would be read letter by letter)
+            raise ConfigError("local-tensor speedups", self.speedups, f"{type(self).__name__}.speedups",
+                              f"expected a tuple of names from {_compat.LOCAL_TENSOR_SPEEDUPS}, or ()")
         undo_fake = _compat.install_fake_backend()
         if undo_fake is not None:
             self.addCleanup(undo_fake)

@@ -126,7 +126,8 @@ def run_in(*modes: str) -> Callable[[type], type]:
         if isinstance(body, type) and issubclass(body, unittest.TestCase):
             raise TypeError(f"run_in: {body.__name__} must be a plain class of test methods, "
                             "not a TestCase (disttest makes the TestCase per mode)")
-        size = parse_world_size(body.__dict__.get("world_size", 2), f"{body.__name__}.world_size")
+        # NB: inherited too, as run_simulated reads it (a body's mixin may set it).
+        size = parse_world_size(getattr(body, "world_size", 2), f"{body.__name__}.world_size")
         # Threads always use the threaded group; the name still must be one
         # the other modes can make (a typo would pass as threads only).
         check_backend_name(getattr(body, "backend", "gloo"), f"{body.__name__}.backend")
