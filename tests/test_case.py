@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import random
 import subprocess
 import sys
 import unittest
+import warnings
 from unittest import mock
 
 import numpy as np
 import torch
+from torch.testing._internal import common_utils as upstream
 
 import disttest
 from disttest import TEST_SKIPS
@@ -25,86 +28,155 @@ def run_case(case_cls: type[unittest.TestCase], name: str) -> unittest.TestResul
     return result
 
 
-class AssertEqualTest(disttest.TestCase):
-    def assertMismatch(self, a, b, *fragments, **kwargs):
-        with self.assertRaises(AssertionError) as ctx:
-            self.assertEqual(a, b, **kwargs)
-        for fragment in fragments:
-            self.assertIn(fragment, str(ctx.exception))
-        return str(ctx.exception)
+class _Color(enum.IntEnum):
+    RED = 1
 
-    def test_equal_tensors(self):
-        self.assertEqual(torch.arange(4.0), torch.arange(4.0))
 
-    def test_value_mismatch_is_readable(self):
-        self.assertMismatch(
-            torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]),
-            "Mismatched elements: 1 / 2", "Greatest absolute difference: 1.0",
-        )
+#: (actual, expected, options): inputs on which disttest's assertEqual must
+#: decide as upstream's does, with the same exception type and message.
+PARITY_CASES = [
+    (torch.arange(4.0), torch.arange(4.0), {}),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]), {}),
+    (torch.zeros(2, 3), torch.zeros(3, 2), {}),
+    (torch.zeros(2), torch.zeros(2, dtype=torch.float64), {}),
+    (torch.zeros(2), torch.zeros(2, dtype=torch.float64), {"exact_dtype": False}),
+    (torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]), {}),
+    (torch.tensor([math.nan]), torch.tensor([math.nan]), {"equal_nan": False}),
+    (math.nan, math.nan, {}),
+    (torch.tensor([1.0]), torch.tensor([1.1]), {}),
+    (torch.tensor([1.0]), torch.tensor([1.1]), {"atol": 0.2, "rtol": 0}),
+    (torch.tensor([1.0]), torch.tensor([1.1]), {"atol": 0.2}),  # one tolerance alone: a ValueError
+    (0.1 + 0.2, 0.3, {}),
+    (1.0, 1.0 + 1e-6, {}),  # float32's tolerance for Python floats
+    (1.0, 1.5, {}),
+    (3, 3.0, {}),
+    (True, 1, {}),
+    (False, torch.tensor([0]), {}),
+    (True, torch.tensor([1, 1]), {}),
+    (True, False, {}),
+    (np.bool_(True), True, {}),
+    (_Color.RED, 1, {}),
+    (_Color.RED, 2, {}),
+    (np.float32(1.5), 1.5, {}),
+    (torch.tensor([5.0]), 5.0, {}),
+    (torch.tensor([5.0, 5.0]), 5.0, {}),
+    (torch.tensor(3), 3, {}),
+    (torch.tensor([1, 2, 3]), [1, 2, 3], {}),
+    ([1.0, 2.0], torch.tensor([1.0, 2.0]), {}),
+    (torch.tensor([1, 2, 3]), [1, 2, 4], {}),
+    (np.arange(3), np.arange(3), {}),
+    (torch.arange(3), np.arange(3), {}),
+    (np.arange(3), np.array([0, 1, 5]), {}),
+    (np.array(["a", "b"]), np.array(["a", "c"]), {}),
+    (torch.eye(2), torch.eye(2).to_sparse(), {}),
+    (torch.eye(2), torch.eye(2).to_sparse(), {"exact_layout": True}),
+    (torch.zeros(2, 2), torch.zeros(2, 2).t(), {"exact_stride": True}),
+    (torch.zeros(2, 2), torch.zeros(2, 2).t().contiguous(), {"exact_stride": True}),
+    (torch.eye(2).to_sparse(), torch.eye(2).to_sparse(), {"exact_is_coalesced": True}),
+    ({"w": [torch.zeros(2), (1, "x")], "b": torch.ones(1)},
+     {"w": [torch.ones(2), (1, "x")], "b": torch.ones(1)}, {}),
+    ({"w": [torch.zeros(2), (1, "x")]}, {"w": [torch.zeros(2), (1, "y")]}, {}),
+    ({"a": 1}, {"b": 1}, {}),
+    ([1, 2], [1, 2, 3], {}),
+    ("abc", "abc", {}),
+    ("abc\ndef", "abc\nxyz", {}),
+    (b"ab", b"ac", {}),
+    ("1", 1, {}),
+    (None, None, {}),
+    (None, 0, {}),
+    ({1, 2}, {1, 3}, {}),
+    (int, float, {}),
+    (torch.nn.ModuleList([torch.nn.Identity()]), [torch.nn.Identity(), torch.nn.Identity()], {}),
+    (torch.ones(2).untyped_storage(), torch.zeros(2).untyped_storage(), {}),
+]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # nested tensors are a prototype
+    PARITY_CASES.append((torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]),
+                         torch.nested.nested_tensor([torch.zeros(2), torch.ones(3)]), {}))
 
-    def test_shape_mismatch(self):
-        self.assertMismatch(torch.zeros(2, 3), torch.zeros(3, 2), "shape")
 
-    def test_dtype_checked_by_default_and_relaxable(self):
-        self.assertMismatch(torch.zeros(2), torch.zeros(2, dtype=torch.float64), "dtype")
-        self.assertEqual(torch.zeros(2), torch.zeros(2, dtype=torch.float64), exact_dtype=False)
+def outcome(fn, *args, **kwargs):
+    """What ``fn`` did: ("pass", None) or (exception type, message)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return "pass", None
 
-    def test_nan_equal_by_default(self):
-        self.assertEqual(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
-        self.assertEqual(math.nan, math.nan)
-        self.assertMismatch(torch.tensor([math.nan]), torch.tensor([math.nan]), "", equal_nan=False)
 
-    def test_tolerances(self):
-        a, b = torch.tensor([1.0]), torch.tensor([1.1])
-        self.assertMismatch(a, b, "not close")
-        self.assertEqual(a, b, atol=0.2, rtol=0)
-        # Only one tolerance given: the other is 0.
-        self.assertEqual(a, b, atol=0.2)
-        self.assertMismatch(a, b, "not close", rtol=0.01)
+class AssertEqualParityTest(unittest.TestCase):
+    """disttest's assertEqual decides as upstream's: same outcome, type and message."""
 
-    def test_float_scalars_use_tolerance(self):
-        self.assertEqual(0.1 + 0.2, 0.3)
-        self.assertEqual(3, 3.0)
-        self.assertMismatch(1.0, 1.5, "not close")
+    ours = disttest.TestCase()
+    theirs = upstream.TestCase()
 
-    def test_tensor_against_scalar_and_list(self):
-        self.assertEqual(torch.tensor(3), 3)
-        self.assertEqual(torch.tensor([1, 2, 3]), [1, 2, 3])
-        self.assertEqual([1.0, 2.0], torch.tensor([1.0, 2.0]))
-        self.assertMismatch(torch.tensor([1, 2, 3]), [1, 2, 4], "Mismatched elements: 1 / 3")
+    def assertSameOutcome(self, *args, **kwargs):
+        ours = outcome(self.ours.assertEqual, *args, **kwargs)
+        theirs = outcome(self.theirs.assertEqual, *args, **kwargs)
+        self.assertEqual(ours, theirs)
+        return ours
 
-    def test_numpy_arrays(self):
-        self.assertEqual(np.arange(3), np.arange(3))
-        self.assertEqual(torch.arange(3), np.arange(3))
-        self.assertMismatch(np.arange(3), np.array([0, 1, 5]), "Mismatched")
+    def test_every_case_decides_as_upstream(self):
+        kinds = set()
+        for i, (actual, expected, options) in enumerate(PARITY_CASES):
+            with self.subTest(i=i, actual=actual, expected=expected, options=options):
+                kinds.add(self.assertSameOutcome(actual, expected, **options)[0])
+        # the table has passes, failures and the errors upstream raises
+        self.assertEqual(kinds, {"pass", "AssertionError", "ValueError"})
 
-    def test_nested_containers_name_the_path(self):
-        a = {"w": [torch.zeros(2), (1, "x")], "b": torch.ones(1)}
-        self.assertEqual(a, {"w": [torch.zeros(2), (1, "x")], "b": torch.ones(1)})
-        msg = self.assertMismatch(
-            a, {"w": [torch.ones(2), (1, "x")], "b": torch.ones(1)}, "at ['w'][0]"
-        )
-        self.assertIn("Mismatched elements", msg)
-        self.assertMismatch(a, {"w": [torch.zeros(2), (1, "y")], "b": torch.ones(1)},
-                            "at ['w'][1][1]", "'x' != 'y'")
+    def test_module_function_and_method_agree(self):
+        for actual, expected, options in PARITY_CASES:
+            self.assertEqual(outcome(disttest.assert_equal, actual, expected, **options),
+                             outcome(self.ours.assertEqual, actual, expected, **options))
 
-    def test_container_shape_mismatches(self):
-        self.assertMismatch([1, 2], [1, 2, 3], "lengths differ: 2 != 3")
-        self.assertMismatch({"a": 1}, {"b": 1}, "keys differ", "missing [\"'b'\"]")
+    def test_user_message(self):
+        args = (torch.zeros(1), torch.ones(1))
+        ours = self.assertSameOutcome(*args, msg="on rank 3")
+        self.assertTrue(ours[1].endswith("\non rank 3"), ours)
+        self.assertIn("Tensor-likes are not close!", ours[1])
+        self.assertEqual(self.assertSameOutcome(*args, msg=lambda text: f"<{text.splitlines()[0]}>")[1],
+                         "<Tensor-likes are not close!>")
+        quiet = disttest.TestCase()
+        quiet.longMessage = False
+        self.assertEqual(outcome(quiet.assertEqual, *args, msg="only this"), ("AssertionError", "only this"))
 
-    def test_plain_objects_and_types(self):
-        self.assertEqual("abc", "abc")
-        self.assertEqual(None, None)
-        self.assertMismatch("1", 1, "types differ")
+    def test_message_kept_where_upstream_drops_it(self):
+        # upstream loses msg when lengths or keys differ; disttest keeps it
+        for args in (([1, 2], [1, 2, 3]), ({"a": 1}, {"b": 1})):
+            kind, text = outcome(self.ours.assertEqual, *args, msg="on rank 3")
+            self.assertEqual(kind, "AssertionError")
+            self.assertEqual(text, outcome(self.theirs.assertEqual, *args)[1] + "\non rank 3")
 
-    def test_user_message_kept(self):
-        self.assertMismatch(torch.zeros(1), torch.ones(1), "on rank 3", msg="on rank 3")
+    def test_text_against_a_tensor_fails_as_objects(self):
+        # upstream crashes in torch.as_tensor("abc"); disttest reports the mismatch
+        kind, text = outcome(self.ours.assertEqual, torch.zeros(1), "abc")
+        self.assertEqual(kind, "AssertionError")
+        self.assertIn("Object comparison failed", text)
+
+    def test_tolerance_overrides(self):
+        case = disttest.TestCase()
+        case.precision, case.rel_tol = 0.2, 0.0
+        case.assertEqual(torch.tensor([1.0]), torch.tensor([1.1]))
+        case.assertEqual(1.0, 1.1)
+        case.precision = 0.0
+        with self.assertRaises(AssertionError):
+            case.assertEqual(1.0, 1.1)
+
+    def test_dtensor_placements_checked(self):
+        from torch.distributed.tensor import DTensor  # noqa: F401  (the check runs once it is loaded)
+
+        kind, text = outcome(self.ours.assertEqual, torch.zeros(1), mock.MagicMock(spec=DTensor))
+        self.assertEqual(kind, "TypeError")
+        self.assertIn("Comparing a DTensor to a non-DTensor is ambiguous", text)
 
     def test_assert_not_equal(self):
-        self.assertNotEqual(torch.zeros(2), torch.ones(2))
+        self.ours.assertNotEqual(torch.zeros(2), torch.ones(2))
+        self.ours.assertNotEqual(True, 0)
         with self.assertRaises(AssertionError):
-            self.assertNotEqual(torch.zeros(2), torch.zeros(2))
+            self.ours.assertNotEqual(torch.zeros(2), torch.zeros(2))
 
+
+class AssertEqualTest(disttest.TestCase):
     def test_assert_greater_almost_equal(self):
         self.assertGreaterAlmostEqual(2.0, 1.0)
         self.assertGreaterAlmostEqual(1.0, 1.0 + 1e-9)

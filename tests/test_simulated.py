@@ -493,6 +493,28 @@ class ReportsTest(unittest.TestCase):
         self.assertEqual(len(result.failures), 1)
         self.assertIn("7 of the 8 ranks checked differ (disttest):\nrank 1: got 1 expected 0", result.failures[0][1])
 
+    def test_containers_of_simulated_values_compare_rank_by_rank(self):
+        class Containers(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_equal(self):
+                t = self.mode.rank_map(lambda r: torch.full((2,), float(r)))
+                self.assertEqual([t, {"n": self.rank}], [self.mode.rank_map(lambda r: torch.full((2,), float(r))),
+                                                          {"n": self.rank * 1}])
+                self.assertRanksEqual((t, 5), lambda r: (torch.full((2,), float(r)), 5))
+
+            def test_differs(self):
+                t = self.mode.rank_map(lambda r: torch.full((2,), float(r)))
+                self.assertEqual({"w": [t, 1]}, {"w": [torch.zeros(2), 1]})
+
+        result = run(Containers)
+        self.assertEqual((result.testsRun, result.errors), (2, []), problems(result))
+        self.assertEqual(len(result.failures), 1, problems(result))
+        text = result.failures[0][1]
+        self.assertIn("3 of the 4 ranks checked differ (disttest):", text)
+        self.assertIn("rank 1: got {'w': [tensor([1., 1.]), 1]} expected {'w': [tensor([0., 0.]), 1]}", text)
+        self.assertIn("The failure occurred for item ['w'][0]", text)
+
     def test_replicated_is_the_shared_value_or_names_who_differs(self):
         class Shared(disttest.SimulatedTestCase):
             world_size = 4

@@ -128,13 +128,17 @@ from disttest._compat.rpc import (
     set_rref_leak_check,
 )
 from disttest._compat.tensors import (
+    comparison,
     default_tolerances,
     enable_record_function,
     is_functional_tensor,
     lazy_dtensor_comparison,
     mark_uncoalesced,
     pytree,
+    script_containers,
     sparse_coo_raw,
+    typed_storage_bytes,
+    unwrap_dtensors,
 )
 from disttest._compat.versions import FEATURE_MISSING as FEATURE_MISSING
 from disttest._compat.versions import (
@@ -160,6 +164,7 @@ __all__ = [
     "checkpoint_extension",
     "clear_cublas_workspaces",
     "clear_sharding_prop_cache",
+    "comparison",
     "concatenate_meshes",
     "cuda_multicast_support",
     "cuda_sleep",
@@ -199,6 +204,7 @@ __all__ = [
     "premul_sum",
     "privateuse1_backend_name",
     "pytree",
+    "script_containers",
     "redistribute_local_tensor",
     "reduce_op_parts",
     "register_backend",
@@ -224,6 +230,8 @@ __all__ = [
     "torch_at_least",
     "torch_version",
     "torchcomms_process_group",
+    "typed_storage_bytes",
+    "unwrap_dtensors",
     "use_shard_order_spec",
     "use_torchcomms",
     "wait_tensor",

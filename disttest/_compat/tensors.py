@@ -10,13 +10,17 @@ from typing import Any
 __unittest = True
 
 __all__ = [
+    "comparison",
     "default_tolerances",
     "enable_record_function",
     "is_functional_tensor",
     "lazy_dtensor_comparison",
     "mark_uncoalesced",
     "pytree",
+    "script_containers",
     "sparse_coo_raw",
+    "typed_storage_bytes",
+    "unwrap_dtensors",
 ]
 
 
@@ -95,3 +99,36 @@ def lazy_dtensor_comparison() -> Callable[[], None]:
             comparison._unwrap_dtensor_for_comparison = original
 
     return undo
+
+
+def comparison() -> Any:
+    """torch's comparison framework, on which ``torch.testing.assert_close`` is
+    built (``torch.testing._comparison``: ``Pair`` and its ``BooleanPair``,
+    ``NumberPair``, ``TensorLikePair``, ``NonePair``; ``originate_pairs``;
+    ``ErrorMeta``; ``UnsupportedInputs``)."""
+    from torch.testing import _comparison as module
+
+    return module
+
+
+def unwrap_dtensors(actual: Any, expected: Any) -> tuple[Any, Any]:
+    """Two DTensors as their local tensors (an ``AssertionError`` where their
+    placements or meshes differ, a ``TypeError`` for one DTensor against
+    anything else), as ``assert_close`` does; other inputs unchanged.
+    Through the module attribute, so :func:`lazy_dtensor_comparison`'s
+    wrapper is honoured; a torch without the function returns the inputs."""
+    unwrap = getattr(comparison(), "_unwrap_dtensor_for_comparison", None)
+    return (actual, expected) if unwrap is None else unwrap(actual, expected)
+
+
+def script_containers() -> tuple[type, type]:
+    """TorchScript's list and dict types (``torch._C.ScriptList``, ``ScriptDict``)."""
+    import torch
+
+    return torch._C.ScriptList, torch._C.ScriptDict
+
+
+def typed_storage_bytes(storage: Any) -> Any:
+    """A ``TypedStorage``'s untyped storage, without the deprecation warning
+    ``TypedStorage.untyped()`` gives (``TypedStorage._untyped_storage``)."""
+    return storage._untyped_storage

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import unittest
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -73,10 +73,27 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _per_rank(value: Any) -> dict[int, Any] | None:
-    """A simulated value's per-rank values, or None for a plain value."""
+def _leaf_per_rank(value: Any) -> dict[int, Any] | None:
     shards = _compat.local_tensor_shards(value)
     return shards if shards is not None else _compat.local_int_values(value)
+
+
+def _per_rank(value: Any) -> dict[int, Any] | None:
+    """A simulated value's per-rank values, also of lists, tuples and dicts
+    that hold simulated values (each rank's holds that rank's value in place
+    of each); None for a value that holds none."""
+    direct = _leaf_per_rank(value)
+    if direct is not None:
+        return direct
+    pytree = _compat.pytree()
+    leaves, spec = pytree.tree_flatten(value)
+    split = [_leaf_per_rank(leaf) for leaf in leaves]
+    ranks = next((sorted(values) for values in split if values is not None), None)
+    if ranks is None:
+        return None
+    return {rank: pytree.tree_unflatten([leaf if values is None else values[rank]
+                                         for leaf, values in zip(leaves, split, strict=True)], spec)
+            for rank in ranks}
 
 
 def _plain() -> contextlib.AbstractContextManager[Any]:
@@ -133,7 +150,8 @@ class SpmdMixin:
             _assert_ranks_equal(per_rank, dict.fromkeys(per_rank, first), "not the same on every rank", {})
             return first.clone() if isinstance(first, torch.Tensor) else first
 
-    def assertRanksEqual(self, actual: Any, expected: Any, msg: str | None = None, **options: Any) -> None:
+    def assertRanksEqual(self, actual: Any, expected: Any, msg: str | Callable[[str], str] | None = None,
+                         **options: Any) -> None:
         """Fail unless every rank's ``actual`` equals its ``expected``: a
         function of the rank, a ``{rank: value}`` mapping, a simulated value,
         or one value for all. A failure names the ranks that differ (the first
@@ -161,7 +179,7 @@ def _same(a: Any, b: Any) -> bool:
             and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b)))
 
 
-def _assert_ranks_equal(got: dict[int, Any], want: dict[int, Any], msg: str | None,
+def _assert_ranks_equal(got: dict[int, Any], want: dict[int, Any], msg: str | Callable[[str], str] | None,
                         options: dict[str, Any]) -> None:
     differ: list[tuple[int, str]] = []
     for rank in sorted(got):
@@ -180,8 +198,9 @@ def _assert_ranks_equal(got: dict[int, Any], want: dict[int, Any], msg: str | No
         details.append("  " + "; ".join(line for line in lines if line and line != "Tensor-likes are not close!"))
     if len(differ) > SHOWN_RANKS:
         details.append(f"... and {len(differ) - SHOWN_RANKS} more")
-    raise AssertionError(RANKS_DIFFER.format(count=len(differ), total=len(got), msg=f": {msg}" if msg else "",
-                                             details="\n".join(details)))
+    text = RANKS_DIFFER.format(count=len(differ), total=len(got), msg=f": {msg}" if isinstance(msg, str) else "",
+                               details="\n".join(details))
+    raise AssertionError(msg(text) if callable(msg) else text)
 
 
 class SimulatedTestCase(SpmdMixin, TestCase):
@@ -254,15 +273,20 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         lt = _compat.local_tensor()
         return torch.SymInt(lt.LocalIntNode({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
 
-    def assertEqual(self, first: Any, second: Any, msg: str | None = None, **options: Any) -> None:
+    def assertEqual(self, first: Any, second: Any, msg: str | Callable[[str], str] | None = None,
+                    **options: Any) -> None:
         """Fail unless ``first`` equals ``second``; where either holds per-rank
         values (a LocalTensor, a per-rank int), rank by rank, naming the ranks
-        that differ (see :meth:`assertRanksEqual`)."""
-        if _per_rank(first) is None and _per_rank(second) is None:
-            with _plain():
+        that differ (see :meth:`assertRanksEqual`); lists, tuples and dicts
+        holding such values too, each rank's with that rank's values."""
+        got, want = _per_rank(first), _per_rank(second)
+        with _plain():
+            if got is None and want is None:
                 super().assertEqual(first, second, msg, **options)
-            return
-        self.assertRanksEqual(first, second, msg, **options)
+                return
+            ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
+            _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, first),
+                                want if want is not None else dict.fromkeys(ranks, second), msg, options)
 
 
 def _destroy_default_group() -> None:
