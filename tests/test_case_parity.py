@@ -509,6 +509,51 @@ class SetUpTest(unittest.TestCase):
         self.assertIn("expected default dtype to be torch.float, got torch.float64", result.failures[0][1])
 
 
+    def leak_outcomes(self, body):
+        """The last line of each failure of ``body`` as a test of ours and
+        of upstream's, and the function-mode depth after each."""
+        texts, depths = [], []
+        for base in (disttest.TestCase, upstream.TestCase):
+            case = type("Case", (base,), {"test_x": lambda self: body()})
+            result = run_case(case("test_x"))
+            texts.append([text.strip().splitlines()[-1] for _, text in result.failures + result.errors])
+            depths.append(_compat.function_mode_depth())
+        return texts, depths
+
+    def test_leaked_default_device_fails_and_is_undone(self):
+        texts, depths = self.leak_outcomes(lambda: torch.set_default_device("meta"))
+        self.assertEqual(texts[0], ["AssertionError: " + case_parity.FUNCTION_MODES_LEAKED.format(before=0, after=1)])
+        self.assertEqual(texts[0], texts[1])
+        self.assertEqual(depths, [0, 0])
+        self.assertEqual(torch.empty(1).device.type, "cpu")
+
+    def test_leaked_function_state_fails_and_is_undone(self):
+        disabled = torch._C._TorchFunctionState.SUBCLASSES_DISABLED
+        texts, _ = self.leak_outcomes(lambda: torch._C._set_torch_function_state(disabled))
+        self.assertEqual(len(texts[0]), 1)
+        self.assertIn("torch function state was leaked: changed from _TorchFunctionState.ENABLED", texts[0][0])
+        self.assertEqual(texts[0], texts[1])
+        self.assertEqual(_compat.function_state(), torch._C._TorchFunctionState.ENABLED)
+
+    def test_everything_is_put_back_before_the_first_failure(self):
+        # upstream raises for the dtype first and leaves the device mode pushed
+        class Case(disttest.TestCase):
+            _default_dtype_check_enabled = True
+
+            def test_x(self):
+                torch.set_default_dtype(torch.float64)
+                torch.set_default_device("meta")
+                torch.set_grad_enabled(False)
+
+        try:
+            result = run_case(Case("test_x"))
+        finally:
+            torch.set_default_dtype(torch.float32)
+        self.assertEqual(len(result.failures), 1)
+        self.assertEqual(_compat.function_mode_depth(), 0)
+        self.assertTrue(torch.is_grad_enabled())
+
+
 class SparseTest(unittest.TestCase, Cases):
     def same(self, name, *args, **kwargs):
         results = []

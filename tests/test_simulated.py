@@ -423,6 +423,20 @@ class InstallAndUndoTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"unknown local-tensor speedup 'fast'"):
             _compat.install_local_tensor_speedups(("fast",))
 
+    def test_a_mode_left_entered_fails_and_is_exited(self):
+        class Leaves(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def test_it(self):
+                lt = _compat.local_tensor()
+                lt.LocalTensorMode(frozenset(range(2))).__enter__()
+
+        result = run(Leaves)
+        self.assertEqual(len(result.failures), 1, problems(result))
+        self.assertIn(simulated.MODES_LEFT.format(n=1, names="LocalTensorMode"), result.failures[0][1])
+        self.assertEqual(_compat.dispatch_modes(), [])
+        self.assertIsNone(_compat.local_tensor().local_tensor_mode())
+
     def test_a_test_leaves_torch_as_it_found_it(self):
         def state():
             return (self.replaced(), dist.is_initialized(), len(lt.get_local_tensor_mode_list()),

@@ -12,11 +12,16 @@ __unittest = True
 __all__ = [
     "comparison",
     "default_tolerances",
+    "dispatch_modes",
+    "drop_function_modes",
     "enable_record_function",
+    "function_mode_depth",
+    "function_state",
     "is_functional_tensor",
     "lazy_dtensor_comparison",
     "mark_uncoalesced",
     "pytree",
+    "restore_function_state",
     "script_containers",
     "sparse_coo_raw",
     "typed_storage_bytes",
@@ -132,3 +137,45 @@ def typed_storage_bytes(storage: Any) -> Any:
     """A ``TypedStorage``'s untyped storage, without the deprecation warning
     ``TypedStorage.untyped()`` gives (``TypedStorage._untyped_storage``)."""
     return storage._untyped_storage
+
+
+def function_mode_depth() -> int:
+    """How many torch function modes are on this thread's stack
+    (``torch._C._len_torch_function_stack``; ``set_default_device`` pushes one)."""
+    import torch
+
+    return int(torch._C._len_torch_function_stack())
+
+
+def drop_function_modes(count: int) -> None:
+    """Pop ``count`` torch function modes off this thread's stack."""
+    import torch
+
+    for _ in range(count):
+        torch._C._pop_torch_function_stack()
+
+
+def function_state() -> Any:
+    """Whether ``__torch_function__`` is on, off or off for subclasses only
+    on this thread (``torch._C._get_torch_function_state``); None where the
+    installed torch cannot tell."""
+    import torch
+
+    get = getattr(torch._C, "_get_torch_function_state", None)
+    return get() if get is not None else None
+
+
+def restore_function_state(state: Any) -> None:
+    """Put back a :func:`function_state` (nothing for None)."""
+    import torch
+
+    if state is not None:
+        torch._C._set_torch_function_state(state)  # type: ignore[attr-defined]  # not in torch's stubs
+
+
+def dispatch_modes() -> list[Any]:
+    """This thread's torch dispatch modes, innermost last
+    (``torch.utils._python_dispatch._get_current_dispatch_mode_stack``)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())

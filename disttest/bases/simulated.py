@@ -57,6 +57,9 @@ RANKS_DIFFER = "{count} of the {total} ranks checked differ (disttest){msg}:\n{d
 RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
 #: A ``{rank: value}`` expectation that lacks some of the ranks checked.
 MISSING_RANKS = "the expected values name no value for rank(s) {ranks} ({n} of the {world} ranks checked) (disttest)"
+#: A simulated test that left dispatch modes entered (they are exited for it).
+MODES_LEFT = ("the test left {n} torch dispatch mode(s) entered ({names}) (disttest): they are exited now; "
+              "enter a mode with a `with` block")
 #: How many differing ranks a failure shows.
 SHOWN_RANKS = 5
 #: How many values of a tensor a failure shows.
@@ -265,7 +268,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         self.addCleanup(_compat.install_local_tensor_speedups(self.speedups))
         self.mode = lt.LocalTensorMode(frozenset(range(size)))
         self.mode.__enter__()
-        self.addCleanup(self.mode.__exit__, None, None, None)
+        self.addCleanup(_leave, self.mode)
 
     @property
     def rank(self) -> Any:
@@ -287,6 +290,22 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
             _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, first),
                                 want if want is not None else dict.fromkeys(ranks, second), msg, options)
+
+
+def _leave(mode: Any) -> None:
+    """Exit the test's ``mode``; first exit, and fail for, the dispatch
+    modes the test entered above it and left entered (they would stay for
+    the rest of the process, and ``mode.__exit__`` would pop one of them)."""
+    stack = _compat.dispatch_modes()
+    at = next((i for i, m in enumerate(stack) if m is mode), None)
+    if at is None:
+        return  # the test exited it itself
+    leaked = stack[at + 1:]
+    for inner in reversed(leaked):
+        inner.__exit__(None, None, None)
+    mode.__exit__(None, None, None)
+    if leaked:
+        raise AssertionError(MODES_LEFT.format(n=len(leaked), names=", ".join(type(m).__name__ for m in leaked)))
 
 
 def _destroy_default_group() -> None:

@@ -52,6 +52,8 @@ __unittest = True
 __all__ = ["CaseParityMixin"]
 
 #: Upstream's messages, word for word.
+FUNCTION_MODES_LEAKED = "torch function mode stack was leaked: length changed from {before} to {after}"
+FUNCTION_STATE_LEAKED = "torch function state was leaked: changed from {before} to {after}"
 DID_NOT_RAISE = "Did not raise when expected to"
 NO_WARNING_CAUGHT = "no warning caught"
 OBJECT_NOT_FOUND = "object not found in iterable"
@@ -145,18 +147,46 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
         invariants.enable()  # type: ignore[no-untyped-call]
         self._check_default_dtype()
         self._prev_grad_state = torch.is_grad_enabled()
+        self._prev_torch_function_mode_stack_len = _compat.function_mode_depth()
+        self._prev_torch_function_state = _compat.function_state()
 
     def tearDown(self) -> None:
+        """Hook method for the end of a test: put back what upstream's puts
+        back (sparse invariant checks, grad mode, torch function modes and
+        state), then fail on what upstream fails on (a default dtype other
+        than float; function modes a test left pushed, which
+        ``set_default_device`` does; a changed torch function state). Unlike
+        upstream's, everything is put back before the first failure."""
         if hasattr(self, "_check_invariants"):
             invariants = torch.sparse.check_sparse_tensor_invariants
             if self._check_invariants:
                 invariants.enable()  # type: ignore[no-untyped-call]
             else:
                 invariants.disable()  # type: ignore[no-untyped-call]
-        self._check_default_dtype()
         if hasattr(self, "_prev_grad_state"):
             torch.set_grad_enabled(self._prev_grad_state)
+        leaks = self._undo_function_leaks()
+        self._check_default_dtype()
+        if leaks:
+            raise AssertionError(leaks[0])
         super().tearDown()
+
+    def _undo_function_leaks(self) -> list[str]:
+        """Pop the function modes the test left pushed and restore the torch
+        function state; the messages of what was leaked (upstream's words)."""
+        leaks = []
+        before = vars(self).get("_prev_torch_function_mode_stack_len")
+        if before is not None:
+            after = _compat.function_mode_depth()
+            if after != before:
+                _compat.drop_function_modes(after - before)
+                leaks.append(FUNCTION_MODES_LEAKED.format(before=before, after=after))
+        state = vars(self).get("_prev_torch_function_state")
+        now = _compat.function_state()
+        if state is not None and now != state:
+            _compat.restore_function_state(state)
+            leaks.append(FUNCTION_STATE_LEAKED.format(before=state, after=now))
+        return leaks
 
     def _check_default_dtype(self) -> None:
         if self._default_dtype_check_enabled and torch.get_default_dtype() != torch.float:
