@@ -18,6 +18,7 @@ from torch.testing._internal import common_utils as upstream
 
 import disttest
 from disttest import TEST_SKIPS
+from disttest.runners import case_equal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,6 +47,19 @@ PARITY_CASES = [
     (torch.tensor([1.0]), torch.tensor([1.1]), {}),
     (torch.tensor([1.0]), torch.tensor([1.1]), {"atol": 0.2, "rtol": 0}),
     (torch.tensor([1.0]), torch.tensor([1.1]), {"atol": 0.2}),  # one tolerance alone: a ValueError
+    (torch.ones(2), torch.ones(2), {"rtol": 0.2}),  # also for equal inputs
+    (torch.ones(2), torch.ones(2).t(), {"exact_stride": True}),
+    (torch.ones(2, 2), torch.ones(2, 2).t(), {"exact_stride": True}),
+    (torch.ones(2, 2), torch.ones(2, 2).t(), {}),
+    (torch.ones(2, 0), torch.ones(2, 0), {}),
+    (torch.ones(2, device="meta"), torch.ones(3, device="meta"), {}),
+    (torch.nn.Parameter(torch.ones(2)), torch.ones(2), {}),
+    ([torch.ones(2), (1, "x", None, 2.5, b"b")], [torch.ones(2), (1, "x", None, 2.5, b"b")], {}),
+    ([1, 2], (1, 2), {}),
+    ({"a": torch.ones(1)}, {"a": torch.ones(1)}, {}),
+    (1, True, {}),
+    (float("nan"), float("nan"), {"equal_nan": False}),
+    (torch.tensor([1 + 2j]), torch.tensor([1 + 2j]).conj().conj(), {}),
     (0.1 + 0.2, 0.3, {}),
     (1.0, 1.0 + 1e-6, {}),  # float32's tolerance for Python floats
     (1.0, 1.5, {}),
@@ -90,7 +104,9 @@ PARITY_CASES = [
     (torch.ones(2).untyped_storage(), torch.zeros(2).untyped_storage(), {}),
 ]
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # nested tensors are a prototype
+    warnings.simplefilter("ignore")  # nested tensors are a prototype, quantized ones deprecated
+    PARITY_CASES.append((torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
+                         torch.quantize_per_tensor(torch.ones(2), 0.2, 0, torch.qint8), {}))
     PARITY_CASES.append((torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]),
                          torch.nested.nested_tensor([torch.zeros(2), torch.ones(3)]), {}))
 
@@ -123,6 +139,13 @@ class AssertEqualParityTest(unittest.TestCase):
                 kinds.add(self.assertSameOutcome(actual, expected, **options)[0])
         # the table has passes, failures and the errors upstream raises
         self.assertEqual(kinds, {"pass", "AssertionError", "ValueError"})
+
+    def test_equal_plain_values_skip_the_pairs(self):
+        # the common passing case is decided without torch's pairs (a fraction of their time)
+        with mock.patch.object(case_equal._cmp, "originate_pairs", side_effect=AssertionError("pairs")):
+            self.ours.assertEqual([torch.ones(3), {"k": (1, "s", None, 2.5)}], [torch.ones(3), {"k": (1, "s", None, 2.5)}])
+            with self.assertRaisesRegex(AssertionError, "pairs"):
+                self.ours.assertEqual(torch.ones(3), torch.zeros(3))
 
     def test_module_function_and_method_agree(self):
         for actual, expected, options in PARITY_CASES:
