@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import os
+import unittest
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ import pytest
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
 from disttest.config import ConfigError, parse_timeout, parse_world_size
+from disttest.faults import CHAOS_ENV, FAULT_ENV
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
 from disttest.runners.modes import FORCED_MODES, MODE_ENV
@@ -45,6 +47,7 @@ __all__ = [
     "pytest_runtest_call",
     "pytest_runtest_makereport",
     "pytest_runtest_protocol",
+    "pytest_unconfigure",
     "rank",
     "world_size",
 ]
@@ -68,7 +71,13 @@ def pytest_addoption(parser: Any) -> None:
     _faults_pytest.addoption(group)
 
 
+#: The variables the plugin sets from its options (for its rank processes);
+#: put back as they were when pytest unconfigures (``pytest.main`` returns).
+PLUGIN_ENV = ("DISTTEST_TIMEOUT", MODE_ENV, settings.OUTPUT_ENV, settings.KEEP_LOGS_ENV, FAULT_ENV, CHAOS_ENV)
+
+
 def pytest_configure(config: Any) -> None:
+    config._disttest_environ = {name: os.environ.get(name) for name in PLUGIN_ENV}
     config.addinivalue_line("markers", "world_size(n, mode='threads'): run this disttest test "
                                        "(or plain function: threads or processes) with n ranks")
     config.addinivalue_line("markers", "gpu(count=1): this test needs CUDA and at least count GPUs; "
@@ -99,6 +108,14 @@ def pytest_configure(config: Any) -> None:
     _faults_pytest.configure(config)
 
 
+def pytest_unconfigure(config: Any) -> None:
+    for name, value in getattr(config, "_disttest_environ", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
     return _faults_pytest.runtest_protocol(item, nextitem)
 
@@ -118,13 +135,32 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]
         if extra:
             raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))
+        where = f"@pytest.mark.world_size on {item.nodeid}"
         try:
-            size = parse_world_size(marker.args[0], f"@pytest.mark.world_size on {item.nodeid}")
+            size = parse_world_size(marker.args[0], where)
+            if "mode" in marker.kwargs:
+                if not _plain_function(item):
+                    raise ConfigError("mode", marker.kwargs["mode"], where, MODE_NOT_HERE)
+                _pytest_support.function_mode(marker.kwargs, where)
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
         func = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
         if func is not None:
             func._required_world_size = size
+
+
+#: ``mode=`` on a test whose class decides how its ranks run.
+MODE_NOT_HERE = ("mode= applies to plain test functions only; a disttest TestCase's class decides how its "
+                 "ranks run (MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest, run_in)")
+
+
+def _plain_function(item: Any) -> bool:
+    """True for a test the marker runs in ranks itself (not a TestCase's method)."""
+    cls = getattr(item, "cls", None)
+    if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+        return False
+    obj = getattr(item, "obj", None)
+    return callable(obj) and _pytest_support.wants_ranks(obj)
 
 
 def _skip_gpu_tests(items: list[Any]) -> None:
@@ -231,6 +267,9 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> bool | None:
     if marker is None or not marker.args or not _pytest_support.wants_ranks(pyfuncitem.obj):
         return None
     where = f"@pytest.mark.world_size on {pyfuncitem.nodeid}"
+    if _pytest_support.is_async(pyfuncitem.obj):
+        # NB: called plainly, its body would never run and the test pass.
+        pytest.fail(_pytest_support.ASYNC_FUNCTION.format(where=pyfuncitem.nodeid), pytrace=False)
     mode = _pytest_support.function_mode(marker.kwargs, where)
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     _pytest_support.run_function(pyfuncitem.obj, kwargs, marker.args[0], mode, pyfuncitem.name)

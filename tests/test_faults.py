@@ -787,6 +787,8 @@ class PytestOptionsTest(unittest.TestCase):
             (("--disttest-fault", "rank=1,action=explode"), "Invalid fault action 'explode' from --disttest-fault"),
             (("--disttest-chaos", "x"), "Invalid chaos seed 'x' from --disttest-chaos"),
             (("--disttest-repeat", "0"), "Invalid repeat count '0' from --disttest-repeat"),
+            (("--disttest-repeat", "x"), "Invalid repeat count 'x' from --disttest-repeat"),
+            (("--disttest-repeat", "2.5"), "Invalid repeat count '2.5' from --disttest-repeat"),
         ]:
             with self.subTest(args=args):
                 proc = pytest_run(*args)

@@ -101,6 +101,26 @@ class PluginTest(unittest.TestCase):
         self.assertIn("rank 1/4 did not finish 'test_hang' within 2s", proc.stdout)
         self.assertIn("1 failed", proc.stdout)
 
+    def test_options_leave_the_environment_as_they_found_it(self):
+        script = textwrap.dedent("""
+            import os, sys, pytest
+            os.environ["DISTTEST_OUTPUT"] = "tail"
+            before = dict(os.environ)
+            pytest.main(["-q", "-p", "no:cacheprovider", "--disttest-timeout=7", "--disttest-mode=threads",
+                         "--disttest-keep-logs", "--disttest-output=stream", "--disttest-chaos=3",
+                         "-k", "nothing_matches", sys.argv[1]])
+            changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+            print("CHANGED", changed)
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            test_file = os.path.join(tmp, "test_empty.py")
+            with open(test_file, "w") as f:
+                f.write("def test_x():\n    pass\n")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DISTTEST_")}
+            proc = subprocess.run([sys.executable, "-c", script, test_file], capture_output=True, text=True,
+                                  timeout=120, env=env, cwd=tmp)
+        self.assertIn("CHANGED []", proc.stdout, proc.stdout + proc.stderr)
+
     def test_bad_timeout_is_a_usage_error_naming_it(self):
         proc = pytest_run("--disttest-timeout=soon")
         self.assertEqual(proc.returncode, 4)

@@ -15,6 +15,7 @@ from unittest import mock
 import torch
 
 from disttest.config import ConfigError
+from disttest.runners import _pytest as _pytest_support
 from disttest.runners._pytest import (
     GPU_NO_CUDA_BUILD,
     GPU_NONE_VISIBLE,
@@ -83,9 +84,16 @@ FUNCTIONS = textwrap.dedent("""
     def test_skip_in_ranks(rank):
         pytest.skip("not on this torch")
 
-    @pytest.mark.world_size(2, mode="pool")
-    def test_bad_mode(rank):
-        pass
+    @pytest.mark.world_size(2)
+    async def test_async_function(rank):
+        assert False, "never awaited, so never failed"
+
+    async def _coroutine():
+        assert False, "never awaited"
+
+    @pytest.mark.world_size(2, mode="processes")
+    def test_returns_a_coroutine(rank):
+        return _coroutine()
 
     @disttest.spawn_threads_and_init_comms(world_size=4)
     def test_decorated_function(label):
@@ -152,9 +160,27 @@ class FunctionTestsTest(unittest.TestCase):
         self.assertEqual(self.outcome("test_skip_in_ranks"), "SKIPPED")
         self.assertIn("not on this torch", self.out)
 
-    def test_bad_mode_names_itself(self):
-        self.assertEqual(self.outcome("test_bad_mode"), "FAILED")
-        self.assertIn("Invalid mode 'pool' from @pytest.mark.world_size on test_functions.py::test_bad_mode", self.out)
+    def test_async_functions_fail_instead_of_passing_unrun(self):
+        self.assertEqual(self.outcome("test_async_function"), "FAILED")
+        self.assertIn(_pytest_support.ASYNC_FUNCTION.format(where="test_functions.py::test_async_function"),
+                      self.out)
+        self.assertEqual(self.outcome("test_returns_a_coroutine"), "FAILED")
+        self.assertIn("test_returns_a_coroutine returned coroutine in a rank, which nothing awaits", self.out)
+        self.assertNotIn("was never awaited", self.proc.stdout + self.proc.stderr)
+
+    def test_bad_mode_is_a_usage_error_naming_itself(self):
+        for source, text in (
+            ("@pytest.mark.world_size(2, mode='pool')\ndef test_bad_mode(rank):\n    pass\n",
+             "Invalid mode 'pool' from @pytest.mark.world_size on test_functions.py::test_bad_mode"),
+            ("class T(disttest.MultiThreadedTestCase):\n    @pytest.mark.world_size(2, mode='processes')\n"
+             "    def test_method(self):\n        pass\n",
+             "Invalid mode 'processes' from @pytest.mark.world_size on test_functions.py::T::test_method "
+             "(disttest): mode= applies to plain test functions only"),
+        ):
+            with self.subTest(text=text):
+                proc, _ = run_pytest("import pytest\nimport disttest\n\n" + source)
+                self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+                self.assertIn(text, proc.stdout + proc.stderr)
 
     def test_decorator_on_a_plain_function(self):
         self.assertEqual(self.outcome("test_decorated_function"), "PASSED")

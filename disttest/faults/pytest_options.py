@@ -65,7 +65,10 @@ def configure(config: Any) -> None:
             _agrees("chaos seed", seed, CHAOS_ENV, "--disttest-chaos")
         repeat = config.getoption("disttest_repeat")
         if repeat is not None:
-            n = parse_seed(repeat, "--disttest-repeat")
+            try:
+                n = parse_seed(repeat, "--disttest-repeat")
+            except ConfigError:
+                n = 0  # named as a repeat count below, not as a seed
             if n < 1:
                 raise ConfigError("repeat count", repeat, "--disttest-repeat", "expected an int >= 1")
             # The repeats run seeds 1..n themselves: a seed given too would be dropped.

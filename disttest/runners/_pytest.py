@@ -28,14 +28,17 @@ from disttest.config import ConfigError, default_timeout, parse_world_size
 __unittest = True
 
 __all__ = [
+    "ASYNC_FUNCTION",
     "FUNCTION_MODES",
     "GPU_NONE_VISIBLE",
     "GPU_NO_CUDA_BUILD",
     "GPU_TOO_FEW",
     "RANK_FIXTURES",
+    "RETURNED_AWAITABLE",
     "gpu_count",
     "gpu_skip_reason",
     "header_line",
+    "is_async",
     "run_function",
     "xdist_device_slice",
     "xdist_visible_devices",
@@ -50,6 +53,12 @@ RANK_FIXTURES = ("rank", "world_size")
 NOT_IN_A_RANK = -1
 
 BAD_MODE = "expected one of {modes}"
+#: An ``async def`` function marked ``world_size``: nothing would await it.
+ASYNC_FUNCTION = ("{where} is an async def function: disttest calls a world_size-marked function in each rank "
+                  "and cannot await it (disttest); make it a def that runs its coroutine (asyncio.run)")
+#: A marked function that returned an awaitable in a rank.
+RETURNED_AWAITABLE = ("{name} returned {what} in a rank, which nothing awaits: its body did not run (disttest); "
+                      "make it a def that runs its coroutine (asyncio.run)")
 #: Why a test marked ``gpu`` is skipped: a torch built without CUDA,
 GPU_NO_CUDA_BUILD = "CUDA is not available (torch {version}, a build without CUDA) (disttest)"
 #: no GPU visible to this process (none on the host, or CUDA_VISIBLE_DEVICES hides them),
@@ -139,10 +148,20 @@ def _call(func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     import pytest
 
     try:
-        func(**given)
+        result = func(**given)
     except pytest.skip.Exception as e:
         # pytest.skip() in a rank: a skip for the runners too (they know SkipTest).
         raise unittest.SkipTest(str(e.msg)) from None
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning on top of the error
+        raise TypeError(RETURNED_AWAITABLE.format(name=getattr(func, "__name__", func), what=type(result).__name__))
+
+
+def is_async(func: Callable[..., Any]) -> bool:
+    """True for an ``async def`` function (a coroutine or async generator's)."""
+    return inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
 
 
 def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mode: str,
