@@ -146,7 +146,7 @@ class Phases(disttest.MultiProcContinousTest):
 
     def setUp(self):
         super().setUp()
-        if self._testMethodName == "test_setup_fails" and self.rank == 1:
+        if self._testMethodName in ("test_setup_fails", "test_expected_failure_setup_fails") and self.rank == 1:
             raise RuntimeError("setUp broke in rank 1")
 
     def tearDown(self):
@@ -177,6 +177,22 @@ class Phases(disttest.MultiProcContinousTest):
     @unittest.expectedFailure
     def test_expected_failure(self):
         self.assertEqual(1, 2)
+
+    @unittest.expectedFailure
+    def test_expected_failure_setup_fails(self):
+        self.assertEqual(1, 2)
+
+    @unittest.expectedFailure
+    def test_expected_failure_cleanup_fails(self):
+        def broken():
+            raise KeyError("cleanup broke")
+
+        self.addCleanup(broken)
+        self.assertEqual(1, 2)
+
+    def test_keyboard_interrupt(self):
+        if self.rank == 1:
+            raise KeyboardInterrupt("raised by the test in rank 1")
 
     def test_z_pass(self):
         t = torch.ones(1)
@@ -254,3 +270,54 @@ class Scheduled(disttest.MultiProcContinousTest):
 
     def test_batch(self):
         assert os.sched_getscheduler(0) == os.SCHED_BATCH, os.sched_getscheduler(0)
+
+
+class ChangesTheWorld(disttest.MultiProcContinousTest):
+    """Tests that destroy the class's group, and the tests after them."""
+
+    timeout = 20
+
+    def all_reduce(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2.0)
+
+    def test_1_destroys_the_group(self):
+        self.all_reduce()
+        dist.destroy_process_group()
+
+    def test_2_has_a_group(self):
+        self.all_reduce()
+
+    def test_3_destroys_it_again(self):
+        dist.destroy_process_group()
+
+    def test_4_has_a_group(self):
+        self.all_reduce()
+
+
+class Interrupted(disttest.MultiProcContinousTest):
+    """The parent's join is interrupted (as pytest-timeout does) while the
+    ranks are still in the test."""
+
+    timeout = 6
+
+    def test_1_still_running_when_interrupted(self):
+        if self.rank == 0:
+            time.sleep(60)
+
+    def test_2_quick(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2.0)
+
+
+class ForgetsSuper(disttest.MultiProcContinousTest):
+    """A tearDownClass that does not call super()'s."""
+
+    @classmethod
+    def tearDownClass(cls):
+        pass
+
+    def test_it(self):
+        pass

@@ -150,6 +150,43 @@ class PoolHygieneTest(unittest.TestCase):
         self.assertNotIn("in tearDown", expected)
         self.assertNotIn("in cleanup", expected)
         self.assertNotIn("test_z_pass", set(errors) | set(failures))
+        # expectedFailure covers the test body: a rank's setUp or cleanup error is an error
+        self.assertIn("rank 1/2 raised RuntimeError in setUp", errors["test_expected_failure_setup_fails"])
+        self.assertIn("raised KeyError in cleanup", errors["test_expected_failure_cleanup_fails"])
+        interrupt = errors["test_keyboard_interrupt"]
+        self.assertIn("rank 1/2 raised KeyboardInterrupt", interrupt)
+        self.assertIn('raise KeyboardInterrupt("raised by the test in rank 1")', interrupt)
+
+    def test_a_tear_down_class_without_super_still_closes_the_pool(self):
+        result, _ = run_class(cases.ForgetsSuper)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertIsNone(cases.ForgetsSuper.__dict__.get("_pool"))
+        # (tearDown checks that no rank is left)
+
+    def test_a_test_that_destroys_the_group_leaves_the_next_a_fresh_pool(self):
+        result, _ = run_class(cases.ChangesTheWorld)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(result.testsRun, 4)
+
+    def test_an_interrupted_join_gives_the_next_test_a_fresh_pool(self):
+        calls = []
+
+        def interrupted_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("interrupted from outside, as pytest-timeout does")
+            return join(*args, **kwargs)
+
+        from disttest.runners import continuous
+
+        join = continuous.join
+        with mock.patch.object(continuous, "join", interrupted_once):
+            result, elapsed = run_class(cases.Interrupted)
+        errors = by_name(result.errors)
+        self.assertEqual(set(errors), {"test_1_still_running_when_interrupted"})
+        self.assertIn("interrupted from outside", errors["test_1_still_running_when_interrupted"])
+        self.assertEqual(result.failures, [])
+        self.assertLess(elapsed, 30)
 
     def test_a_pool_that_cannot_start_fails_the_rest_at_once(self):
         result, elapsed = run_class(cases.StartDies)

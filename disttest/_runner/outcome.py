@@ -109,6 +109,10 @@ class Outcome:
     #: came out of ("DTensor.full_tensor", "all_reduce"), "" when it came
     #: from the test's own code (see :func:`comm_site`).
     comm: str = ""
+    #: Why this pool worker can run no further test although it is alive
+    #: ("the test destroyed the default process group"); "" when it can.
+    #: The parent then gives the class a fresh pool (not a breakage).
+    retired: str = ""
 
     @property
     def skip_reason(self) -> str:

@@ -52,6 +52,9 @@ class Pool:
         self._janitor = janitor.register(self._close_now, paths=[self.run_dir])
         self.file_name = os.path.join(self.run_dir, "rendezvous")
         self.broken = False
+        #: A worker can run no further test (the test destroyed its group):
+        #: the class gets a fresh pool, not counted as a breakage.
+        self.retired = False
         self.init_outcomes: dict[int, Outcome] = {}
         try:
             spec = rank_mod.RankSpec(
@@ -102,9 +105,12 @@ class Pool:
         return TestRun(self, self.channel.dispatch(test_name))
 
     def note(self, outcomes: Sequence[Outcome]) -> None:
-        """After a test: a pool that lost or had to stop a rank is broken."""
+        """After a test: a pool that lost or had to stop a rank is broken;
+        one whose worker says it can run no further test is retired."""
         if any(o.kind in BROKEN_KINDS for o in outcomes) or self.launcher.poll():
             self.broken = True
+        if any(o.retired for o in outcomes):
+            self.retired = True
 
     def close(self) -> None:
         """Ask the workers to leave; stop those that do not; remove the run

@@ -393,6 +393,10 @@ class _OneTest:
                 fn()
 
 
+#: Why a pool worker can run no further test.
+GROUP_DESTROYED = "the test destroyed the class's default process group"
+
+
 class _PoolWorker:
     """A pool worker's part: make the class's process group, run each test
     through unittest's own machinery, destroy the group at the end."""
@@ -416,7 +420,10 @@ class _PoolWorker:
     def run(self, test: str) -> Outcome:
         if self.failure is not None:
             return dataclasses.replace(self.failure)
-        return cast(Outcome, self.cls._pool_run_test(test, self.ctx.rank))
+        outcome = cast(Outcome, self.cls._pool_run_test(test, self.ctx.rank))
+        if not self.cls._pool_can_go_on():
+            outcome.retired = GROUP_DESTROYED
+        return outcome
 
     def shutdown(self) -> None:
         if self.failure is None:

@@ -16,6 +16,8 @@ Spelled as upstream, ``MultiProcContinousTest``, with the corrected spelling
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import sys
 import unittest
@@ -227,6 +229,9 @@ class MultiProcContinousTest(TestCase):
             warnings.warn(note, stacklevel=2)
         cls._pool = pool
         _live_pools.add(pool)
+        # NB: also where a subclass's tearDownClass does not call super()'s
+        # (the pool stayed until the interpreter exited). Closing is idempotent.
+        cls.addClassCleanup(cls._release_pool)
         skips = [o for o in pool.init_outcomes.values() if o.skip_reason]
         if skips:
             cls._pool_skip = skips[0].skip_reason
@@ -237,15 +242,19 @@ class MultiProcContinousTest(TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
+        cls._release_pool()
+        super().tearDownClass()
+
+    @classmethod
+    def _release_pool(cls) -> None:
+        """Close the class's pool; the next run of the class starts afresh."""
         pool = cls.__dict__.get("_pool")
         if pool is not None:
             pool.close()
             _live_pools.discard(pool)
             cls._pool = None
-        # The next run of the class starts afresh.
         cls._pool_failed = None
         cls._pool_breaks = 0
-        super().tearDownClass()
 
     def _dispatching(self) -> bool:
         return type(self).rank < 0
@@ -270,19 +279,39 @@ class MultiProcContinousTest(TestCase):
             # Before dispatch: a fault that cannot act is refused before any rank runs the test.
             injection = Injection.for_test(type(self), name, pool.run_dir, pool.world_size)
             injection.forget_earlier()  # a rank that fails before its body writes none
-            run = pool.dispatch(name)
-            keep = run.keep_logs
-            outcomes = join(run, settings.test_timeout(self, self.id()) or 0,
-                            expected_end=injection.expected_end)
+            try:
+                run = pool.dispatch(name)
+                keep = run.keep_logs
+                outcomes = join(run, settings.test_timeout(self, self.id()) or 0,
+                                expected_end=injection.expected_end)
+            except BaseException:
+                # NB: interrupted (pytest-timeout's exception, Ctrl-C): the
+                # ranks may still be in this test, and the next test must not
+                # be sent to them.
+                pool.broken = True
+                self._drop_pool(pool)
+                raise
             pool.note(outcomes)  # a killed rank breaks the pool, injected or not: it is rebuilt
             outcomes = injection.judge(outcomes)
-        if pool.broken:
-            pool.close()
-            cls = type(self)
-            cls._pool = None
-            cls._pool_breaks = cls.__dict__.get("_pool_breaks", 0) + 1
-        raise_for_outcomes(name, pool.world_size, settings.test_timeout(self, self.id()), outcomes, keep_logs=keep,
-                           where=method)
+        if pool.broken or pool.retired:
+            self._drop_pool(pool)
+            if pool.broken:
+                cls = type(self)
+                cls._pool_breaks = cls.__dict__.get("_pool_breaks", 0) + 1
+        report = (name, pool.world_size, settings.test_timeout(self, self.id()), outcomes)
+        causes = [o for o in outcomes if o.kind.is_cause]
+        if any(o.phase and not o.phase.startswith("test") for o in causes):
+            # A rank's setUp, tearDown or cleanups failed, not only the test:
+            # raised from the parent's tearDown, where unittest's
+            # expectedFailure (which covers the test body only) does not hide it.
+            self._outside_the_test = functools.partial(raise_for_outcomes, *report, keep_logs=keep, where=method)
+            return
+        raise_for_outcomes(*report, keep_logs=keep, where=method)
+
+    def _drop_pool(self, pool: Pool) -> None:
+        pool.close()
+        _live_pools.discard(pool)
+        type(self)._pool = None
 
     # --- inside a rank -------------------------------------------------------------
 
@@ -300,8 +329,21 @@ class MultiProcContinousTest(TestCase):
         names the phase that failed."""
         case = cls(test_name)  # seeded in _callSetUp
         result = PhaseResult(rank)
-        case.run(result)
+        try:
+            case.run(result)
+        except KeyboardInterrupt as e:
+            # unittest lets it through and runs no cleanups: an error of
+            # this rank, with its traceback, and the cleanups still run.
+            result.addError(case, (type(e), e, e.__traceback__))
+            with contextlib.suppress(Exception):
+                case.doCleanups()
         return result.outcome()
+
+    @classmethod
+    def _pool_can_go_on(cls) -> bool:
+        """Hook method, in a worker after each test: whether it can run
+        another (default: its default process group still exists)."""
+        return dist.is_initialized()
 
     def _callSetUp(self) -> None:
         if not self._dispatching():  # run_rank: an ordinary test in this rank
@@ -322,6 +364,10 @@ class MultiProcContinousTest(TestCase):
         if not self._dispatching():
             self._phase = "tearDown"
             super()._callTearDown()
+            return
+        deferred = vars(self).pop("_outside_the_test", None)
+        if deferred is not None:
+            deferred()
 
     def _callCleanup(self, function: Any, /, *args: Any, **kwargs: Any) -> None:
         self._phase = "cleanup"
