@@ -85,6 +85,27 @@ FUNCTIONS = textwrap.dedent("""
         pytest.skip("not on this torch")
 
     @pytest.mark.world_size(2)
+    def test_xfail_in_a_rank(rank):
+        if rank == 1:
+            pytest.xfail("known bug in rank 1")
+
+    @pytest.mark.world_size(2, mode="processes")
+    def test_fail_in_a_rank(rank):
+        if rank == 1:
+            pytest.fail("pytest.fail in rank 1")
+
+    class InAPool(disttest.MultiProcContinousTest):
+        def test_pool_skip(self):
+            pytest.skip("pytest.skip in the pool's ranks")
+
+        def test_pool_xfail(self):
+            pytest.xfail("pytest.xfail in the pool's ranks")
+
+        def test_pool_fail(self):
+            if self.rank == 1:
+                pytest.fail("pytest.fail in a pool rank")
+
+    @pytest.mark.world_size(2)
     async def test_async_function(rank):
         assert False, "never awaited, so never failed"
 
@@ -126,7 +147,7 @@ class FunctionTestsTest(unittest.TestCase):
 
     def outcome(self, name):
         line = next((ln for ln in self.out.splitlines() if f"::{name} " in ln), "")
-        found = re.search(r" (PASSED|FAILED|SKIPPED|ERROR)\b", line)
+        found = re.search(r" (PASSED|FAILED|SKIPPED|ERROR|XFAIL)\b", line)
         return found.group(1) if found else f"{name} not in output:\n{self.out[-3000:]}"
 
     def test_threads_run_every_rank_with_fixtures(self):
@@ -159,6 +180,17 @@ class FunctionTestsTest(unittest.TestCase):
     def test_skip_in_the_ranks_is_a_skip(self):
         self.assertEqual(self.outcome("test_skip_in_ranks"), "SKIPPED")
         self.assertIn("not on this torch", self.out)
+
+    def test_pytest_outcomes_in_ranks_are_pytest_s(self):
+        self.assertEqual(self.outcome("test_xfail_in_a_rank"), "XFAIL")
+        self.assertEqual(self.outcome("InAPool::test_pool_xfail"), "XFAIL")
+        self.assertEqual(self.outcome("InAPool::test_pool_skip"), "SKIPPED")
+        self.assertIn("pytest.skip in the pool's ranks", self.out)
+        for name in ("test_fail_in_a_rank", "InAPool::test_pool_fail"):
+            with self.subTest(name=name):
+                self.assertEqual(self.outcome(name), "FAILED")
+        self.assertIn("rank 1/2 raised Failed", self.out)
+        self.assertIn("'test_pool_fail' failed (disttest)", self.out)
 
     def test_async_functions_fail_instead_of_passing_unrun(self):
         self.assertEqual(self.outcome("test_async_function"), "FAILED")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import signal
+import sys
 import time
 import traceback
 import unittest
@@ -234,11 +235,26 @@ def safe_str(exc: BaseException) -> str:
         return f"<str() failed: {why}>"
 
 
+def pytest_outcome(exc: BaseException) -> str:
+    """"skip", "xfail" or "fail" for the exceptions of ``pytest.skip()``,
+    ``pytest.xfail()`` and ``pytest.fail()`` (read from pytest's module where
+    it is loaded, so this module needs no pytest); else ""."""
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if outcomes is None:
+        return ""
+    for kind, cls_name in (("skip", "Skipped"), ("xfail", "XFailed"), ("fail", "Failed")):
+        cls = getattr(outcomes, cls_name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return kind
+    return ""
+
+
 def _classify(rank: int, exc: BaseException | None) -> Outcome:
     if exc is None:
         return Outcome(rank, Kind.PASSED)
     name = type(exc).__qualname__
-    if isinstance(exc, unittest.SkipTest):
+    from_pytest = pytest_outcome(exc)
+    if isinstance(exc, unittest.SkipTest) or from_pytest == "skip":
         return Outcome(rank, Kind.SKIPPED, name, cap(safe_str(exc)))
     if isinstance(exc, SystemExit):
         skip = skip_for_exit_code(exc.code)
@@ -249,7 +265,8 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
         return Outcome(
             rank, Kind.ERRORED, name, f"sys.exit({exc.code!r}) in the test", _format(exc)
         )
-    kind = Kind.FAILED if isinstance(exc, AssertionError) else Kind.ERRORED
+    # pytest.fail() and pytest.xfail() in a rank are failures, as in pytest.
+    kind = Kind.FAILED if isinstance(exc, AssertionError) or from_pytest else Kind.ERRORED
     try:
         text = _format(exc)
     except BaseException:  # noqa: BLE001 (a hostile exception must not lose the outcome)

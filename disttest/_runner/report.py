@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import os
 import re
+import sys
 import unittest
 import warnings
 from collections.abc import Callable, Sequence
@@ -300,6 +301,11 @@ def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | Non
             warnings.warn(f"{test!r} (disttest): " + "; ".join(left), stacklevel=3)
         return
     failed = verdict.status is Status.FAILED
+    causes = [o for o in verdict.outcomes if o.kind.is_cause]
+    xfailed = sys.modules.get("_pytest.outcomes")
+    if failed and causes and all(o.exc_type == "XFailed" for o in causes) and xfailed is not None:
+        # pytest.xfail() in the ranks that failed: pytest's xfail, as in one process.
+        raise xfailed.XFailed(causes[0].message) from None
     cls: type[RankReport] = RankFailure if failed else RankError
     outcomes = verdict.outcomes
     head, sections = report_parts(test, world_size, timeout, outcomes, verdict.status.value)
