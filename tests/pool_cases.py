@@ -321,3 +321,16 @@ class ForgetsSuper(disttest.MultiProcContinousTest):
 
     def test_it(self):
         pass
+
+
+class TakesTheStackSignal(disttest.MultiProcContinousTest):
+    """A test sets its own handler for the signal disttest reads stacks with."""
+
+    timeout = 3
+
+    def test_1_ignores_sigusr1(self):
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    def test_2_hangs(self):
+        if self.rank == 0:
+            time.sleep(30)

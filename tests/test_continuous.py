@@ -163,6 +163,13 @@ class PoolHygieneTest(unittest.TestCase):
         self.assertIsNone(cases.ForgetsSuper.__dict__.get("_pool"))
         # (tearDown checks that no rank is left)
 
+    def test_a_test_s_own_stack_signal_handler_does_not_cost_later_stacks(self):
+        result, _ = run_class(cases.TakesTheStackSignal)
+        errors = by_name(result.errors)
+        self.assertEqual(set(errors), {"test_2_hangs"})
+        self.assertIn("in test_2_hangs", errors["test_2_hangs"])
+        self.assertNotIn("did not answer", errors["test_2_hangs"])
+
     def test_a_test_that_destroys_the_group_leaves_the_next_a_fresh_pool(self):
         result, _ = run_class(cases.ChangesTheWorld)
         self.assertTrue(result.wasSuccessful(), result.errors + result.failures)

@@ -96,6 +96,8 @@ class _Context:
     pid: int = field(default_factory=os.getpid)
     #: Run after the parent has released the rank (see :func:`after_release`).
     after_release: list[Any] = field(default_factory=list)
+    #: The file faulthandler writes this rank's stacks to, where it was re-armed.
+    stack_file: Any = None
 
 
 def after_release(fn: Any) -> bool:
@@ -479,12 +481,24 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     tracking.restart_counts()
     before = _descendants()
     ctx.test_outcome = None
+    handler = signal.getsignal(STACK_SIGNAL)
     outcome = part.run(test)
+    if not part.single and signal.getsignal(STACK_SIGNAL) is not handler:
+        _rearm_stacks(ctx, files)
     _leave_if_forked(ctx)
     outcome.left_running = kill_descendants(keep=before | process_helpers())
     publish_progress(passed=outcome.kind in (Kind.PASSED, Kind.SKIPPED))
     outcome.output_tail = tail(files["log"])
     return outcome
+
+
+def _rearm_stacks(ctx: _Context, files: dict[str, str]) -> None:
+    """The test set its own handler for the stack signal: put faulthandler's
+    back for the worker's later tests (their hang reports need it)."""
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
+        faulthandler.unregister(STACK_SIGNAL)  # NB: register alone keeps the test's handler
+        ctx.stack_file = open(files["stacks"], "a")  # noqa: SIM115 (kept open for the signal)
+        faulthandler.register(STACK_SIGNAL, file=ctx.stack_file, all_threads=True, chain=False)
 
 
 def _exit(code: int) -> None:
