@@ -205,6 +205,20 @@ class PoolHygieneTest(unittest.TestCase):
             self.assertIn("exited with code 3", errors[name])
         self.assertLess(elapsed, 20)
 
+    def test_a_pool_the_system_refuses_is_not_tried_again(self):
+        from disttest._runner import thread_pool
+        from disttest.runners import continuous
+
+        refused = RuntimeError(thread_pool.START_LIMIT.format(rank=14, world_size=100000, what="a process",
+                                                              error="[Errno 11] Resource temporarily unavailable"))
+        with mock.patch.object(continuous, "Pool", side_effect=refused) as pool:
+            result, _ = run_class(cases.StartDies)
+        errors = by_name(result.errors)
+        self.assertEqual(set(errors), {"test_a", "test_b", "test_c"})
+        for text in errors.values():
+            self.assertIn("could not start rank 14 of a world of 100000", text)
+        self.assertEqual(pool.call_count, 1)
+
     def test_rebuilds_are_capped(self):
         result, _ = run_class(cases.Crashes)
         errors = by_name(result.errors)

@@ -222,7 +222,8 @@ class MultiProcContinousTest(TestCase):
             except ForkServerUnsafe as e:
                 note = cuda_fork.fell_back(cls, f"the pool of {cls.__qualname__}", method, where, e.reason, e.kind)
                 pool = Pool(cls, world_size, SpawnLauncher, {**fields, "threads": None}, start_limit)
-        except PoolUnavailable as e:
+        except (PoolUnavailable, RuntimeError, OSError) as e:
+            # (RuntimeError: the system refused a rank's process, thread_pool.START_LIMIT)
             cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)
             raise PoolUnavailable(cls._pool_failed) from None
         if note is not None:
