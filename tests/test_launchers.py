@@ -10,6 +10,7 @@ import unittest
 
 import disttest
 from disttest.config import ConfigError
+from disttest.support import launchers
 from disttest.support.launchers import (
     DEFAULT_MASTER_PORT,
     MAX_HOSTS,
@@ -108,8 +109,29 @@ class ResolveRankTest(unittest.TestCase):
         self.assertEqual(self.resolve(self.SRUN3, 1, 3, True), (1, 3))
         # Both given and no launcher: nothing to check against.
         self.assertEqual(self.resolve({}, 0, 4, True), (0, 4))
-        with self.assertRaises(ConfigError):
+        with self.assertRaises(ConfigError) as ctx:
             self.resolve({}, None, None, True)
+        self.assertEqual(str(ctx.exception), "Invalid launcher environment '' from the environment (disttest): "
+                                             + launchers.NO_LAUNCHER)
+
+    def test_run_rank_refuses_bad_arguments_naming_them_and_changes_nothing(self):
+        from unittest import mock
+
+        import pool_cases
+
+        cls = pool_cases.Launched
+        before = (cls.__dict__.get("rank"), cls.__dict__.get("world_size"))
+        for kwargs, message in [
+            ({"rank": -1, "world_size": 2}, "Invalid rank -1 from run_rank(rank=...) (disttest): expected an int >= 0"),
+            ({"rank": "0", "world_size": 2}, "Invalid rank '0' from run_rank(rank=...)"),
+            ({"rank": 5, "world_size": 2}, "Invalid rank 5 from run_rank(rank=...) (disttest): expected 0 <= rank < 2"),
+            ({"rank": 0, "world_size": 0}, "Invalid world size 0 from run_rank(world_size=...)"),
+        ]:
+            with self.subTest(kwargs=kwargs), mock.patch.dict(os.environ, {}, clear=True):
+                with self.assertRaises(ConfigError) as ctx:
+                    cls.run_rank(**kwargs)
+                self.assertIn(message, str(ctx.exception))
+                self.assertEqual((cls.__dict__.get("rank"), cls.__dict__.get("world_size")), before)
 
 
 class DetectTest(unittest.TestCase):

@@ -396,14 +396,21 @@ class MultiProcContinousTest(TestCase):
         # A world size the class declares (not the base's default) must be the launcher's.
         owner = next((k for k in cls.__mro__ if "world_size" in k.__dict__), MultiProcContinousTest)
         declared = owner.__dict__["world_size"]
+        # Checked as given first: a launcher's value compared with "0" would
+        # be a disagreement, not the bad value it is.
+        if world_size is not None:
+            world_size = parse_world_size(world_size, "run_rank(world_size=...)")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ConfigError("rank", rank, "run_rank(rank=...)", "expected an int >= 0")
         rank, world_size = resolve_rank(
             rank, world_size, rdvz_file is not None,
             declared if owner is not MultiProcContinousTest and isinstance(declared, int) else None,
             f"{owner.__qualname__}.world_size")
-        cls.rank = parse_world_size(rank + 1, "run_rank(rank=...)") - 1
-        cls.world_size = parse_world_size(world_size, "run_rank(world_size=...)")
+        world_size = parse_world_size(world_size, "run_rank(world_size=...)")
         if not 0 <= rank < world_size:
             raise ConfigError("rank", rank, "run_rank(rank=...)", f"expected 0 <= rank < {world_size}")
+        # (set only once both are known good: a refused call leaves the class as it was)
+        cls.rank, cls.world_size = rank, world_size
         cls.rdvz_file = rdvz_file
         suite_faults = env_faults()
         if suite_faults:  # refused before the group is made; a test's own are refused as it runs

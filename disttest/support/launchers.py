@@ -51,7 +51,7 @@ DEFAULT_MASTER_PORT = 29500
 _SLURM_PORT_BASE, _SLURM_PORT_SPAN = 15000, 20000
 
 NO_LAUNCHER = (
-    "no launcher environment found (disttest): set RANK and WORLD_SIZE (torchrun), "
+    "none found: set RANK and WORLD_SIZE (torchrun), "
     "run under srun (SLURM_PROCID) or mpirun (OMPI_COMM_WORLD_RANK), or pass rank and world_size"
 )
 OMPI_NEEDS_MASTER = (
@@ -259,7 +259,7 @@ def detect(
         implied_addr = "127.0.0.1" if local_size == str(world) else None
         implied_port = DEFAULT_MASTER_PORT
     else:
-        raise ConfigError("launcher environment", None, "the environment", NO_LAUNCHER)
+        raise ConfigError("launcher environment", "", "the environment", NO_LAUNCHER)
     if rank >= world:
         raise ConfigError("rank", rank, f"environment variable {rank_var}",
                           f"expected a rank below the world size {world}")
