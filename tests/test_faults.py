@@ -779,7 +779,8 @@ class PytestOptionsTest(unittest.TestCase):
         self.assertEqual(
             sections.count("injected by disttest (not causes): rank 1 raised InjectedFault at all_reduce #2"), 2, out)
         self.assertNotIn("test_function'", out)
-        self.assertIn("'test_function_declares_a_fault' failed (disttest): rank 0/2 raised InjectedFault", out)
+        # (an error, as in processes: InjectedFault is not an assertion)
+        self.assertIn("'test_function_declares_a_fault' errored (disttest): rank 0/2 raised InjectedFault", out)
         self.assertIn("rank 0 raised InjectedFault at barrier #1", out)
 
     def test_bad_values_are_usage_errors(self):

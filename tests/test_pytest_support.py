@@ -85,6 +85,11 @@ FUNCTIONS = textwrap.dedent("""
         pytest.skip("not on this torch")
 
     @pytest.mark.world_size(2)
+    def test_error_in_a_thread_rank(rank):
+        if rank == 1:
+            raise ZeroDivisionError("an error, not a failure")
+
+    @pytest.mark.world_size(2)
     def test_xfail_in_a_rank(rank):
         if rank == 1:
             pytest.xfail("known bug in rank 1")
@@ -180,6 +185,11 @@ class FunctionTestsTest(unittest.TestCase):
     def test_skip_in_the_ranks_is_a_skip(self):
         self.assertEqual(self.outcome("test_skip_in_ranks"), "SKIPPED")
         self.assertIn("not on this torch", self.out)
+
+    def test_an_error_in_a_thread_rank_is_an_error_as_in_processes(self):
+        self.assertEqual(self.outcome("test_error_in_a_thread_rank"), "FAILED")
+        self.assertIn("RankError: 'test_error_in_a_thread_rank' errored (disttest): rank 1/2 raised ZeroDivisionError",
+                      self.out)
 
     def test_pytest_outcomes_in_ranks_are_pytest_s(self):
         self.assertEqual(self.outcome("test_xfail_in_a_rank"), "XFAIL")

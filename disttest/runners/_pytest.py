@@ -174,7 +174,7 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
     """
     size = parse_world_size(size, f"@pytest.mark.world_size on {name}")
     if mode == "threads":
-        from disttest.runners.multithread import spawn_threads_and_init_comms
+        from disttest.runners.multithread import threads_test
 
         def body() -> None:
             _call(func, kwargs)
@@ -182,7 +182,8 @@ def run_function(func: Callable[..., Any], kwargs: dict[str, Any], size: int, mo
         body.__name__ = name
         # The function's faults apply, and a report with no frame of a rank points at it.
         body.__wrapped__ = func  # type: ignore[attr-defined]
-        spawn_threads_and_init_comms(body, world_size=size)()
+        # As in processes: a rank's error other than an assertion is an error.
+        threads_test(body, size, None, always_failure=False)()
         return
     case = _process_case(func, kwargs, size, name)
     result = _Reraise()

@@ -300,7 +300,16 @@ def spawn_threads_and_init_comms(
     limit = None if timeout is None else parse_timeout(timeout, "spawn_threads_and_init_comms(timeout=...)")
     if func is None:
         return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=world_size)
+    # Upstream's own tests assert RuntimeError around it: any failing rank
+    # is a RankFailure (AssertionError and RuntimeError).
+    return threads_test(func, size, limit, always_failure=True)
 
+
+def threads_test(func: Callable[..., Any], size: int, limit: float | None, always_failure: bool) -> Any:
+    """:func:`spawn_threads_and_init_comms`'s wrapper of ``func``, for
+    ``size`` threads, ``limit`` seconds (None: the test's timeout); a rank's
+    error other than an ``AssertionError`` is a ``RankError`` unless
+    ``always_failure``."""
     # A method of a TestCase, or a plain function (pytest's function-style
     # tests, whose fixtures come as keyword arguments).
     takes_self = next(iter(inspect.signature(func).parameters), None) == "self"
@@ -332,10 +341,8 @@ def spawn_threads_and_init_comms(
         seconds = limit if limit is not None else get_timeout(test)
         run = _ThreadRun(size, body, test, seconds, owner=owner)
         outcomes = run.join(seconds)
-        # Upstream's own tests assert RuntimeError around it: any failing rank
-        # is a RankFailure (AssertionError and RuntimeError).
         try:
-            run.raise_for(outcomes, seconds, always_failure=True, where=func)
+            run.raise_for(outcomes, seconds, always_failure=always_failure, where=func)
         finally:
             check_left_running(before, test)
 
