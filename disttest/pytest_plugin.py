@@ -271,6 +271,10 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> bool | None:
         # NB: called plainly, its body would never run and the test pass.
         pytest.fail(_pytest_support.ASYNC_FUNCTION.format(where=pyfuncitem.nodeid), pytrace=False)
     mode = _pytest_support.function_mode(marker.kwargs, where)
+    users = _pytest_support.rank_fixture_users(pyfuncitem._fixtureinfo.name2fixturedefs)
+    if users:
+        pytest.fail(_pytest_support.FIXTURE_USES_RANK.format(where=pyfuncitem.nodeid, fixtures=", ".join(users)),
+                    pytrace=False)
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     _pytest_support.run_function(pyfuncitem.obj, kwargs, marker.args[0], mode, pyfuncitem.name)
     return True

@@ -84,6 +84,14 @@ FUNCTIONS = textwrap.dedent("""
     def test_skip_in_ranks(rank):
         pytest.skip("not on this torch")
 
+    @pytest.fixture
+    def per_rank_value(rank):
+        return rank * 10
+
+    @pytest.mark.world_size(2)
+    def test_fixture_asks_for_rank(per_rank_value):
+        pass
+
     @pytest.mark.world_size(2)
     def test_error_in_a_thread_rank(rank):
         if rank == 1:
@@ -185,6 +193,11 @@ class FunctionTestsTest(unittest.TestCase):
     def test_skip_in_the_ranks_is_a_skip(self):
         self.assertEqual(self.outcome("test_skip_in_ranks"), "SKIPPED")
         self.assertIn("not on this torch", self.out)
+
+    def test_a_fixture_that_asks_for_the_rank_is_refused(self):
+        self.assertEqual(self.outcome("test_fixture_asks_for_rank"), "FAILED")
+        self.assertIn(_pytest_support.FIXTURE_USES_RANK.format(where="test_functions.py::test_fixture_asks_for_rank",
+                                                               fixtures="per_rank_value"), self.out)
 
     def test_an_error_in_a_thread_rank_is_an_error_as_in_processes(self):
         self.assertEqual(self.outcome("test_error_in_a_thread_rank"), "FAILED")

@@ -29,6 +29,7 @@ __unittest = True
 
 __all__ = [
     "ASYNC_FUNCTION",
+    "FIXTURE_USES_RANK",
     "FUNCTION_MODES",
     "GPU_NONE_VISIBLE",
     "GPU_NO_CUDA_BUILD",
@@ -39,6 +40,7 @@ __all__ = [
     "gpu_skip_reason",
     "header_line",
     "is_async",
+    "rank_fixture_users",
     "run_function",
     "xdist_device_slice",
     "xdist_visible_devices",
@@ -56,6 +58,10 @@ BAD_MODE = "expected one of {modes}"
 #: An ``async def`` function marked ``world_size``: nothing would await it.
 ASYNC_FUNCTION = ("{where} is an async def function: disttest calls a world_size-marked function in each rank "
                   "and cannot await it (disttest); make it a def that runs its coroutine (asyncio.run)")
+#: A fixture of a marked function that asks for a rank fixture: fixtures are made once, in the test process.
+FIXTURE_USES_RANK = ("{where}: the fixture(s) {fixtures} ask for rank or world_size, but fixtures are made once, "
+                     "in the test process, where they are -1 (disttest); read rank and world_size in the test "
+                     "function itself")
 #: A marked function that returned an awaitable in a rank.
 RETURNED_AWAITABLE = ("{name} returned {what} in a rank, which nothing awaits: its body did not run (disttest); "
                       "make it a def that runs its coroutine (asyncio.run)")
@@ -157,6 +163,13 @@ def _call(func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
         if close is not None:
             close()  # no "never awaited" warning on top of the error
         raise TypeError(RETURNED_AWAITABLE.format(name=getattr(func, "__name__", func), what=type(result).__name__))
+
+
+def rank_fixture_users(fixturedefs: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The fixtures (of a test's closure, pytest's ``name2fixturedefs``)
+    that ask for a rank fixture, sorted."""
+    return sorted(name for name, defs in fixturedefs.items() if name not in RANK_FIXTURES and defs
+                  and set(getattr(defs[-1], "argnames", ())) & set(RANK_FIXTURES))
 
 
 def is_async(func: Callable[..., Any]) -> bool:
