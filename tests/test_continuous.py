@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import unittest
 from unittest import mock
@@ -169,6 +170,30 @@ class PoolHygieneTest(unittest.TestCase):
         self.assertEqual(set(errors), {"test_2_hangs"})
         self.assertIn("in test_2_hangs", errors["test_2_hangs"])
         self.assertNotIn("did not answer", errors["test_2_hangs"])
+
+    def test_output_is_shown_with_the_test_that_printed_it(self):
+        source = textwrap.dedent("""
+            import sys
+            import disttest
+
+            class Out(disttest.MultiProcContinousTest):
+                def test_1_unended_line(self):
+                    print("MARK-FROM-TEST-1", end="")
+
+                def test_2_fails(self):
+                    print("MARK-FROM-TEST-2")
+                    assert self.rank != 0
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "test_out.py")
+            with open(path, "w") as f:
+                f.write(source)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", path],
+                                  cwd=tmp, capture_output=True, text=True, timeout=120)
+        failures, passes = (proc.stdout.split(" PASSES ") + [""])[:2]
+        self.assertIn("[rank 0] MARK-FROM-TEST-1", passes.split("short test summary")[0], proc.stdout)
+        self.assertIn("[rank 0] MARK-FROM-TEST-2", failures, proc.stdout)
+        self.assertNotIn("MARK-FROM-TEST-1", failures, proc.stdout)  # neither captured nor in the tail
 
     def test_a_test_that_destroys_the_group_leaves_the_next_a_fresh_pool(self):
         result, _ = run_class(cases.ChangesTheWorld)

@@ -179,8 +179,9 @@ class TestRun:
 
 
     def pump_output(self, final: bool = False) -> None:
-        # Lines still unended belong to the pool's next test: never final here.
-        self.pool.launcher.pump_output()
+        # The ranks flush their output before they answer: a line a test
+        # left unended is that test's, shown with it (not with the next).
+        self.pool.launcher.pump_output(final)
 
     def keep_logs(self, test: str) -> str:
         return self.pool.launcher.keep_logs(test)

@@ -343,15 +343,23 @@ def publish_progress(passed: bool = False) -> None:
             pass
 
 
-def tail(path: str, limit: int = 4000) -> str:
-    """The last ``limit`` bytes of a file, as text (empty if unreadable)."""
+def tail(path: str, limit: int = 4000, start: int = 0) -> str:
+    """The last ``limit`` bytes of a file after offset ``start``, as text
+    (empty if unreadable)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
+            f.seek(max(start, f.tell() - limit))
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def _log_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _final_outcome(ctx: _Context, exc: BaseException | None) -> Outcome:
@@ -482,13 +490,19 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     before = _descendants()
     ctx.test_outcome = None
     handler = signal.getsignal(STACK_SIGNAL)
+    start = _log_size(files["log"])  # a pool worker's log holds its earlier tests' output too
     outcome = part.run(test)
+    # All of this test's output in the log before it is reported (and
+    # before the parent's last read of it for this test).
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     if not part.single and signal.getsignal(STACK_SIGNAL) is not handler:
         _rearm_stacks(ctx, files)
     _leave_if_forked(ctx)
     outcome.left_running = kill_descendants(keep=before | process_helpers())
     publish_progress(passed=outcome.kind in (Kind.PASSED, Kind.SKIPPED))
-    outcome.output_tail = tail(files["log"])
+    outcome.output_tail = tail(files["log"], start=start)
     return outcome
 
 
