@@ -18,6 +18,7 @@ from torch.testing._internal import common_utils as upstream
 
 import disttest
 from disttest import TEST_SKIPS
+from disttest.runners import case as case_module
 from disttest.runners import case_equal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,6 +59,9 @@ PARITY_CASES = [
     ([1, 2], (1, 2), {}),
     ({"a": torch.ones(1)}, {"a": torch.ones(1)}, {}),
     (1, True, {}),
+    (np.array([1, 2]), [1, 2], {}),  # an ambiguous ==: a RuntimeError
+    (10**400, 10**400 + 1, {}),
+    (torch.tensor([97, 98]), bytearray(b"ab"), {}),
     (float("nan"), float("nan"), {"equal_nan": False}),
     (torch.tensor([1 + 2j]), torch.tensor([1 + 2j]).conj().conj(), {}),
     (0.1 + 0.2, 0.3, {}),
@@ -104,7 +108,12 @@ PARITY_CASES = [
     (torch.ones(2).untyped_storage(), torch.zeros(2).untyped_storage(), {}),
 ]
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # nested tensors are a prototype, quantized ones deprecated
+    warnings.simplefilter("ignore")  # nested tensors are a prototype, quantized ones deprecated, complex32 experimental
+    PARITY_CASES += [(torch.ones(2, dtype=torch.complex32), torch.ones(2, dtype=torch.complex32), {}),
+                     (torch.ones(2, dtype=torch.complex32), torch.zeros(2, dtype=torch.complex32), {}),
+                     ([torch.ones(2, dtype=torch.complex32)], [torch.ones(2, dtype=torch.complex32)], {})]
+    PARITY_CASES.append((torch.ones(2, 2), torch.nested.nested_tensor([torch.ones(2), torch.ones(2)]), {}))
+    PARITY_CASES.append(([torch.ones(2, 2)], [torch.nested.nested_tensor([torch.ones(2), torch.ones(2)])], {}))
     PARITY_CASES.append((torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
                          torch.quantize_per_tensor(torch.ones(2), 0.2, 0, torch.qint8), {}))
     PARITY_CASES.append((torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]),
@@ -129,6 +138,10 @@ class AssertEqualParityTest(unittest.TestCase):
     def assertSameOutcome(self, *args, **kwargs):
         ours = outcome(self.ours.assertEqual, *args, **kwargs)
         theirs = outcome(self.theirs.assertEqual, *args, **kwargs)
+        if theirs[0] == "RuntimeError":  # a comparison that raised: its text names the pair's class
+            self.assertEqual(ours[0], theirs[0], ours)
+            self.assertTrue(ours[1].startswith("Comparing\n\n"), ours)
+            return ours
         self.assertEqual(ours, theirs)
         return ours
 
@@ -138,7 +151,7 @@ class AssertEqualParityTest(unittest.TestCase):
             with self.subTest(i=i, actual=actual, expected=expected, options=options):
                 kinds.add(self.assertSameOutcome(actual, expected, **options)[0])
         # the table has passes, failures and the errors upstream raises
-        self.assertEqual(kinds, {"pass", "AssertionError", "ValueError"})
+        self.assertEqual(kinds, {"pass", "AssertionError", "ValueError", "RuntimeError"})
 
     def test_equal_plain_values_skip_the_pairs(self):
         # the common passing case is decided without torch's pairs (a fraction of their time)
@@ -192,6 +205,33 @@ class AssertEqualParityTest(unittest.TestCase):
         self.assertEqual(kind, "TypeError")
         self.assertIn("Comparing a DTensor to a non-DTensor is ambiguous", text)
 
+    def test_upstream_s_argument_names(self):
+        self.ours.assertEqual(x=torch.ones(1), y=torch.ones(1))
+        self.ours.assertNotEqual(x=1, y=2)
+        with self.assertRaises(TypeError):
+            self.ours.assertEqual(first=1, second=1)
+
+    def test_assert_not_equal_fails_even_where_repr_raises(self):
+        class NoRepr:
+            def __eq__(self, other):
+                return True
+
+            def __repr__(self):
+                raise RuntimeError("no repr")
+
+        with self.assertRaisesRegex(AssertionError, "expected them to differ"):
+            self.ours.assertNotEqual(NoRepr(), NoRepr())
+
+    def test_a_later_item_that_cannot_compare_is_an_error(self):
+        class Raises:
+            def __eq__(self, other):
+                raise ValueError("cannot compare")
+
+        for case in (self.ours, self.theirs):
+            with self.subTest(case=type(case).__module__), self.assertRaises(RuntimeError) as ctx:
+                case.assertEqual([1, Raises()], [2, Raises()])
+            self.assertIsInstance(ctx.exception.__cause__, ValueError)
+
     def test_assert_not_equal(self):
         self.ours.assertNotEqual(torch.zeros(2), torch.ones(2))
         self.ours.assertNotEqual(True, 0)
@@ -239,6 +279,38 @@ class SeedingTest(unittest.TestCase):
         run_case(Case, "test_draw")
         run_case(Other, "test_draw")
         self.assertNotEqual(draws[0], draws[1])
+
+    def test_a_seed_method_or_none_is_the_class_s_own(self):
+        # upstream's TestCase has no seed setting: a method of that name is the suite's
+        draws = []
+
+        class Method(disttest.TestCase):
+            def seed(self):
+                return "the suite's own"
+
+            def test_draw(self):
+                draws.append(torch.rand(1).item())
+
+        class Nothing(Method):
+            seed = None
+
+        for case in (Method, Nothing):
+            self.assertTrue(run_case(case, "test_draw").wasSuccessful())
+        torch.manual_seed(case_module.DEFAULT_SEED)
+        self.assertEqual(draws, [torch.rand(1).item()] * 2)
+
+    def test_a_bad_seed_is_refused_before_anything_changes(self):
+        class Bad(disttest.TestCase):
+            seed = "x"
+
+            def test_x(self):
+                pass
+
+        before = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+        result = run_case(Bad, "test_x")
+        self.assertEqual(len(result.errors), 1)
+        self.assertIn("Invalid seed 'x' from Bad.seed", result.errors[0][1])
+        self.assertEqual(torch.sparse.check_sparse_tensor_invariants.is_enabled(), before)
 
 
 class ChainBreakerTest(unittest.TestCase):

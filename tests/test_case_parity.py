@@ -25,8 +25,7 @@ from disttest.runners import case_guards, case_parity
 
 #: Upstream's private run machinery (disabled-test lists, dynamo/inductor
 #: test modes, reruns) and its bookkeeping attributes: not offered.
-LEFT_OUT = {"_run_custom", "_should_stop_test_suite", "_prev_torch_function_mode_stack_len",
-            "_prev_torch_function_state"}
+LEFT_OUT = {"_run_custom", "_should_stop_test_suite"}
 
 
 def upstream_additions() -> list[str]:
@@ -120,6 +119,14 @@ class AssertionsTest(unittest.TestCase, Cases):
                         same_text=False)
         self.assertSame("assertEqualTypeString", torch.zeros(1), torch.zeros(1, dtype=torch.int8), outcome="fail",
                         same_text=False)
+
+    def test_assert_raises_regex_with_a_device_type_of_none_matches_any_message(self):
+        for case in (self.ours, self.theirs):
+            case.device_type = None
+        try:
+            self.assertSame("assertRaisesRegex", ValueError, "not this text", int, "x")
+        finally:
+            del self.ours.device_type, self.theirs.device_type
 
     def test_assert_object_in_is_by_identity(self):
         a = [1]
@@ -534,6 +541,43 @@ class SetUpTest(unittest.TestCase):
         self.assertIn("torch function state was leaked: changed from _TorchFunctionState.ENABLED", texts[0][0])
         self.assertEqual(texts[0], texts[1])
         self.assertEqual(_compat.function_state(), torch._C._TorchFunctionState.ENABLED)
+
+    def test_a_set_up_without_super_still_has_its_leaks_caught(self):
+        # upstream checks against its class defaults then: so does disttest
+        class Case(disttest.TestCase):
+            def setUp(self):
+                pass
+
+            def test_x(self):
+                torch.set_default_device("meta")
+
+        result = run_case(Case("test_x"))
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn(case_parity.FUNCTION_MODES_LEAKED.format(before=0, after=1), result.failures[0][1])
+        self.assertEqual(_compat.function_mode_depth(), 0)
+
+    def test_compiler_stance_and_suppress_errors_end_with_the_test(self):
+        import torch._dynamo
+        from torch._dynamo import eval_frame
+
+        seen = []
+
+        class Case(disttest.TestCase):
+            def test_1_sets(self):
+                torch.compiler.set_stance("force_eager")
+                torch._dynamo.config.suppress_errors = True
+
+            def test_2_sees(self):
+                seen.append((eval_frame._stance.stance, torch._dynamo.config.suppress_errors))
+
+        before = torch._dynamo.config.suppress_errors
+        try:
+            for name in ("test_1_sets", "test_2_sees"):
+                self.assertTrue(run_case(Case(name)).wasSuccessful())
+        finally:
+            torch.compiler.set_stance("default")
+            torch._dynamo.config.suppress_errors = before
+        self.assertEqual(seen, [("default", before)])
 
     def test_everything_is_put_back_before_the_first_failure(self):
         # upstream raises for the dtype first and leaves the device mode pushed

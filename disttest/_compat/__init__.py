@@ -90,6 +90,7 @@ from disttest._compat.dtensor import (
 )
 from disttest._compat.dynamo import (
     dynamo_config_patch,
+    dynamo_test_state,
     has_triton,
     inductor_config,
     preload_dynamo,
@@ -135,6 +136,7 @@ from disttest._compat.tensors import (
     enable_record_function,
     function_mode_depth,
     function_state,
+    function_state_enabled,
     is_functional_tensor,
     lazy_dtensor_comparison,
     mark_uncoalesced,
@@ -181,6 +183,7 @@ __all__ = [
     "dtensor_sharding_prop_lock",
     "dtensor_spec",
     "dynamo_config_patch",
+    "dynamo_test_state",
     "enable_record_function",
     "ensure_fake_backend",
     "fake_process_group",
@@ -189,6 +192,7 @@ __all__ = [
     "fsdp_runtime_utils",
     "function_mode_depth",
     "function_state",
+    "function_state_enabled",
     "functional_collectives",
     "gather_state_dict",
     "group_name",

@@ -3,13 +3,16 @@ inductor's config and Triton."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 __unittest = True
 
 __all__ = [
     "dynamo_config_patch",
+    "dynamo_test_state",
     "has_triton",
     "inductor_config",
     "preload_dynamo",
@@ -30,6 +33,29 @@ def reset_dynamo() -> None:
         return
     dynamo.reset()
     dynamo.utils.counters.clear()
+
+
+@contextlib.contextmanager
+def dynamo_test_state() -> Iterator[None]:
+    """Around one test, as upstream's ``TestCase.run``: the compiler's stance
+    set to "default" first (``torch.compiler.set_stance``), and
+    ``torch._dynamo.config.suppress_errors`` put back after. Nothing where
+    no code imported ``torch._dynamo`` (no stance or setting can be other
+    than the default then; importing it would cost seconds)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        yield
+        return
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is not None:
+        set_stance("default")
+    saved = dynamo.config.suppress_errors
+    try:
+        yield
+    finally:
+        dynamo.config.suppress_errors = saved
 
 
 def preload_dynamo() -> None:

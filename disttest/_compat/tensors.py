@@ -17,6 +17,7 @@ __all__ = [
     "enable_record_function",
     "function_mode_depth",
     "function_state",
+    "function_state_enabled",
     "is_functional_tensor",
     "lazy_dtensor_comparison",
     "mark_uncoalesced",
@@ -163,6 +164,15 @@ def function_state() -> Any:
 
     get = getattr(torch._C, "_get_torch_function_state", None)
     return get() if get is not None else None
+
+
+def function_state_enabled() -> Any:
+    """The torch function state "enabled" (``torch._C._TorchFunctionState.ENABLED``);
+    None where the installed torch has no such state."""
+    import torch
+
+    states = getattr(torch._C, "_TorchFunctionState", None)
+    return getattr(states, "ENABLED", None)
 
 
 def restore_function_state(state: Any) -> None:

@@ -250,11 +250,19 @@ def rebuild_cap(cls: type) -> int:
 SEED_RANGE = (0, 2**32 - 1)
 
 
+#: The seed of ``disttest.TestCase`` (upstream's ``SEED``) unless a class sets ``seed``.
+DEFAULT_SEED = 1234
+
+
 def seed(owner: Any) -> int:
     """``owner.seed`` (a test case or its class), validated: an int that
-    torch, numpy and ``random`` all accept."""
+    torch, numpy and ``random`` all accept. A ``seed`` that is None or a
+    method is the class's own business (upstream's ``TestCase`` has no such
+    setting): :data:`DEFAULT_SEED`."""
     cls = owner if isinstance(owner, type) else type(owner)
     raw: Any = getattr(owner, "seed", None)
+    if raw is None or callable(raw):
+        return DEFAULT_SEED
     if _is_int(raw) and SEED_RANGE[0] <= raw <= SEED_RANGE[1]:
         return int(raw)
     raise ConfigError("seed", raw, f"{cls.__name__}.seed",

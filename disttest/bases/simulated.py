@@ -276,20 +276,20 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         lt = _compat.local_tensor()
         return torch.SymInt(lt.LocalIntNode({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
 
-    def assertEqual(self, first: Any, second: Any, msg: str | Callable[[str], str] | None = None,
+    def assertEqual(self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,  # type: ignore[override]
                     **options: Any) -> None:
-        """Fail unless ``first`` equals ``second``; where either holds per-rank
+        """Fail unless ``x`` equals ``y``; where either holds per-rank
         values (a LocalTensor, a per-rank int), rank by rank, naming the ranks
         that differ (see :meth:`assertRanksEqual`); lists, tuples and dicts
         holding such values too, each rank's with that rank's values."""
-        got, want = _per_rank(first), _per_rank(second)
+        got, want = _per_rank(x), _per_rank(y)
         with _plain():
             if got is None and want is None:
-                super().assertEqual(first, second, msg, **options)
+                super().assertEqual(x, y, msg, **options)
                 return
             ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
-            _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, first),
-                                want if want is not None else dict.fromkeys(ranks, second), msg, options)
+            _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, x),
+                                want if want is not None else dict.fromkeys(ranks, y), msg, options)
 
 
 def _leave(mode: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
+from unittest.util import safe_repr
 
 import expecttest
 import numpy as np
@@ -31,7 +32,7 @@ __unittest = True
 __all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed"]
 
 #: The seed ``TestCase.setUp`` uses unless a class sets ``seed``.
-DEFAULT_SEED = 1234
+DEFAULT_SEED = settings.DEFAULT_SEED
 #: Bases whose ``setUp`` and ``tearDown`` do not call ``super()``'s, by
 #: (module, qualified name): upstream's ``common_utils.TestCase``. Upstream's
 #: own runners derive from it, so it comes last in their classes' order; a
@@ -93,8 +94,9 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
 
     def setUp(self) -> None:
         self._chain_reached = True
+        seed = settings.seed(self)  # a bad one refused before anything changes (tearDown would not undo it)
         super().setUp()
-        set_rng_seed(settings.seed(self))
+        set_rng_seed(seed)
 
     def tearDown(self) -> None:
         self._chain_reached = True
@@ -129,11 +131,11 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
                 raise
             raise DistSkip(skip) from None
 
-    def assertEqual(
-        self, first: Any, second: Any, msg: str | Callable[[str], str] | None = None,
+    def assertEqual(  # upstream's names: x, y
+        self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,
         **options: Unpack[_EqualOptions],
     ) -> None:
-        """Fail unless ``first`` equals ``second`` as upstream's
+        """Fail unless ``x`` equals ``y`` as upstream's
         ``TestCase.assertEqual`` decides it (see :func:`assert_equal`, whose
         keyword options it takes). A string ``msg`` follows torch's message,
         or replaces it where ``longMessage`` is false."""
@@ -145,7 +147,7 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
 
         # upstream's @precisionOverride/@toleranceOverride set these (CaseParityMixin).
         rel_tol, precision = getattr(self, "rel_tol", 0.0), getattr(self, "precision", 0.0)
-        assert_equal(first, second, msg, **options, rtol_override=rel_tol, atol_override=precision)
+        assert_equal(x, y, msg, **options, rtol_override=rel_tol, atol_override=precision)
 
     def assertGreaterAlmostEqual(
         self, first: float, second: float, places: int | None = None,
@@ -169,15 +171,14 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
             detail = f"{first} is not greater than or equal to {second} within {places} places"
         raise self.failureException(self._formatMessage(msg, detail))
 
-    def assertNotEqual(
-        self, first: Any, second: Any, msg: str | None = None, **options: Unpack[_EqualOptions]
+    def assertNotEqual(  # upstream's names: x, y
+        self, x: Any, y: Any, msg: str | None = None, **options: Unpack[_EqualOptions]
     ) -> None:
-        """Fail if ``first`` equals ``second`` under :meth:`assertEqual`'s rules."""
+        """Fail if ``x`` equals ``y`` under :meth:`assertEqual`'s rules."""
         try:
-            self.assertEqual(first, second, **options)
+            self.assertEqual(x, y, **options)
         except AssertionError:
             return
-        raise self.failureException(
-            msg or f"{first!r} == {second!r} (expected them to differ)"
-        )
+        # (safe_repr: a tensor subclass whose repr raises must still fail the test)
+        raise self.failureException(msg or f"{safe_repr(x)} == {safe_repr(y)} (expected them to differ)")
 

@@ -220,7 +220,8 @@ def _has_torch_dtype(dtype: np.dtype[Any]) -> bool:
 
 
 def _is_text(x: object) -> bool:
-    return isinstance(x, (str, bytes, bytearray))
+    # NB: upstream turns any other sequence into a tensor (a bytearray too)
+    return isinstance(x, (str, bytes))
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -250,6 +251,9 @@ def _with_message(msg: str | Callable[[str], str] | None) -> Callable[[str], str
     return msg
 
 
+#: A comparison that raised instead of deciding (upstream's words, which it raises as RuntimeError).
+COMPARE_FAILED = "Comparing\n\n{pair}\n\nresulted in the unexpected exception above."
+
 #: Leaf types whose equal values need no pair: ``==`` of the same type is
 #: the pairs' verdict too (a NaN float is not ``==`` and takes the long way).
 _PLAIN_LEAVES = frozenset({int, float, complex, bool, str, bytes, type(None)})
@@ -263,10 +267,13 @@ def _plainly_equal(x: Any, y: Any, exact_stride: bool) -> bool:
     if kind is not type(y):
         return False
     if kind is torch.Tensor:
-        return (x.layout == torch.strided and y.layout == torch.strided and x.dtype == y.dtype
-                and x.device == y.device and x.device.type != "meta" and not x.is_quantized
-                and not x.is_nested and x.shape == y.shape and (not exact_stride or x.stride() == y.stride())
-                and bool(torch.equal(x, y)))
+        try:
+            return (x.layout == torch.strided and y.layout == torch.strided and x.dtype == y.dtype
+                    and x.device == y.device and x.device.type != "meta" and not x.is_quantized
+                    and not x.is_nested and not y.is_nested and x.shape == y.shape
+                    and (not exact_stride or x.stride() == y.stride()) and bool(torch.equal(x, y)))
+        except (RuntimeError, NotImplementedError, TypeError):
+            return False  # (torch.equal has no kernel for every dtype: complex32) the pairs decide
     if kind in _PLAIN_LEAVES:
         return bool(x == y)
     if kind is list or kind is tuple:
@@ -284,12 +291,17 @@ def _first_mismatch(actual: Any, expected: Any, options: dict[str, Any]) -> Any:
                                      mapping_types=mappings, **options)
     except _cmp.ErrorMeta as meta:
         return meta
+    first = None
+    # NB: every pair, as upstream's: one that cannot compare (an __eq__ that
+    # raises) is an error even after an earlier item's mismatch.
     for pair in pairs:
         try:
             pair.compare()
         except _cmp.ErrorMeta as meta:
-            return meta
-    return None
+            first = first or meta
+        except Exception as e:
+            raise RuntimeError(COMPARE_FAILED.format(pair=pair)) from e
+    return first
 
 
 def assert_equal(
