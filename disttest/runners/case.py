@@ -156,19 +156,19 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
         """Fail unless ``first >= second``, or short of it by at most
         ``delta`` (or by nothing when rounded to ``places``, default 7)."""
         if delta is not None and places is not None:
-            raise TypeError("specify delta or places, not both")
+            raise TypeError("specify delta or places not both")
         if first >= second:
             return
         short = second - first
         if delta is not None:
             if short <= delta:
                 return
-            detail = f"{first} is not greater than or equal to {second} within {delta} delta"
+            detail = f"{first} not greater than or equal to {second} within {delta} delta"
         else:
             places = 7 if places is None else places
             if round(short, places) == 0:
                 return
-            detail = f"{first} is not greater than or equal to {second} within {places} places"
+            detail = f"{first} not greater than or equal to {second} within {places} places"
         raise self.failureException(self._formatMessage(msg, detail))
 
     def assertNotEqual(  # upstream's names: x, y
