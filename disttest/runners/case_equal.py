@@ -32,6 +32,9 @@ __unittest = True
 
 __all__ = ["PAIR_TYPES", "assert_equal"]
 
+# NB: the pairs have upstream's class names: torch's messages name them
+# ("Originating a RelaxedNumberPair() at item [1] ...").
+
 _cmp = _compat.comparison()
 
 #: Python and numpy number types a bool or number may be compared against.
@@ -65,7 +68,7 @@ def _single_item(pair: Any, value: Any, against: str, id: tuple[Any, ...]) -> An
     return value.item()
 
 
-class BoolLikePair(_cmp.BooleanPair):  # type: ignore[misc,name-defined]
+class RelaxedBooleanPair(_cmp.BooleanPair):  # type: ignore[misc,name-defined]
     """A bool against a bool, a number or a one-element tensor or array."""
 
     def _process_inputs(self, actual: Any, expected: Any, *, id: tuple[Any, ...]) -> list[bool]:
@@ -93,7 +96,7 @@ class _Floors:
         self.atol = max(self.atol, atol_override)
 
 
-class NumberLikePair(_Floors, _cmp.NumberPair):  # type: ignore[misc,name-defined]
+class RelaxedNumberPair(_Floors, _cmp.NumberPair):  # type: ignore[misc,name-defined]
     """A number against a number or a one-element tensor or array; an
     ``IntEnum`` as its int. Types are not checked (``1 == 1.0``), floats and
     complex numbers get float32's and complex64's tolerances, and
@@ -123,7 +126,7 @@ class NumberLikePair(_Floors, _cmp.NumberPair):  # type: ignore[misc,name-define
         return number
 
 
-class ArrayPair(_Floors, _cmp.TensorLikePair):  # type: ignore[misc,name-defined]
+class TensorOrArrayPair(_Floors, _cmp.TensorLikePair):  # type: ignore[misc,name-defined]
     """Tensors and numpy arrays, in any mix: both sides become tensors."""
 
     def __init__(self, actual: Any, expected: Any, *, rtol_override: float = 0.0, atol_override: float = 0.0,
@@ -140,7 +143,7 @@ class ArrayPair(_Floors, _cmp.TensorLikePair):  # type: ignore[misc,name-defined
         return actual, expected
 
 
-class StoragePair(_Floors, _cmp.TensorLikePair):  # type: ignore[misc,name-defined]
+class TypedStoragePair(_Floors, _cmp.TensorLikePair):  # type: ignore[misc,name-defined]
     """Two ``TypedStorage``s, compared as tensors of their elements."""
 
     def __init__(self, actual: Any, expected: Any, *, rtol_override: float = 0.0, atol_override: float = 0.0,
@@ -154,7 +157,7 @@ class StoragePair(_Floors, _cmp.TensorLikePair):  # type: ignore[misc,name-defin
                             dtype=_QUANTIZED_AS.get(storage.dtype, storage.dtype), device=storage.device)
 
 
-class _UnittestPair(_cmp.Pair):  # type: ignore[misc,name-defined]
+class UnittestPair(_cmp.Pair):  # type: ignore[misc,name-defined]
     """Inputs of :attr:`kinds`, compared by ``unittest.TestCase.assertEqual``
     (its messages: a diff of strings, the items of sets that differ)."""
 
@@ -175,27 +178,27 @@ class _UnittestPair(_cmp.Pair):  # type: ignore[misc,name-defined]
         self._fail(AssertionError, f"{self.kind_name.title()} comparison failed: {detail}")
 
 
-class StringPair(_UnittestPair):
+class StringPair(UnittestPair):
     kinds = (str, bytes)
     kind_name = "string"
 
 
-class SetPair(_UnittestPair):
+class SetPair(UnittestPair):
     kinds = set
     kind_name = "set"
 
 
-class TypePair(_UnittestPair):
+class TypePair(UnittestPair):
     kinds = type
     kind_name = "type"
 
 
-class ObjectPair(_UnittestPair):
+class ObjectPair(UnittestPair):
     pass
 
 
 #: The pair types tried, in order, for two leaves; the first to accept them compares them.
-PAIR_TYPES: tuple[type, ...] = (_cmp.NonePair, BoolLikePair, NumberLikePair, ArrayPair, StoragePair,
+PAIR_TYPES: tuple[type, ...] = (_cmp.NonePair, RelaxedBooleanPair, RelaxedNumberPair, TensorOrArrayPair, TypedStoragePair,
                                 StringPair, SetPair, TypePair, ObjectPair)
 
 
