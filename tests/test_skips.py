@@ -198,3 +198,17 @@ class FeatureTablesTest(unittest.TestCase):
         self.assertIn("nccl", disttest.DistTestCases.skip_collective["allgather_coalesced"])
         self.assertIn("gloo", disttest.DistTestCases.backend_feature["subgroup"])
         self.assertEqual(disttest.ACCELERATOR_DIST_BACKENDS, ["nccl", "xccl", "hccl"])
+
+class GpuCountTest(unittest.TestCase):
+    def test_a_bad_count_is_named_where_the_decorator_is_applied(self):
+        for make, where in ((lambda n: disttest.skip_if_lt_x_gpu(n), "skip_if_lt_x_gpu(x=...)"),
+                            (lambda n: disttest.skip_if_lt_x_gpu(n, allow_cpu=True), "skip_if_lt_x_gpu(x=...)"),
+                            (lambda n: disttest.nccl_skip_if_lt_x_gpu("nccl", n), "nccl_skip_if_lt_x_gpu(x=...)"),
+                            (lambda n: disttest.require_n_gpus_for_nccl_backend(n, "gloo"),
+                             "require_n_gpus_for_nccl_backend(n=...)")):
+            for bad in ("2", 2.0, None, -1, True):
+                with self.subTest(where=where, bad=bad), self.assertRaises(disttest.ConfigError) as ctx:
+                    make(bad)
+                self.assertIn(f"Invalid GPU count {bad!r} from {where} (disttest): expected an int >= 0",
+                              str(ctx.exception))
+        disttest.skip_if_lt_x_gpu(0)  # none needed: runs everywhere

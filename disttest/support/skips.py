@@ -242,8 +242,17 @@ def skip_if_odd_worldsize(func: F) -> F:
     return _skip_when(check)(func)
 
 
+def _gpu_count(value: Any, where: str) -> int:
+    """A decorator's GPU count, checked when it is applied (a string or a
+    float would fail only when the test runs, with a bare TypeError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError("GPU count", value, where, "expected an int >= 0")
+    return value
+
+
 def require_n_gpus_for_nccl_backend(n: int, backend: str) -> Callable[[F], F]:
     """Skip when ``backend`` is nccl and fewer than ``n`` devices exist."""
+    n = _gpu_count(n, "require_n_gpus_for_nccl_backend(n=...)")
 
     def check(args: Sequence[Any]) -> TestSkip | None:
         return _gpu_skip(n) if backend == "nccl" and accelerator_count() < n else None
@@ -253,14 +262,16 @@ def require_n_gpus_for_nccl_backend(n: int, backend: str) -> Callable[[F], F]:
 
 def nccl_skip_if_lt_x_gpu(backend: str, x: int) -> Callable[[F], F]:
     """Skip when ``backend`` is nccl and fewer than ``x`` devices exist."""
-    return require_n_gpus_for_nccl_backend(x, backend)
+    return require_n_gpus_for_nccl_backend(_gpu_count(x, "nccl_skip_if_lt_x_gpu(x=...)"), backend)
 
 
 def skip_if_lt_x_gpu(x: int, *, allow_cpu: bool = False) -> Callable[[F], F]:
     """Skip when fewer than ``x`` accelerator devices exist.
 
     With ``allow_cpu=True`` the test also runs on a host with no accelerator.
+    A count that is not an int >= 0 is a ``ConfigError`` where it is applied.
     """
+    x = _gpu_count(x, "skip_if_lt_x_gpu(x=...)")
 
     def check(args: Sequence[Any]) -> TestSkip | None:
         if at_least_x_gpu(x) or (allow_cpu and not has_accelerator()):
