@@ -128,6 +128,17 @@ class CollectivesTest(unittest.TestCase):
         kept = ["before"]
         dist.scatter_object_list(kept, None, src=0)
         self.assertEqual(kept, ["before"])
+        # with the source left to its default (rank 0), as torch reads it
+        dist.broadcast_object_list(box)
+        self.assertEqual(box, ["mine", 1])
+        dist.scatter_object_list(kept, None)
+        self.assertEqual(kept, ["before"])
+
+    def test_a_group_the_block_made_in_place_of_the_fake_one_is_destroyed(self):
+        with disttest.with_dist(0, 1):
+            dist.destroy_process_group()
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        self.assertFalse(dist.is_initialized())
 
     @with_fake_comms(rank=0, world_size=8)
     def test_ddp_in_a_fake_world_of_eight(self):

@@ -212,3 +212,11 @@ class GpuCountTest(unittest.TestCase):
                 self.assertIn(f"Invalid GPU count {bad!r} from {where} (disttest): expected an int >= 0",
                               str(ctx.exception))
         disttest.skip_if_lt_x_gpu(0)  # none needed: runs everywhere
+
+    def test_one_backend_name_is_one_name(self):
+        from disttest.support import skips
+
+        decorated = skips.requires_accelerator_dist_backend("nccl")(lambda: None)
+        with self.assertRaises(unittest.SkipTest) as ctx:
+            decorated()
+        self.assertIn("among ['nccl']", str(ctx.exception))

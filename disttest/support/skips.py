@@ -457,6 +457,8 @@ def requires_accelerator_dist_backend(
     backends: Sequence[str] | None = None,
 ) -> Callable[[F], F]:
     """Skip unless one of ``backends`` (default: nccl, xccl, hccl) is usable."""
+    if isinstance(backends, str):
+        backends = [backends]  # one name, not its letters
     names = list(ACCELERATOR_DIST_BACKENDS if backends is None else backends)
     probes: dict[str, Callable[[], bool]] = {
         "nccl": lambda: nccl_skip_reason() is None,
