@@ -6,6 +6,7 @@ import socket
 import unittest
 from datetime import timedelta
 
+import disttest
 from disttest import create_tcp_store, find_free_port, retry_on_connect_failures
 from disttest.support.stores import ADDRESS_IN_USE
 
@@ -23,6 +24,13 @@ class StoresTest(unittest.TestCase):
         self.assertEqual(store.timeout, timedelta(seconds=7))
         with socket.create_connection(("127.0.0.1", store.port), timeout=5):
             pass
+
+    def test_tcp_store_timeout_in_seconds_and_bad_ones_named(self):
+        self.assertEqual(create_tcp_store(timeout=3).timeout, timedelta(seconds=3))
+        for bad in (0, -1, "soon"):
+            with self.subTest(bad=bad), self.assertRaises(disttest.ConfigError) as ctx:
+                create_tcp_store(timeout=bad)
+            self.assertIn(f"Invalid timeout {bad!r} from create_tcp_store(timeout=...)", str(ctx.exception))
 
     def test_retries_on_connect_errors_only(self):
         calls = []

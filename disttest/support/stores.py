@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from disttest._typing import F
+from disttest.config import parse_timeout
 
 __unittest = True
 
@@ -92,8 +93,10 @@ def create_tcp_store(
     """A TCPStore server on ``addr`` (loopback) at a free port.
 
     ``store.port`` tells the port. ``timeout`` is honoured (upstream drops
-    it for the non-jit store).
+    it for the non-jit store): a ``timedelta``, or seconds.
     """
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=parse_timeout(timeout, "create_tcp_store(timeout=...)"))
     if jit_class:
         ms = int(timeout / timedelta(milliseconds=1))
         return torch.classes.dist_c10d.TCPStore(addr, find_free_port(addr), world_size, is_master, ms)
