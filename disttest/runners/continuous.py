@@ -192,8 +192,7 @@ class MultiProcContinousTest(TestCase):
         if pool is not None and not pool.broken and pool.world_size == world_size:
             return pool
         if pool is not None:
-            pool.close()
-            cls._pool = None
+            cls._drop_pool(pool)
         cap = settings.rebuild_cap(cls)
         settings.seed(cls)  # a bad one refused here, not by every rank
         rank_threads = settings.rank_process_options(cls)
@@ -236,8 +235,7 @@ class MultiProcContinousTest(TestCase):
         skips = [o for o in pool.init_outcomes.values() if o.skip_reason]
         if skips:
             cls._pool_skip = skips[0].skip_reason
-            pool.close()
-            cls._pool = None
+            cls._drop_pool(pool)
             raise unittest.SkipTest(skips[0].skip_reason)
         return pool
 
@@ -251,9 +249,7 @@ class MultiProcContinousTest(TestCase):
         """Close the class's pool; the next run of the class starts afresh."""
         pool = cls.__dict__.get("_pool")
         if pool is not None:
-            pool.close()
-            _live_pools.discard(pool)
-            cls._pool = None
+            cls._drop_pool(pool)
         cls._pool_failed = None
         cls._pool_breaks = 0
 
@@ -309,10 +305,12 @@ class MultiProcContinousTest(TestCase):
             return
         raise_for_outcomes(*report, keep_logs=keep, where=method)
 
-    def _drop_pool(self, pool: Pool) -> None:
+    @classmethod
+    def _drop_pool(cls, pool: Pool) -> None:
+        """Close ``pool``; the class has none until the next test makes one."""
         pool.close()
         _live_pools.discard(pool)
-        type(self)._pool = None
+        cls._pool = None
 
     # --- inside a rank -------------------------------------------------------------
 
