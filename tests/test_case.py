@@ -403,3 +403,30 @@ class ExitCodeSkipTest(unittest.TestCase):
         result = run_case(Case, "test_exit")
         self.assertEqual(len(result.errors), 1)
         self.assertIn("SystemExit: 3", result.errors[0][1])
+
+
+class FakeBackendTest(unittest.TestCase):
+    """Issue 25: upstream's test process has c10d's ``fake`` backend (its
+    ``fake_pg`` registers it when imported); a suite that imports
+    ``FakeStore`` from disttest instead must still find it, and disttest
+    must take it away again after the class and the test."""
+
+    SCRIPT = (
+        "import sys, unittest, torch.distributed as dist\n"
+        "import fake_backend_cases as cases\n"
+        "assert 'FAKE' not in dist.Backend._plugins, 'registered at import'\n"
+        "result = unittest.TestResult()\n"
+        "unittest.defaultTestLoader.loadTestsFromModule(cases).run(result)\n"
+        "print('run', result.testsRun, 'problems', [t for _, t in result.errors + result.failures])\n"
+        "print('left', 'FAKE' in dist.Backend._plugins)\n"
+        "result = unittest.TestResult()\n"
+        "cases.TestWorld('test_world').run(result)  # on its own: no class set-up\n"
+        "print('alone', result.wasSuccessful(), 'left', 'FAKE' in dist.Backend._plugins)\n"
+    )
+
+    def test_fake_backend_for_the_class_and_the_test_and_gone_after(self):
+        proc = subprocess.run([sys.executable, "-c", self.SCRIPT], cwd=HERE,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.splitlines(), [
+            "run 2 problems []", "left False", "alone True left False"], proc.stdout)

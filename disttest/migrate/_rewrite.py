@@ -287,8 +287,9 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             backend, advice = registers
             self.changes.append(Change(
                 "noted", line, upstream, f"the {backend!r} backend",
-                why=f"importing upstream's module registered it, disttest registers it only in its ranks: "
-                    f"where the file makes a {backend!r} group outside them, {advice}"))
+                why=f"importing upstream's module registered it, disttest registers it only in its ranks"
+                    f"{' and its TestCase' if backend == 'fake' else ''}: where the file makes a "
+                    f"{backend!r} group outside them, {advice}"))
 
     @staticmethod
     def _imports_modules(stmt: cst.ImportFrom, module: str) -> bool:

@@ -18,6 +18,7 @@ import expecttest
 import numpy as np
 import torch
 
+from disttest import _compat
 from disttest._runner import settings
 from disttest.runners.case_equal import assert_equal
 from disttest.runners.case_parity import CaseParityMixin
@@ -91,6 +92,28 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
     """
 
     seed: int = DEFAULT_SEED
+
+    # Upstream's test process has c10d's ``fake`` backend: its ``fake_pg``
+    # module registers it when imported, and suites import ``FakeStore``
+    # from there to call ``init_process_group("fake", ...)``. disttest
+    # registers it at no import: here, for the class (from ``setUpClass``
+    # to its class cleanups) and for each test (``run``, for a test run on
+    # its own or a ``setUpClass`` that skipped ``super()``), each with its undo.
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        undo = _compat.install_fake_backend()
+        if undo is not None:
+            cls.addClassCleanup(undo)
+
+    def run(self, result: Any = None) -> Any:
+        undo = _compat.install_fake_backend()
+        try:
+            return super().run(result)
+        finally:
+            if undo is not None:
+                undo()
 
     def setUp(self) -> None:
         self._chain_reached = True
