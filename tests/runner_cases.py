@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 import disttest
 from disttest import TEST_SKIPS
-from disttest._runner import janitor, zygote
+from disttest._runner import zygote
+from disttest.support import janitor
 
 
 def live_ranks() -> list[object]:

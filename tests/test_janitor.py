@@ -1,4 +1,4 @@
-"""disttest._runner.janitor: the reaper removes a test process's folders and
+"""disttest.support.janitor: the reaper removes a test process's folders and
 kills what its ranks started when the process ends without Python's exit
 (SIGKILL, os._exit: pytest-timeout's thread method)."""
 
@@ -17,7 +17,7 @@ from test_hostile import _running as _alive
 
 CHILD = textwrap.dedent("""
     import os, subprocess, sys, time
-    from disttest._runner import janitor
+    from disttest.support import janitor
 
     folder, mode = sys.argv[1], sys.argv[2]
     if mode == "token":  # as a pool does: the ranks' environment before the registration

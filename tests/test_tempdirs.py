@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 import unittest
 from unittest import mock
 
@@ -56,3 +60,31 @@ class TempDirTest(unittest.TestCase):
 
     def test_aliases(self):
         self.assertIs(disttest._rank_temp_file, disttest.rank_temp_file)
+
+
+class ProcessDeathTest(unittest.TestCase):
+    """A test process that ends without ``cleanup_temp_dir`` (SIGTERM, or
+    SIGKILL where no Python runs) leaves no temp directory behind."""
+
+    CHILD = (
+        "import os, signal, sys\n"
+        "from disttest import initialize_temp_directories\n"
+        "print(initialize_temp_directories(), flush=True)\n"
+        "os.kill(os.getpid(), getattr(signal, sys.argv[1]))\n"
+    )
+
+    def _ends_by(self, name):
+        out = subprocess.run([sys.executable, "-c", self.CHILD, name], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, -getattr(signal, name), out.stderr[-2000:])
+        path = out.stdout.strip()
+        self.assertTrue(path.startswith("/"), out.stdout)
+        deadline = time.monotonic() + 10  # the reaper removes it once the process is gone
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(os.path.exists(path), f"{path} outlived a process ended by {name}")
+
+    def test_sigterm(self):
+        self._ends_by("SIGTERM")
+
+    def test_sigkill(self):
+        self._ends_by("SIGKILL")

@@ -28,13 +28,14 @@ from typing import Any, Protocol
 
 import psutil
 
-from disttest._runner import fork_threads, janitor, settings, thread_pool
+from disttest._runner import fork_threads, settings, thread_pool
 from disttest._runner import rank as rank_mod
 from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Outcome
 from disttest._runner.progress import InFlight, ProgressBoard, find_desync
+from disttest.support import janitor
 
 __unittest = True
 

@@ -20,12 +20,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from disttest._runner import janitor
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
+from disttest.support import janitor
 
 __unittest = True
 

@@ -32,9 +32,9 @@ from typing import IO, Any, TypeVar, cast, overload
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import janitor
 from disttest._runner import rank as rank_mod
 from disttest.pg.fake import BACKEND as MOCK_BACKEND
+from disttest.support import janitor
 
 __unittest = True
 
@@ -197,7 +197,7 @@ def _make_dir() -> tuple[str, int | None]:
     In a rank process of a disttest runner it is made inside the run's own
     directory, which the test process removes however the rank ends;
     elsewhere (the test process, ranks as threads) the janitor holds it
-    until :func:`_remove` (see :mod:`disttest._runner.janitor`).
+    until :func:`_remove` (see :mod:`disttest.support.janitor`).
     """
     run_dir = rank_mod.run_dir()
     path = tempfile.mkdtemp(prefix="disttest-ckpt-", dir=run_dir)

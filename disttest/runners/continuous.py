@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import cuda_fork, janitor, settings, thread_pool
+from disttest._runner import cuda_fork, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult
@@ -42,6 +42,7 @@ from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.runners.case import TestCase, set_rng_seed
+from disttest.support import janitor
 from disttest.support.launchers import resolve_rank
 from disttest.support.skips import backend_skip_reason, check_backend_name, precheck_skip
 

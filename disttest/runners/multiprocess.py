@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import cuda_fork, janitor, settings, zygote
+from disttest._runner import cuda_fork, settings, zygote
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
@@ -39,6 +39,7 @@ from disttest.config import (
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.runners._dispatch import RankDispatch
+from disttest.support import janitor
 from disttest.support.helpers import set_environ
 from disttest.support.skips import backend_skip_reason
 
@@ -132,7 +133,7 @@ class MultiProcessTestCase(RankDispatch):
 
     def _cleanup_now(self) -> None:
         """The test process is being interrupted (Ctrl-C, SIGTERM): its
-        cleanups may never run (see :mod:`disttest._runner.janitor`)."""
+        cleanups may never run (see :mod:`disttest.support.janitor`)."""
         if self._launcher is not None:
             self._launcher.kill_now()
         shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import janitor, settings, thread_pool
 from disttest._runner import rank as rank_mod
+from disttest._runner import settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.outcome import Outcome, in_phase
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
@@ -37,6 +37,7 @@ from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
 from disttest.pg.threaded import BACKEND, install_threaded_pg, uninstall_threaded_pg
 from disttest.runners._dispatch import RankDispatch
+from disttest.support import janitor
 from disttest.support.helpers import set_environ
 
 __unittest = True

@@ -129,7 +129,7 @@ def _tmp_dir() -> _TempDir | None:
     process still in place (upstream's ``tmp_dir``), or None."""
     from disttest.support import tempdirs
 
-    mine = [path for pid, path in tempdirs._created if pid == os.getpid()]
+    mine = [path for pid, path, _ in tempdirs._created if pid == os.getpid()]
     return _TempDir(mine[-1]) if mine else None
 
 

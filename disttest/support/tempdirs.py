@@ -4,20 +4,23 @@
 ``barrier/``, ``test_dir/`` and ``init_dir/`` inside, and publishes it to the
 ranks as upstream does, through ``TEMP_DIR`` and ``INIT_METHOD`` in the
 environment (upstream suites read those variables). Only the process that
-made a directory removes it: in ``cleanup_temp_dir`` or, as a backstop, at
-exit, so a forked rank never deletes its parent's directory.
+made a directory removes it: in ``cleanup_temp_dir`` or, as a backstop, when
+the process ends, also by SIGTERM or SIGKILL (:mod:`disttest.support.janitor`
+holds it until then), so a forked rank never deletes its parent's directory.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 
 import torch.distributed as dist
+
+from disttest.support import janitor
 
 __unittest = True
 
@@ -31,9 +34,9 @@ __all__ = [
 FILE_SCHEMA = "file://"
 _SUBDIRS = ("barrier", "test_dir", "init_dir")
 
-# (owner pid, path) of every directory made here and not yet removed. The
-# upstream API (initialize / cleanup with no handle) needs this registry.
-_created: list[tuple[int, str]] = []
+# (owner pid, path, janitor token) of every directory made here and not yet
+# removed. The upstream API (initialize / cleanup with no handle) needs this registry.
+_created: list[tuple[int, str, int]] = []
 
 
 def initialize_temp_directories(init_method: str | None = None) -> str:
@@ -46,7 +49,8 @@ def initialize_temp_directories(init_method: str | None = None) -> str:
     path = tempfile.mkdtemp(prefix="disttest-")  # mkdtemp makes it 0700
     for sub in _SUBDIRS:
         os.mkdir(os.path.join(path, sub), 0o700)
-    _created.append((os.getpid(), path))
+    token = janitor.register(functools.partial(shutil.rmtree, path, ignore_errors=True), paths=[path])
+    _created.append((os.getpid(), path, token))
     os.environ["TEMP_DIR"] = path
     os.environ["INIT_METHOD"] = init_method or (
         FILE_SCHEMA + os.path.join(path, "init_dir", "shared_init_file")
@@ -62,15 +66,13 @@ def cleanup_temp_dir() -> None:
     mine = [entry for entry in _created if entry[0] == pid]
     for entry in mine:
         _created.remove(entry)
-        path = entry[1]
+        _, path, token = entry
         shutil.rmtree(path, ignore_errors=True)
+        janitor.unregister(token)
         if os.environ.get("TEMP_DIR") == path:
             del os.environ["TEMP_DIR"]
         if path in os.environ.get("INIT_METHOD", ""):
             del os.environ["INIT_METHOD"]
-
-
-atexit.register(cleanup_temp_dir)
 
 
 @contextlib.contextmanager
