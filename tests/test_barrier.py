@@ -65,6 +65,23 @@ class BarrierTest(unittest.TestCase):
         with self.assertRaisesRegex(disttest.ConfigError, "Barrier.sync"):
             Barrier.sync(wait_for=1, timeout=-1)
 
+    def test_bad_wait_for_is_named_before_arriving(self):
+        for bad in ("1", 0, -1, 1.5, True):
+            with self.subTest(wait_for=bad), \
+                    self.assertRaisesRegex(disttest.ConfigError, rf"{bad!r} .*Barrier.sync\(wait_for=...\)"):
+                Barrier.sync(wait_for=bad, timeout=1)
+        self.assertEqual(os.listdir(os.path.join(os.environ["TEMP_DIR"], "barrier")), [])
+
+    def test_a_stray_file_in_the_barrier_folder_is_not_an_arrival(self):
+        folder = os.path.join(os.environ["TEMP_DIR"], "barrier")
+        for name, text in (("notes.txt", "hello"), ("12345", "x"), ("12346", "")):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        Barrier.sync(wait_for=1, timeout=1)
+        with self.assertRaises(BarrierTimeout) as caught:
+            Barrier.sync(wait_for=2, timeout=0.2)
+        self.assertEqual(caught.exception.pids, [os.getpid()])
+
     def test_init_clears_previous_arrivals(self):
         Barrier.sync(wait_for=1, timeout=1)
         self.assertEqual(len(os.listdir(os.path.join(os.environ["TEMP_DIR"], "barrier"))), 1)

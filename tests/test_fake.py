@@ -35,6 +35,17 @@ class QueriesTest(unittest.TestCase):
         self.assertEqual(sizes(), 4)
         self.assertFalse(dist.is_initialized())
 
+    def test_an_async_function_runs_in_the_fake_world_while_awaited(self):
+        import asyncio
+
+        @with_fake_comms(rank=1, world_size=4)
+        async def sizes():
+            await asyncio.sleep(0)
+            return dist.get_rank(), dist.get_world_size()
+
+        self.assertEqual(asyncio.run(sizes()), (1, 4))
+        self.assertFalse(dist.is_initialized())
+
     def test_bare_decorator(self):
         @with_fake_comms
         def size():

@@ -189,6 +189,12 @@ class WorldSizeSourceTest(unittest.TestCase):
 
         self.assertEqual(disttest.get_required_world_size(Case("test_body"), 4), 3)
         self.assertEqual(disttest.get_required_world_size(Case("test_plain"), 4), 4)
+        # As upstream's: the name from _current_test_name() where there is
+        # one, and the default for what is not a test case.
+        self.assertEqual(disttest.get_required_world_size(object(), 5), 5)
+        named = Case("test_plain")
+        named._current_test_name = lambda: "test_body"
+        self.assertEqual(disttest.get_required_world_size(named, 4), 3)
         with self.assertRaises(ConfigError):
             disttest.requires_world_size(0)
 

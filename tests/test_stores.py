@@ -17,6 +17,25 @@ class StoresTest(unittest.TestCase):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
 
+    @unittest.skipUnless(socket.has_ipv6, "no IPv6 on this host")
+    def test_free_port_on_an_ipv6_host(self):
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError:
+            self.skipTest("::1 is not configured on this host")
+        port = find_free_port("::1")
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", port))
+
+    def test_retries_of_fewer_than_one_are_named_where_applied(self):
+        for bad in (0, -1, "3", 2.0, True):
+            with self.subTest(tries=bad), self.assertRaises(disttest.ConfigError) as ctx:
+                retry_on_connect_failures(lambda: None, tries=bad)
+            self.assertIn(f"{bad!r} from retry_on_connect_failures(tries=...)", str(ctx.exception))
+        with self.assertRaises(disttest.ConfigError):
+            retry_on_connect_failures(tries=0)  # as a decorator factory, too
+
     def test_tcp_store_listens_on_loopback_and_works(self):
         store = create_tcp_store(timeout=timedelta(seconds=7))
         store.set("k", "v")

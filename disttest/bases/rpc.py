@@ -181,12 +181,14 @@ def wait_until_owners_and_forks_on_rank(num_owners: int, num_forks: int, rank: i
 
 
 def get_function_event(function_events: Sequence[Any], partial_event_name: str) -> Any:
-    """The first profiler event whose name contains ``partial_event_name``."""
+    """The first profiler event whose name contains ``partial_event_name``;
+    an ``IndexError`` naming the events there are if none does (upstream's
+    is a bare ``IndexError``, which suites may catch)."""
     for event in function_events:
         if partial_event_name in event.name:
             return event
     names = sorted({e.name for e in function_events})
-    raise LookupError(f"no profiler event contains {partial_event_name!r} (disttest); events: {names}")
+    raise IndexError(f"no profiler event contains {partial_event_name!r} (disttest); events: {names}")
 
 
 class RpcAgentTestFixture:

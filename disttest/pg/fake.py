@@ -351,9 +351,19 @@ def with_dist(rank: int = 0, world_size: int = 2) -> Iterator[None]:
 
 
 def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -> Any:
-    """Decorator: run a test method, or any function, in a fake world."""
+    """Decorator: run a test method, or any function, in a fake world (an
+    ``async def`` one for as long as its coroutine runs)."""
     if func is None:
         return functools.partial(with_fake_comms, rank=rank, world_size=world_size)
+    if inspect.iscoroutinefunction(func):
+        coroutine = func
+
+        @functools.wraps(func)
+        async def awaiting(*args: Any, **kwargs: Any) -> Any:
+            with with_dist(rank, world_size):
+                return await coroutine(*args, **kwargs)
+
+        return awaiting
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

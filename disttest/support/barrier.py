@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from disttest.config import parse_timeout
+from disttest.config import parse_timeout, parse_world_size
 
 __unittest = True
 
@@ -95,10 +95,12 @@ class Barrier:
         """Wait until ``wait_for`` processes (default: the world size) arrive.
 
         Raises :class:`BarrierTimeout` (a ``RuntimeError``) after ``timeout``
-        seconds, saying how many arrived.
+        seconds, saying how many arrived; a ``wait_for`` that is not an
+        integer >= 1 is a :class:`~disttest.ConfigError` before anything is written.
         """
         timeout = parse_timeout(timeout, "Barrier.sync(timeout=...)")
-        expected = dist.get_world_size() if wait_for is None else wait_for
+        expected = (dist.get_world_size() if wait_for is None
+                    else parse_world_size(wait_for, "Barrier.sync(wait_for=...)"))
         cls.barrier_id += 1
         barrier_dir = os.path.join(_temp_dir(), "barrier")
         with lock():
@@ -118,7 +120,10 @@ class Barrier:
         pids = []
         with lock():
             for name in os.listdir(barrier_dir):
+                if not name.isdigit():
+                    continue  # not an arrival (named by a pid): another's file
                 with open(os.path.join(barrier_dir, name)) as f:
-                    if int(f.read() or 0) >= cls.barrier_id:
-                        pids.append(int(name))
+                    reached = f.read().strip()
+                if reached.isdigit() and int(reached) >= cls.barrier_id:
+                    pids.append(int(name))
         return sorted(pids)

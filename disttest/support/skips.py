@@ -501,9 +501,13 @@ def requires_world_size(n: int, *, allow_cpu: bool = False) -> Callable[[F], F]:
     return decorator
 
 
-def get_required_world_size(obj: unittest.TestCase, default: int) -> int:
+def get_required_world_size(obj: Any, default: int) -> int:
     """The world size recorded by :func:`requires_world_size` on ``obj``'s
-    current test method, else ``default``."""
-    method = getattr(obj, obj._testMethodName, None)
+    current test method (named by its ``_current_test_name()`` where it has
+    one, else ``_testMethodName``), else ``default``: also for an object
+    that is not a test case, as upstream's."""
+    current = getattr(obj, "_current_test_name", None)
+    name = current() if callable(current) else getattr(obj, "_testMethodName", None)
+    method = getattr(obj, name, None) if isinstance(name, str) else None
     value = getattr(method, "_required_world_size", None)
     return default if value is None else int(value)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from disttest._typing import F
-from disttest.config import parse_timeout
+from disttest.config import ConfigError, parse_timeout
 
 __unittest = True
 
@@ -40,9 +40,11 @@ def find_free_port(host: str = LOOPBACK) -> int:
     Another process may take it before you bind: pair this with
     :func:`retry_on_connect_failures`, or let the store pick (port 0).
     """
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+    # The host's own family: "::1" or an IPv6 name needs an AF_INET6 socket.
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with contextlib.closing(socket.socket(family, kind, proto)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, 0))
+        sock.bind(address)
         return int(sock.getsockname()[1])
 
 
@@ -58,6 +60,9 @@ def retry_on_connect_failures(
     so it matched any error sharing one character with it; a single string is
     taken here as one error text.
     """
+    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
+        raise ConfigError("number of tries", tries, "retry_on_connect_failures(tries=...)",
+                          "expected an integer >= 1")
     if func is None:
         return functools.partial(
             retry_on_connect_failures, connect_errors=connect_errors, tries=tries
@@ -75,7 +80,7 @@ def retry_on_connect_failures(
                 if attempt == tries:
                     raise RuntimeError(RETRIES_EXHAUSTED.format(n=tries, error=error)) from error
                 time.sleep(random.uniform(0.01, 0.2))
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: tries >= 1")  # (for the type checker)
 
     return wrapper
 
