@@ -191,6 +191,42 @@ class RewriteTest(unittest.TestCase):
         self.assertEqual(result.source, source)
         self.assertFalse(result.changed)
 
+    def test_a_file_that_names_no_upstream_module_is_not_parsed(self):
+        # (the syntax tree is most of the cost; most files of a suite need none)
+        import libcst
+
+        source = b"import os\r\n\ndef f(x):   # kept\n    return x\n"
+        with mock.patch.object(libcst, "parse_module", side_effect=AssertionError("parsed")):
+            result = rewrite(source, offers)
+        self.assertEqual((result.data, result.changes, result.changed), (source, (), False))
+        with self.assertRaises(libcst.ParserSyntaxError):  # what does not parse still says so
+            rewrite("def f(:\n", offers)
+
+    def test_strings_anywhere_in_a_statement_are_noted_at_their_lines(self):
+        # The walk skips what holds no import, except what holds such a string.
+        _, changes = migrated("""
+            from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+            @mock.patch(
+                "torch.testing._internal.common_distributed.TIMEOUT")
+            def f(x=lambda: g(["torch.testing._internal.common_fsdp.y"])):
+                class C(Base, key=f"{1}torch.testing._internal.dist_utils"):
+                    pass
+                return [h(z) for z in ("torch.testing._internal.common_utils.q",)]
+        """)
+        self.assertEqual([c.split(" left as it is")[0] for c in changes[1:]], [
+            "string (torch.testing._internal.common_distributed.TIMEOUT)",
+            "string (torch.testing._internal.common_fsdp.y)",
+            "f-string (torch.testing._internal.dist_utils)",
+            "string (torch.testing._internal.common_utils.q)"])
+        lines = [c.line for c in rewrite(textwrap.dedent("""
+            @mock.patch(
+                "torch.testing._internal.common_distributed.TIMEOUT")
+            def f(x=lambda: g(["torch.testing._internal.common_fsdp.y"])):
+                return 1
+        """), offers).changes]
+        self.assertEqual(lines, [3, 4])
+
     def test_running_it_twice_changes_nothing_more(self):
         once, _ = migrated("from torch.testing._internal.common_distributed import MultiProcessTestCase, x\n")
         self.assertEqual(rewrite(once, offers).source, once)
