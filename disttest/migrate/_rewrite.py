@@ -479,7 +479,7 @@ def _nothing_upstream(source: str | bytes) -> bool:
     ``_internal`` anywhere) and parses: the file needs no syntax tree (most
     of a suite's helpers; the tree costs about 2 ms a line). Anything else,
     or a file ``ast`` cannot read, goes to libcst, which names its errors."""
-    if (b"_internal" if isinstance(source, bytes) else "_internal") in source:
+    if isinstance(source, bytes) and b"_internal" in source or isinstance(source, str) and "_internal" in source:
         return False
     try:
         text = source if isinstance(source, str) else source.decode("utf-8")
