@@ -216,6 +216,8 @@ class CliArgumentsTest(unittest.TestCase):
             (("--backend", "gloo", "--world-size", "2", "--import", "no_such_module_here"),
              "--import 'no_such_module_here': no such module"),
             (("--backend", "nosuchbackend", "--world-size", "2"), "--backend 'nosuchbackend': no such c10d backend"),
+            *([(("--backend", "mpi", "--world-size", "2"), "--backend 'mpi': c10d knows it, but this torch")]
+              if not dist.is_mpi_available() else []),
             (("--backend", "threaded", "--world-size", "2", "-k", "nothing*"), "-k 'nothing*' matches no case"),
             (("--backend", "threaded", "--world-size", "2", "--unsupported", "PREMUL_SUM,all_to_al"),
              "--unsupported 'all_to_al': 'all_to_al' is no tag of any case"),

@@ -54,6 +54,10 @@ __all__ = [
 MODULE_ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"
 UNKNOWN_BACKEND = ("--backend {backend!r}: no such c10d backend is registered on this host (disttest); "
                    "pass the module that registers it with --import")
+NOT_BUILT_BACKEND = ("--backend {backend!r}: c10d knows it, but this torch ({version}) was not built with it "
+                     "(disttest); run on a torch that has it, or choose another backend")
+#: The backends c10d names itself, which a torch build may lack.
+BUILT_IN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 DEVICE_REFUSED = "{source} {device!r}: {problem} (disttest)"
 DEFAULT_DEVICE_REFUSED = ("device {device!r}, the default for backend {backend!r}: {problem}; run on a host that has "
                           "one, or choose another device (--device) or backend (disttest)")
@@ -132,6 +136,10 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
         import torch.distributed as dist
 
         if not dist.is_backend_available(backend):
+            if backend.lower() in BUILT_IN_BACKENDS:
+                import torch
+
+                raise ValueError(NOT_BUILT_BACKEND.format(backend=backend, version=torch.__version__))
             raise ValueError(UNKNOWN_BACKEND.format(backend=backend))
     import torch
 
