@@ -60,6 +60,32 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertEqual(sorted(e for e in seen if e[0] == "teardown"), [("teardown", r) for r in range(3)])
         self.assertFalse(dist.is_initialized())  # no group leaks into the main thread
 
+    def test_a_message_no_rank_received_fails_a_test_that_passed(self):
+        # On gloo the send would wait for its receiver: the test would hang.
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 3
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_unreceived(self):
+                if self.rank == 1:
+                    dist.send(torch.ones(1), 0, tag=7)
+
+            def test_received(self):
+                if self.rank == 1:
+                    dist.send(torch.ones(1), 0, tag=7)
+                elif self.rank == 0:
+                    dist.recv(torch.zeros(1), 1, tag=7)
+
+        result = run(Case("test_unreceived"))
+        self.assertEqual(len(result.errors), 1, result.errors + result.failures)
+        self.assertIn("every rank passed, but messages were sent that no rank received: "
+                      "rank 1 sent to rank 0 (tag 7, group 0)", result.errors[0][1])
+        result = run(Case("test_received"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
     def test_a_failure_names_the_hook_it_came_from(self):
         class Case(disttest.MultiThreadedTestCase):
             world_size = 2

@@ -295,6 +295,13 @@ class ThreadedWorld:
         fut.set_result([tensor])
         return ThreadedWork(fut, "send")
 
+    def undelivered(self) -> list[tuple[str, int, int, int]]:
+        """``(group, src, dst, tag)`` (group ranks) of every message sent in
+        this world that no rank received: on gloo or NCCL its send would
+        wait for a receiver."""
+        with self._lock:
+            return [(group, src, dst, tag) for (group, dst, tag), box in self._mail.items() for src, _ in box]
+
     def recv(self, pg: ProcessLocalGroup, tensor: torch.Tensor, src: int | None, tag: int) -> ThreadedWork:
         if src is not None:
             check_rank(src, pg.size(), "recv", "src", pg.group_name)

@@ -28,7 +28,7 @@ from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings, thread_pool
 from disttest._runner.join import join
-from disttest._runner.outcome import Outcome, in_phase
+from disttest._runner.outcome import Kind, Outcome, in_phase
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
@@ -48,6 +48,10 @@ LEFT_RUNNING = (
     "{test!r} (disttest): the test left {what} running after its ranks ended: {names}; "
     "disttest made {them} daemon so that the process can exit. Join every thread a test starts "
     "(or make it a daemon)"
+)
+UNDELIVERED = (
+    "{test!r} (disttest): every rank passed, but messages were sent that no rank received: {sends}. "
+    "On gloo or NCCL such a send waits for its receiver and the test hangs: receive every message a test sends"
 )
 LEFT_RUNNING_WAIT = 0.2  # seconds a thread the test started gets to end with it
 UNSTOPPABLE = (
@@ -109,6 +113,8 @@ class _ThreadRun:
 
     def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False,
                   where: Callable[..., Any] | None = None) -> None:
+        if all(o.kind is Kind.PASSED for o in outcomes):
+            self._raise_for_undelivered(outcomes, timeout)
         if self.injection is not None:
             outcomes = self.injection.judge(outcomes)
         try:
@@ -118,6 +124,18 @@ class _ThreadRun:
             if self.launcher.unstoppable:
                 e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
             raise
+
+
+    def _raise_for_undelivered(self, outcomes: list[Outcome], timeout: float) -> None:
+        """Every rank passed, but a message was sent that no rank received:
+        the test would hang on a real backend (its send waits for the
+        receiver), so it fails here too, naming each send."""
+        left = self.world.undelivered()
+        if left:
+            sends = "; ".join(f"rank {src} sent to rank {dst} (tag {tag}, group {group})"
+                              for group, src, dst, tag in left)
+            raise RankError(UNDELIVERED.format(test=self.test, sends=sends), self.test, len(outcomes),
+                            timeout, outcomes)
 
 
 def _restore_hooks(hook: Any, thread_hook: Any) -> None:
