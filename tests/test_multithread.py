@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import unittest
+import warnings
 from datetime import timedelta
 from unittest import mock
 
@@ -85,6 +86,33 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
                       "rank 1 sent to rank 0 (tag 7, group 0)", result.errors[0][1])
         result = run(Case("test_received"))
         self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_what_a_rank_changes_for_the_process_ends_with_the_test(self):
+        # Ranks as processes would take it with them; thread ranks share the
+        # test process, and the next test (or the test process) must not see it.
+        before = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                  torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters))
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_changes(self):
+                if self.rank == 1:
+                    torch.set_default_dtype(torch.float64)
+                    torch.set_num_threads(1)
+                    torch.use_deterministic_algorithms(True)
+                    torch.autograd.set_detect_anomaly(True)
+                    os.environ["DISTTEST_RANK_SET"] = "1"
+                    warnings.simplefilter("error")
+
+        self.assertTrue(run(Case("test_changes")).wasSuccessful())
+        after = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                 torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters))
+        self.assertEqual(after, before)
 
     def test_a_failure_names_the_hook_it_came_from(self):
         class Case(disttest.MultiThreadedTestCase):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -75,6 +76,9 @@ class _ThreadRun:
             turns = settings.thread_scheduling(test_cls) == "turns"
             settings.check_run_variables()
             owner = owner if owner is not None else test_cls
+            # What a rank changes for the whole process ends with the test, as
+            # it would with the rank's process (the last undo: after the ranks stop).
+            self._undo.callback(_process_state())
             # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
             # restored after each test, or 10,000 tests nest 20,000 hooks.
             self._undo.callback(_restore_hooks, sys.excepthook, threading.excepthook)
@@ -136,6 +140,41 @@ class _ThreadRun:
                               for group, src, dst, tag in left)
             raise RankError(UNDELIVERED.format(test=self.test, sends=sends), self.test, len(outcomes),
                             timeout, outcomes)
+
+
+def _process_state() -> Callable[[], None]:
+    """Note what a rank thread can change for the whole process (a rank
+    process would take it with it): torch's default dtype, intra-op thread
+    count, deterministic algorithms and anomaly mode, the environment and the
+    warnings filters; return what puts them back."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    environ, filters = dict(os.environ), list(warnings.filters)
+
+    def restore() -> None:
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        if (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) != deterministic:
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
+            torch.autograd.set_detect_anomaly(anomaly[0], check_nan=anomaly[1])
+        for name in [n for n in os.environ if n not in environ]:
+            del os.environ[name]
+        for name, value in environ.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        if warnings.filters != filters:
+            warnings.filters[:] = filters  # type: ignore[index]  # (a list in CPython)
+            mutated = getattr(warnings, "_filters_mutated", None)  # (CPython: drop its cache)
+            if callable(mutated):
+                mutated()
+
+    return restore
 
 
 def _restore_hooks(hook: Any, thread_hook: Any) -> None:
