@@ -383,6 +383,48 @@ class ArgumentErrorsTest(unittest.TestCase):
             2, lambda rank, n: dist.all_reduce(torch.ones(2 + rank)), CollectiveMismatch,
             "all_reduce: rank 1 passed torch.float32 [3], rank 0 passed torch.float32 [2]")
 
+    def test_coalesced_calls_of_different_lengths(self):
+        self.errors_on_every_rank(
+            2, lambda rank, n: dist.all_reduce_coalesced([torch.ones(1)] * (1 + rank)), CollectiveMismatch,
+            "all_reduce: ranks passed different numbers of tensors (rank 0 passed 1, rank 1 passed 2)")
+        self.errors_on_every_rank(  # (the longer list on rank 0 was an IndexError)
+            2, lambda rank, n: dist.all_reduce_coalesced([torch.ones(1)] * (2 - rank)), CollectiveMismatch,
+            "(rank 0 passed 2, rank 1 passed 1)")
+
+    def test_pieces_that_do_not_fit_are_not_cast_or_broadcast(self):
+        # gloo refuses each of these; a copy would cast or broadcast in silence.
+        def gather_shape(rank, n):
+            dist.gather(torch.ones(1), [torch.zeros(3) for _ in range(n)] if rank == 0 else None, dst=0)
+
+        def gather_dtype(rank, n):
+            dt = torch.float64 if rank == 1 else torch.float32
+            dist.gather(torch.ones(2, dtype=dt), [torch.zeros(2) for _ in range(n)] if rank == 0 else None, dst=0)
+
+        def scatter_dtype(rank, n):
+            out = torch.zeros(2, dtype=torch.int64 if rank == 1 else torch.float32)
+            dist.scatter(out, [torch.ones(2) for _ in range(n)] if rank == 0 else None, src=0)
+
+        def reduce_scatter_shape(rank, n):
+            dist.reduce_scatter(torch.zeros(3), [torch.ones(1) for _ in range(n)])
+
+        def all_gather_dtype(rank, n):
+            dt = torch.float64 if rank == 1 else torch.float32
+            dist.all_gather([torch.zeros(2, dtype=dt) for _ in range(n)], torch.ones(2, dtype=dt))
+
+        def all_to_all_dtype(rank, n):
+            dt = torch.int64 if rank == 1 else torch.float32
+            dist.all_to_all([torch.zeros(1, dtype=dt) for _ in range(n)], [torch.ones(1, dtype=dt) for _ in range(n)])
+
+        for fn, fragment in (
+                (gather_shape, "gather: rank 0 sends to the root's output 0: [1] torch.float32 into [3] torch.float32"),
+                (gather_dtype, "gather: rank 1 sends to the root's output 1: [2] torch.float64 into [2] torch.float32"),
+                (scatter_dtype, "scatter: the root's input 1 to rank 1's output: [2] torch.float32 into [2] torch.int64"),
+                (reduce_scatter_shape, "reduce_scatter: the inputs 0 into rank 0's output: [1] torch.float32 into [3]"),
+                (all_gather_dtype, "all_gather: rank 1 sends to rank 0's output 1: [2] torch.float64 into [2] torch."),
+                (all_to_all_dtype, "all_to_all: rank 1 sends to rank 0's output 1: [1] torch.int64 into [1] torch.")):
+            with self.subTest(fn.__name__):
+                self.errors_on_every_rank(2, fn, CollectiveMismatch, fragment)
+
     def test_different_collectives_at_the_same_step(self):
         def fn(rank, n):
             if rank == 0:
@@ -396,6 +438,9 @@ class ArgumentErrorsTest(unittest.TestCase):
     def test_bitwise_op_on_floats(self):
         self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1), op=R.BAND),
                                   ValueError, "BAND needs integer or bool tensors")
+        # gloo's is a RuntimeError: a suite written against it must catch ours too
+        self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1), op=R.BAND),
+                                  RuntimeError, "BAND needs integer or bool tensors")
 
     def test_average_of_integers(self):
         self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1, dtype=torch.int64), op=R.AVG),

@@ -16,7 +16,7 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "PythonGroup", "completed_work"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "completed_work"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, the group's timeout (disttest): {why}"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
@@ -26,6 +26,13 @@ DISAGREE = "{what} #{seq} on group {group}: ranks pass different {name} (disttes
 class CollectiveMismatch(RuntimeError):
     """Ranks called different collectives, or passed incompatible arguments,
     at the same step of a group."""
+
+
+class InvalidArgument(ValueError, RuntimeError):
+    """A collective's arguments cannot work in this rank (an op its dtype
+    lacks, split sizes, a rank out of range, a list of the wrong length): a
+    ``ValueError``, and a ``RuntimeError`` as gloo's and NCCL's are, so that
+    a suite written against either catches it."""
 
 
 class CollectiveTimeout(RuntimeError):
@@ -177,7 +184,7 @@ def _reduce(tensors: list[torch.Tensor], op: Any, what: str) -> torch.Tensor:
     dtype = tensors[0].dtype
     if kind in _BITWISE:
         if dtype.is_floating_point or dtype.is_complex:
-            raise ValueError(f"{what}: {kind.name} needs integer or bool tensors, got {dtype} (disttest)")
+            raise InvalidArgument(f"{what}: {kind.name} needs integer or bool tensors, got {dtype} (disttest)")
         out = tensors[0].clone()
         for t in tensors[1:]:
             out = _BITWISE[kind](out, t)
@@ -193,12 +200,12 @@ def _reduce(tensors: list[torch.Tensor], op: Any, what: str) -> torch.Tensor:
         return stacked.amax(0)
     if kind == R.AVG:
         if not (dtype.is_floating_point or dtype.is_complex):
-            raise ValueError(f"{what}: AVG needs floating-point tensors, got {dtype} (disttest)")
+            raise InvalidArgument(f"{what}: AVG needs floating-point tensors, got {dtype} (disttest)")
         return stacked.mean(0)
     if kind == R.PREMUL_SUM:
         scale = factor if not isinstance(factor, torch.Tensor) else factor.to(stacked.device)
         return (stacked * scale).sum(0).to(dtype)
-    raise ValueError(f"{what}: reduce op {kind} is not supported (disttest)")
+    raise InvalidArgument(f"{what}: reduce op {kind} is not supported (disttest)")
 
 
 def _same(tensors: Sequence[torch.Tensor], what: str) -> None:
@@ -210,6 +217,25 @@ def _same(tensors: Sequence[torch.Tensor], what: str) -> None:
                 f"{first.dtype} {list(first.shape)} (disttest)")
 
 
+def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str, shape: bool = True) -> None:
+    """Raise :class:`CollectiveMismatch` unless ``piece`` fills ``slot`` as
+    it is: the same dtype and (``shape``) shape. gloo refuses both; a copy
+    would cast and broadcast in silence."""
+    if slot.dtype != piece.dtype or shape and slot.shape != piece.shape:
+        raise CollectiveMismatch(f"{what}: {where}: {list(piece.shape)} {piece.dtype} into "
+                                 f"{list(slot.shape)} {slot.dtype} (disttest)")
+
+
+def _counts(what: str, lists: Sequence[Sequence[Any]], kind: str = "tensors") -> int:
+    """The one length of every rank's list (coalesced calls), or
+    :class:`CollectiveMismatch` naming what each rank passed."""
+    lengths = [len(x) for x in lists]
+    if len(set(lengths)) > 1:
+        passed = ", ".join(f"rank {r} passed {n}" for r, n in enumerate(lengths))
+        raise CollectiveMismatch(f"{what}: ranks passed different numbers of {kind} ({passed}) (disttest)")
+    return lengths[0] if lengths else 0
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.detach().copy_(src.to(dst.device))
 
@@ -219,16 +245,16 @@ def _splits(sizes: Sequence[int] | torch.Tensor | None, total: int, n: int, what
     a tuple, a 1-D integer tensor) as a list that covers ``total``."""
     if isinstance(sizes, torch.Tensor):
         if sizes.dim() != 1 or sizes.dtype.is_floating_point or sizes.dtype.is_complex:
-            raise ValueError(f"{what}: split sizes must be a 1-D integer tensor, got {sizes.dtype} "
+            raise InvalidArgument(f"{what}: split sizes must be a 1-D integer tensor, got {sizes.dtype} "
                              f"{list(sizes.shape)} (disttest)")
         sizes = [int(s) for s in sizes.tolist()]
     if sizes is None or len(sizes) == 0:
         if total % n:
-            raise ValueError(f"{what}: dim 0 of size {total} does not split evenly over {n} ranks (disttest)")
+            raise InvalidArgument(f"{what}: dim 0 of size {total} does not split evenly over {n} ranks (disttest)")
         return [total // n] * n
     sizes = [int(s) for s in sizes]
     if len(sizes) != n or sum(sizes) != total or min(sizes) < 0:
-        raise ValueError(f"{what}: split sizes {sizes} do not cover dim 0 of size {total} over {n} ranks (disttest)")
+        raise InvalidArgument(f"{what}: split sizes {sizes} do not cover dim 0 of size {total} over {n} ranks (disttest)")
     return sizes
 
 
@@ -237,7 +263,7 @@ def _splits(sizes: Sequence[int] | torch.Tensor | None, total: int, n: int, what
 def check_rank(value: Any, size: int, what: str, name: str, group: str) -> int:
     """``value`` as a rank of a group of ``size``, or a ValueError naming it and the range."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-        raise ValueError(RANK_RANGE.format(what=what, name=name, value=value, group=group, last=size - 1))
+        raise InvalidArgument(RANK_RANGE.format(what=what, name=name, value=value, group=group, last=size - 1))
     return value
 
 
@@ -266,7 +292,7 @@ def _one_dtype(what: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torc
     # An output of another dtype would be cast silently by copy_: reject it.
     for t in outputs:
         if inputs and t.dtype != inputs[0].dtype:
-            raise ValueError(f"{what}: an output is {t.dtype} but the input is {inputs[0].dtype}; "
+            raise InvalidArgument(f"{what}: an output is {t.dtype} but the input is {inputs[0].dtype}; "
                              f"they must match (disttest)")
 
 

@@ -34,9 +34,12 @@ from disttest.pg._local import (
     CollectiveMismatch,
     CollectiveTimeout,
     FutureWork,
+    InvalidArgument,
     PythonGroup,
     _copy,
     _copyable,
+    _counts,
+    _fits,
     _one_dtype,
     _reduce,
     _same,
@@ -356,7 +359,7 @@ def _n_times(payloads: list[Any], n: int, what: str, larger: str) -> list[torch.
     for r, (out, inp) in enumerate(payloads):
         big, small = (out, inp) if larger == "output" else (inp, out)
         if big.numel() != n * small.numel():
-            raise ValueError(f"{what}: rank {r}'s {larger} has {big.numel()} elements, "
+            raise InvalidArgument(f"{what}: rank {r}'s {larger} has {big.numel()} elements, "
                              f"needs {n} x {small.numel()} (disttest)")
     return ins
 
@@ -365,7 +368,7 @@ def _roots_list(lists: list[list[torch.Tensor]], n: int, what: str, which: str) 
     """The root's one list of ``n`` tensors (``which``: "outputs" of a
     gather, "inputs" of a scatter), or a ValueError saying what it needs."""
     if len(lists) != 1 or len(lists[0]) != n:
-        raise ValueError(f"{what}: the root needs a list of {n} {which} (disttest)")
+        raise InvalidArgument(f"{what}: the root needs a list of {n} {which} (disttest)")
     return lists[0]
 
 
@@ -409,7 +412,7 @@ class ProcessLocalGroup(PythonGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
-            for i in range(len(all_tensors[0])):
+            for i in range(_counts("all_reduce", all_tensors)):
                 column = [ts[i] for ts in all_tensors]
                 _same(column, "all_reduce")
                 result = _reduce(column, op, "all_reduce")
@@ -437,6 +440,7 @@ class ProcessLocalGroup(PythonGroup):
         root = self._root(opts.rootRank, "broadcast", "src")
 
         def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
+            _counts("broadcast", all_tensors)
             for i, src in enumerate(all_tensors[root]):
                 column = [ts[i] for ts in all_tensors]
                 _same(column, "broadcast")
@@ -456,12 +460,13 @@ class ProcessLocalGroup(PythonGroup):
             ins = [p[1][0] for p in payloads]
             for r, (outs, _) in enumerate(payloads):
                 if len(outs[0]) != n:
-                    raise ValueError(f"all_gather: rank {r} passed {len(outs[0])} outputs for {n} ranks (disttest)")
+                    raise InvalidArgument(f"all_gather: rank {r} passed {len(outs[0])} outputs for {n} ranks (disttest)")
                 for src, t in enumerate(ins):
                     if outs[0][src].numel() != t.numel():
                         raise CollectiveMismatch(
                             f"all_gather: rank {r}'s output {src} has {outs[0][src].numel()} elements, "
                             f"rank {src} sent {t.numel()} (disttest)")
+                    _fits("all_gather", outs[0][src], t, f"rank {src} sends to rank {r}'s output {src}", shape=False)
                     _copy(outs[0][src], t.reshape(outs[0][src].shape))
             return [p[0] for p in payloads]
 
@@ -469,9 +474,17 @@ class ProcessLocalGroup(PythonGroup):
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         def compute(payloads: list[Any]) -> list[Any]:
-            for outs, _ in payloads:
+            _counts("all_gather_coalesced", [p[1] for p in payloads])
+            for r, (outs, _) in enumerate(payloads):
+                if len(outs) != len(payloads):
+                    raise InvalidArgument(f"all_gather_coalesced: rank {r} passed {len(outs)} output lists "
+                                          f"for {len(payloads)} ranks (disttest)")
                 for src, (_, src_ins) in enumerate(payloads):
+                    if len(outs[src]) != len(src_ins):
+                        raise CollectiveMismatch(f"all_gather_coalesced: rank {r}'s output list {src} holds "
+                                                 f"{len(outs[src])} tensors, rank {src} sends {len(src_ins)} (disttest)")
                     for j, t in enumerate(src_ins):
+                        _fits("all_gather_coalesced", outs[src][j], t, f"rank {src}'s tensor {j} to rank {r}")
                         _copy(outs[src][j], t)
             return [p[0] for p in payloads]
 
@@ -491,7 +504,8 @@ class ProcessLocalGroup(PythonGroup):
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         def compute(payloads: list[Any]) -> list[Any]:
-            for j in range(len(payloads[0][1])):
+            for j in range(_counts("all_gather_into_tensor_coalesced", [p[1] for p in payloads])):
+                _same([p[1][j] for p in payloads], "all_gather_into_tensor_coalesced")
                 flat = torch.cat([p[1][j].reshape(-1) for p in payloads])
                 for outs, _ in payloads:
                     _copy(outs[j], flat.reshape(outs[j].shape))
@@ -505,6 +519,7 @@ class ProcessLocalGroup(PythonGroup):
         def compute(payloads: list[Any]) -> list[Any]:
             outs = _roots_list(payloads[root][0], n, "gather", "outputs")
             for src, (_, ins) in enumerate(payloads):
+                _fits("gather", outs[src], ins[0], f"rank {src} sends to the root's output {src}")
                 _copy(outs[src], ins[0])
             return [p[0] for p in payloads]
 
@@ -516,10 +531,7 @@ class ProcessLocalGroup(PythonGroup):
         def compute(payloads: list[Any]) -> list[Any]:
             ins = _roots_list(payloads[root][1], n, "scatter", "inputs")
             for r, (outs, _) in enumerate(payloads):
-                if outs[0].shape != ins[r].shape:
-                    raise CollectiveMismatch(
-                        f"scatter: rank {r}'s output is {list(outs[0].shape)}, "
-                        f"its input is {list(ins[r].shape)} (disttest)")
+                _fits("scatter", outs[0], ins[r], f"the root's input {r} to rank {r}'s output")
                 _copy(outs[0], ins[r])
             return [p[0] for p in payloads]
 
@@ -531,10 +543,11 @@ class ProcessLocalGroup(PythonGroup):
         def compute(payloads: list[Any]) -> list[Any]:
             for r, (_, ins) in enumerate(payloads):
                 if len(ins[0]) != n:
-                    raise ValueError(f"reduce_scatter: rank {r} passed {len(ins[0])} inputs for {n} ranks (disttest)")
+                    raise InvalidArgument(f"reduce_scatter: rank {r} passed {len(ins[0])} inputs for {n} ranks (disttest)")
             for dst, (outs, _) in enumerate(payloads):
                 column = [p[1][0][dst] for p in payloads]
                 _same(column, "reduce_scatter")
+                _fits("reduce_scatter", outs[0], column[0], f"the inputs {dst} into rank {dst}'s output")
                 _copy(outs[0], _reduce(column, op, "reduce_scatter"))
             return [p[0] for p in payloads]
 
@@ -557,7 +570,8 @@ class ProcessLocalGroup(PythonGroup):
         op, n = opts.reduceOp, self.size()
 
         def compute(payloads: list[Any]) -> list[Any]:
-            for j in range(len(payloads[0][1])):
+            for j in range(_counts("reduce_scatter_tensor_coalesced", [p[1] for p in payloads])):
+                _same([p[1][j] for p in payloads], "reduce_scatter_tensor_coalesced")
                 total = _reduce([p[1][j].reshape(-1) for p in payloads], op, "reduce_scatter_tensor")
                 for dst, (outs, _) in enumerate(payloads):
                     _copy(outs[j], total.chunk(n)[dst].reshape(outs[j].shape))
@@ -571,13 +585,10 @@ class ProcessLocalGroup(PythonGroup):
         def compute(payloads: list[Any]) -> list[Any]:
             for r, (outs, ins) in enumerate(payloads):
                 if len(outs) != n or len(ins) != n:
-                    raise ValueError(f"all_to_all: rank {r} needs {n} inputs and {n} outputs (disttest)")
+                    raise InvalidArgument(f"all_to_all: rank {r} needs {n} inputs and {n} outputs (disttest)")
             for dst, (outs, _) in enumerate(payloads):
                 for src, (_, ins) in enumerate(payloads):
-                    if outs[src].shape != ins[dst].shape:
-                        raise CollectiveMismatch(
-                            f"all_to_all: rank {dst}'s output {src} is {list(outs[src].shape)}, "
-                            f"rank {src} sends {list(ins[dst].shape)} (disttest)")
+                    _fits("all_to_all", outs[src], ins[dst], f"rank {src} sends to rank {dst}'s output {src}")
                     _copy(outs[src], ins[dst])
             return [p[0] for p in payloads]
 
@@ -599,10 +610,7 @@ class ProcessLocalGroup(PythonGroup):
             for dst in range(n):
                 for src in range(n):
                     piece, slot = ins_split[src][dst], outs_split[dst][src]
-                    if piece.shape != slot.shape:
-                        raise CollectiveMismatch(
-                            f"all_to_all_single: rank {src} sends {list(piece.shape)} to rank {dst}, "
-                            f"which expects {list(slot.shape)} (disttest)")
+                    _fits("all_to_all_single", slot, piece, f"rank {src} sends to rank {dst}")
                     _copy(slot, piece)
             return [[p[0]] for p in payloads]
 
