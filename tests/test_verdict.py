@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import unittest
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -194,6 +195,14 @@ class CommSiteTest(unittest.TestCase):
             raise dist.DistBackendError("gloo says no")
 
         self.assertEqual(comm_site(self.caught(raise_it)), "DistBackendError")
+
+    def test_a_store_timeout_called_by_the_test_is_its_own(self):
+        # (a desync would read "waits in DistStoreError, a collective its peer never entered")
+        store = dist.HashStore()
+        store.set_timeout(timedelta(milliseconds=50))
+        exc = self.caught(lambda: store.wait(["never set"]))
+        self.assertIsInstance(exc, dist.DistStoreError)
+        self.assertEqual(comm_site(exc), "")
 
     def test_an_assertion_is_never_communication(self):
         exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))

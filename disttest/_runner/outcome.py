@@ -282,8 +282,11 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
 #: failed: torch.distributed's, and disttest's own process groups.
 COMM_MODULES = ("torch.distributed", "disttest.pg")
 #: Exception classes torch.distributed raises from C++ (``DistError`` and
-#: its subclasses), found by name so this module needs no torch.
-_DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+#: its subclasses), found by name so this module needs no torch. Not
+#: ``DistStoreError``: a store's ``wait``/``get`` that timed out is the test's
+#: own key-value protocol (a key no rank set), not a collective a peer left.
+_DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError")
+_STORE_ERROR = "DistStoreError"
 
 
 def _module(frame: FrameType) -> str:
@@ -315,7 +318,8 @@ def comm_site(exc: BaseException) -> str:
         # The first named function ("wrapper" of a decorator is no name).
         names = [getattr(c, "co_qualname", c.co_name) for c in calls]
         return next((n for n in names if "<locals>" not in n), calls[0].co_name)
-    if any(c.__name__ in _DIST_ERRORS for c in type(exc).__mro__):
+    names = [c.__name__ for c in type(exc).__mro__]
+    if _STORE_ERROR not in names and any(n in _DIST_ERRORS for n in names):
         return type(exc).__qualname__
     return ""
 
