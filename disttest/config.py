@@ -12,6 +12,7 @@ message, rather than ``import disttest``.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -112,9 +113,13 @@ def parse_world_size(value: object, where: str, text: bool = False) -> int:
             value = int(value.strip())
         except ValueError:
             raise ConfigError("world size", value, where, why) from None
-    if not isinstance(value, int) or value < 1:
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]  # an int, or numpy's int64
+    except TypeError:
+        raise ConfigError("world size", value, where, why) from None
+    if number < 1:
         raise ConfigError("world size", value, where, why)
-    return value
+    return number
 
 
 def default_timeout(environ: Mapping[str, str] | None = None) -> float:

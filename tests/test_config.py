@@ -71,6 +71,10 @@ class WorldSizeTest(unittest.TestCase):
     def test_parse(self):
         self.assertEqual(parse_world_size("3", "WORLD_SIZE", text=True), 3)
         self.assertEqual(parse_world_size(2, "x"), 2)
+        import numpy as np
+
+        self.assertEqual(parse_world_size(np.int64(2), "x"), 2)  # an integer type's, as range() takes it
+        self.assertIs(type(parse_world_size(np.int64(2), "x")), int)
         for bad in ("0", "two", -1, True, 2.5, None):
             with self.subTest(bad=bad), self.assertRaises(ConfigError) as ctx:
                 parse_world_size(bad, "environment variable WORLD_SIZE", text=True)

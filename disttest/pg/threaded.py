@@ -60,6 +60,7 @@ __all__ = [
     "CollectiveAborted",
     "CollectiveMismatch",
     "CollectiveTimeout",
+    "InvalidArgument",
     "FutureWork",
     "ProcessLocalGroup",
     "ThreadedWork",

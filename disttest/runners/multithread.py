@@ -56,7 +56,8 @@ UNDELIVERED = (
 )
 LEFT_RUNNING_WAIT = 0.2  # seconds a thread the test started gets to end with it
 UNSTOPPABLE = (
-    "\n\nNB: the threads of {who} could not be stopped (blocked outside Python); "
+    "\n\nNB: the threads of {who} could not be stopped (blocked outside Python, or the test caught "
+    "disttest's RankStopped, an except BaseException, and went on); "
     "they are daemon threads and end with the process (disttest)"
 )
 
