@@ -258,3 +258,28 @@ class UnittestTest(FreeOfTheHarness, unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ThreadStackTest(unittest.TestCase):
+    def test_a_stack_with_no_frame_of_the_test_says_so(self):
+        # A rank thread waiting for its first turn is in disttest's and
+        # threading's code only: its section must not be an empty stack.
+        import threading
+
+        from disttest._runner.threads import NO_TEST_FRAME, format_thread_stack
+
+        gate = threading.Event()
+        thread = threading.Thread(target=gate.wait, daemon=True)
+        thread.start()
+        try:
+            frame = sys._current_frames()[thread.ident]
+            self.assertEqual(format_thread_stack(frame), "Stack (most recent call first):\n" + NO_TEST_FRAME)
+        finally:
+            gate.set()
+            thread.join(5)
+
+        def own():
+            return format_thread_stack(sys._getframe())
+
+        self.assertIn(" in own", own())
+        self.assertNotIn(NO_TEST_FRAME, own())

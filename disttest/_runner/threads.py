@@ -46,6 +46,10 @@ class RankStopped(BaseException):
     ``except Exception`` in test code does not swallow it)."""
 
 
+#: A rank thread's stack without a frame of the test (it had not started the test's code).
+NO_TEST_FRAME = "  (no frame of the test: the rank had not started it, or was between its steps in disttest's code)"
+
+
 def format_thread_stack(frame: FrameType | None) -> str:
     """A thread's stack in faulthandler's layout (most recent call first),
     without the frames of ``threading`` and of disttest's own rank loop."""
@@ -55,7 +59,8 @@ def format_thread_stack(frame: FrameType | None) -> str:
         if "__unittest" not in frame.f_globals and code.co_filename != threading.__file__:
             lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
         frame = frame.f_back
-    return "Stack (most recent call first):\n" + "\n".join(lines)
+    # (a rank thread still waiting for its first turn is in disttest's code only)
+    return "Stack (most recent call first):\n" + ("\n".join(lines) or NO_TEST_FRAME)
 
 
 class _Tee:
