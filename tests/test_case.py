@@ -422,6 +422,12 @@ class FakeBackendTest(unittest.TestCase):
         "result = unittest.TestResult()\n"
         "cases.TestWorld('test_world').run(result)  # on its own: no class set-up\n"
         "print('alone', result.wasSuccessful(), 'left', 'FAKE' in dist.Backend._plugins)\n"
+        "class Asks(cases.disttest.TestCase):\n"
+        "    def test_it(self):\n"
+        "        cases.disttest.register_fake_backend()  # for the rest of the process, as documented\n"
+        "result = unittest.TestResult()\n"
+        "unittest.TestSuite([Asks('test_it')]).run(result)\n"
+        "print('asked', result.wasSuccessful(), 'left', 'FAKE' in dist.Backend._plugins)\n"
     )
 
     def test_fake_backend_for_the_class_and_the_test_and_gone_after(self):
@@ -429,4 +435,4 @@ class FakeBackendTest(unittest.TestCase):
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertEqual(proc.stdout.splitlines(), [
-            "run 2 problems []", "left False", "alone True left False"], proc.stdout)
+            "run 2 problems []", "left False", "alone True left False", "asked True left True"], proc.stdout)

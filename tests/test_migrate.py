@@ -210,14 +210,14 @@ class RewriteTest(unittest.TestCase):
             @mock.patch(
                 "torch.testing._internal.common_distributed.TIMEOUT")
             def f(x=lambda: g(["torch.testing._internal.common_fsdp.y"])):
-                class C(Base, key=f"{1}torch.testing._internal.dist_utils"):
+                class C(Base, key=f"{1}torch.testing.{sep}_internal.dist_utils"):
                     pass
                 return [h(z) for z in ("torch.testing._internal.common_utils.q",)]
         """)
         self.assertEqual([c.split(" left as it is")[0] for c in changes[1:]], [
             "string (torch.testing._internal.common_distributed.TIMEOUT)",
             "string (torch.testing._internal.common_fsdp.y)",
-            "f-string (torch.testing._internal.dist_utils)",
+            "f-string (torch.testing._internal.dist_utils)",  # (joined across the {sep})
             "string (torch.testing._internal.common_utils.q)"])
         lines = [c.line for c in rewrite(textwrap.dedent("""
             @mock.patch(

@@ -80,12 +80,27 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
                 elif self.rank == 0:
                     dist.recv(torch.zeros(1), 1, tag=7)
 
+            def test_isend_never_waited_for(self):
+                if self.rank == 1:  # gloo's sender goes on too
+                    dist.isend(torch.ones(1), 0, tag=7)
+
+            @disttest.inject_fault(rank=1, action="kill", at="all_gather")
+            def test_unreceived_and_a_fault_that_never_fired(self):
+                if self.rank == 1:
+                    dist.send(torch.ones(1), 0, tag=7)
+
+        from disttest.runners.multithread import UNDELIVERED
+
         result = run(Case("test_unreceived"))
         self.assertEqual(len(result.errors), 1, result.errors + result.failures)
-        self.assertIn("every rank passed, but messages were sent that no rank received: "
-                      "rank 1 sent to rank 0 (tag 7, group 0)", result.errors[0][1])
-        result = run(Case("test_received"))
-        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertIn(UNDELIVERED.format(test="test_unreceived", sends="rank 1 sent to rank 0 (tag 7, group 0)"),
+                      result.errors[0][1])
+        result = run(Case("test_unreceived_and_a_fault_that_never_fired"))  # the fault is the report
+        self.assertIn("injected fault never fired", "".join(t for _, t in result.errors + result.failures))
+        self.assertNotIn("no rank received", "".join(t for _, t in result.errors + result.failures))
+        for name in ("test_received", "test_isend_never_waited_for"):
+            result = run(Case(name))
+            self.assertTrue(result.wasSuccessful(), (name, result.errors + result.failures))
 
     def test_what_a_rank_changes_for_the_process_ends_with_the_test(self):
         # Ranks as processes would take it with them; thread ranks share the
@@ -113,6 +128,28 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         after = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
                  torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters))
         self.assertEqual(after, before)
+
+    def test_what_setup_changed_and_undid_around_the_ranks_stays_undone(self):
+        # The ranks' changes are put back to the state before setUp, not to
+        # the state setUp was in when it started them.
+        filters = list(warnings.filters)
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            @mock.patch.dict(os.environ, {"DISTTEST_ONLY_IN_SETUP": "1"})
+            def setUp(self):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    super().setUp()
+                    self._spawn_threads()
+
+            def test_nothing(self):
+                pass
+
+        self.assertTrue(run(Case("test_nothing")).wasSuccessful())
+        self.assertNotIn("DISTTEST_ONLY_IN_SETUP", os.environ)
+        self.assertEqual(list(warnings.filters), filters)
 
     def test_a_failure_names_the_hook_it_came_from(self):
         class Case(disttest.MultiThreadedTestCase):

@@ -256,10 +256,6 @@ class UnittestTest(FreeOfTheHarness, unittest.TestCase):
         self.assertTrue(entries[0][0].endswith("test_kinds_suite.py"))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ThreadStackTest(unittest.TestCase):
     def test_a_stack_with_no_frame_of_the_test_says_so(self):
         # A rank thread waiting for its first turn is in disttest's and
@@ -283,3 +279,7 @@ class ThreadStackTest(unittest.TestCase):
 
         self.assertIn(" in own", own())
         self.assertNotIn(NO_TEST_FRAME, own())
+
+
+if __name__ == "__main__":
+    unittest.main()

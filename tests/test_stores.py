@@ -17,6 +17,11 @@ class StoresTest(unittest.TestCase):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
 
+    def test_free_port_on_every_address(self):
+        port = find_free_port("")
+        with socket.socket() as s:
+            s.bind(("", port))
+
     @unittest.skipUnless(socket.has_ipv6, "no IPv6 on this host")
     def test_free_port_on_an_ipv6_host(self):
         try:

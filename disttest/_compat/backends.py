@@ -39,7 +39,13 @@ def ensure_fake_backend() -> None:
         import unittest
 
         raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
+    _fake_kept[:] = [True]  # the undos of install_fake_backend leave it registered from now on
     install_fake_backend()
+
+
+#: Set once the fake backend was asked for the rest of the process
+#: (:func:`ensure_fake_backend`, ``disttest.register_fake_backend()``).
+_fake_kept: list[bool] = []
 
 
 def install_fake_backend() -> Callable[[], None] | None:
@@ -60,7 +66,12 @@ def install_fake_backend() -> Callable[[], None] | None:
             common_opts.group_rank, common_opts.group_size, backend_opts
         )
 
-    undo: Callable[[], None] = register_backend(dist.Backend.FAKE, create, ["cpu", "cuda", "hpu", "xpu"])
+    unregister: Callable[[], None] = register_backend(dist.Backend.FAKE, create, ["cpu", "cuda", "hpu", "xpu"])
+
+    def undo() -> None:
+        if not _fake_kept:  # (kept where the test asked for it for the process meanwhile)
+            unregister()
+
     return undo
 
 

@@ -134,8 +134,9 @@ class _Attributes(cst.CSTVisitor):
         if PREFIX in node.value:
             self.holding_strings.update(self._path)
 
-    def visit_FormattedStringText(self, node: cst.FormattedStringText) -> None:
-        if PREFIX in node.value:
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        # The literal parts joined, as the rewriter reads them.
+        if PREFIX in "".join(p.value for p in node.parts if isinstance(p, cst.FormattedStringText)):
             self.holding_strings.update(self._path)
 
     def visit_Import(self, node: cst.Import) -> bool:

@@ -104,6 +104,19 @@ class ThreadedWork(FutureWork):
         return super().wait(timeout)
 
 
+class _SendWork(ThreadedWork):
+    """A buffered send's Work: notes that the sender waited for it (a
+    blocking ``send`` does), which gloo's sender would do until received."""
+
+    def __init__(self, future: Future[Any], waited: list[bool]) -> None:
+        super().__init__(future, "send")
+        self._waited = waited
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._waited[0] = True
+        return super().wait(timeout)
+
+
 class _Call:
     __slots__ = ("op", "payload", "future", "agree", "thread", "since")
 
@@ -136,7 +149,8 @@ class ThreadedWorld:
         self._lock = threading.Lock()
         self._waiting: dict[tuple[str, int], dict[int, _Call]] = {}
         self._seq: dict[tuple[str, int], int] = {}
-        self._mail: dict[tuple[str, int, int], deque[tuple[int, torch.Tensor]]] = {}
+        #: messages sent and not yet received: (sender, data, [whether its sender waited for it])
+        self._mail: dict[tuple[str, int, int], deque[tuple[int, torch.Tensor, list[bool]]]] = {}
         self._recvs: list[tuple[str, int | None, int, int, torch.Tensor, Future[Any], ThreadedWork]] = []
         self._pending: set[Future[Any]] = set()
         self._sizes: dict[str, int] = {}  # group name -> size
@@ -290,9 +304,10 @@ class ThreadedWorld:
             match = next((i for i, (g, src, to, t, *_) in enumerate(self._recvs)
                           if g == pg.group_name and to == dst and t == tag and src in (None, me)), None)
             if match is None:
-                self._mail.setdefault((pg.group_name, dst, tag), deque()).append((me, tensor.detach().clone()))
+                waited = [False]
+                self._mail.setdefault((pg.group_name, dst, tag), deque()).append((me, tensor.detach().clone(), waited))
                 fut.set_result([tensor])
-                return ThreadedWork(fut, "send")
+                return _SendWork(fut, waited)
             *_, out, rfut, work = self._recvs.pop(match)
             self._pending.discard(rfut)
         _deliver(out, tensor, work, me, rfut)
@@ -301,10 +316,13 @@ class ThreadedWorld:
 
     def undelivered(self) -> list[tuple[str, int, int, int]]:
         """``(group, src, dst, tag)`` (group ranks) of every message sent in
-        this world that no rank received: on gloo or NCCL its send would
-        wait for a receiver."""
+        this world, waited for by its sender (a blocking ``send``, or an
+        ``isend``'s ``wait()``), that no rank received: on gloo or NCCL that
+        wait would not end. (An ``isend`` never waited for may go unreceived
+        there too.)"""
         with self._lock:
-            return [(group, src, dst, tag) for (group, dst, tag), box in self._mail.items() for src, _ in box]
+            return [(group, src, dst, tag) for (group, dst, tag), box in self._mail.items()
+                    for src, _, waited in box if waited[0]]
 
     def recv(self, pg: ProcessLocalGroup, tensor: torch.Tensor, src: int | None, tag: int) -> ThreadedWork:
         if src is not None:
@@ -317,7 +335,7 @@ class ThreadedWorld:
             box = self._mail.get((pg.group_name, pg.rank(), tag))
             found = None
             if box:
-                for i, (sender, data) in enumerate(box):
+                for i, (sender, data, _) in enumerate(box):
                     if src is None or sender == src:
                         found = (sender, data)
                         del box[i]

@@ -51,8 +51,9 @@ LEFT_RUNNING = (
     "(or make it a daemon)"
 )
 UNDELIVERED = (
-    "{test!r} (disttest): every rank passed, but messages were sent that no rank received: {sends}. "
-    "On gloo or NCCL such a send waits for its receiver and the test hangs: receive every message a test sends"
+    "{test!r} (disttest): every rank passed, but messages were sent and waited for that no rank received: "
+    "{sends}. On gloo or NCCL such a send waits for its receiver until the group's timeout: "
+    "receive every message a test sends"
 )
 LEFT_RUNNING_WAIT = 0.2  # seconds a thread the test started gets to end with it
 UNSTOPPABLE = (
@@ -66,10 +67,12 @@ class _ThreadRun:
     """One test's threaded ranks: install the world, run, join, uninstall."""
 
     def __init__(self, world_size: int, body: Callable[[int], None], test: str, timeout: float,
-                 test_cls: type | None = None, owner: object = None) -> None:
+                 test_cls: type | None = None, owner: object = None, keep_state: bool = True) -> None:
         """``owner``: what holds the test as attribute ``test``, for the
         faults it declares (default ``test_cls``); ``timeout``: the test's
-        limit, which starting the ranks is held to as well."""
+        limit, which starting the ranks is held to as well; ``keep_state``:
+        put back what the ranks change for the whole process when they end
+        (False where the caller does it around more: a whole test case)."""
         # Each change to the process is undone by close(), also when a later
         # step (a fault declared wrong, a world the system will not start) raises.
         self._undo = contextlib.ExitStack()
@@ -79,7 +82,8 @@ class _ThreadRun:
             owner = owner if owner is not None else test_cls
             # What a rank changes for the whole process ends with the test, as
             # it would with the rank's process (the last undo: after the ranks stop).
-            self._undo.callback(_process_state())
+            if keep_state:
+                self._undo.callback(_process_state())
             # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
             # restored after each test, or 10,000 tests nest 20,000 hooks.
             self._undo.callback(_restore_hooks, sys.excepthook, threading.excepthook)
@@ -118,18 +122,18 @@ class _ThreadRun:
 
     def raise_for(self, outcomes: list[Outcome], timeout: float, always_failure: bool = False,
                   where: Callable[..., Any] | None = None) -> None:
-        if all(o.kind is Kind.PASSED for o in outcomes):
-            self._raise_for_undelivered(outcomes, timeout)
+        passed = all(o.kind is Kind.PASSED for o in outcomes)
         if self.injection is not None:
             outcomes = self.injection.judge(outcomes)
         try:
             raise_for_outcomes(self.test, len(outcomes), timeout, outcomes, always_failure,
                                keep_logs=self.launcher.keep_logs, where=where)
+            if passed:  # as run, and as judged (a fault that never fired is the report)
+                self._raise_for_undelivered(outcomes, timeout)
         except (RankFailure, RankError) as e:
             if self.launcher.unstoppable:
                 e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
             raise
-
 
     def _raise_for_undelivered(self, outcomes: list[Outcome], timeout: float) -> None:
         """Every rank passed, but a message was sent that no rank received:
@@ -251,6 +255,16 @@ class MultiThreadedTestCase(RankDispatch):
     def perThreadTearDown(self) -> None:
         """Hook method for tearing down each rank thread after the test body."""
 
+    def run(self, result: Any = None) -> Any:
+        # What the ranks change for the whole process is put back after the
+        # whole test (setUp to cleanups), as before it: a context that setUp
+        # opened and closed around _spawn_threads() stays closed.
+        restore = _process_state()
+        try:
+            return super().run(result)
+        finally:
+            restore()
+
     def setUp(self) -> None:
         """Runs in the main thread only; use ``perThreadSetUp`` for threads."""
         super().setUp()
@@ -289,7 +303,7 @@ class MultiThreadedTestCase(RankDispatch):
         def body(rank: int) -> None:
             cls._run(test_name, rank, world_size)
 
-        self._run_state = _ThreadRun(world_size, body, test_name, self._test_timeout(), cls)
+        self._run_state = _ThreadRun(world_size, body, test_name, self._test_timeout(), cls, keep_state=False)
         self.threads = self._run_state.launcher.threads
 
     @classmethod

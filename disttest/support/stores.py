@@ -41,7 +41,9 @@ def find_free_port(host: str = LOOPBACK) -> int:
     :func:`retry_on_connect_failures`, or let the store pick (port 0).
     """
     # The host's own family: "::1" or an IPv6 name needs an AF_INET6 socket.
-    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    # ("": every address, as bind takes it)
+    family, kind, proto, _, address = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
     with contextlib.closing(socket.socket(family, kind, proto)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
