@@ -48,6 +48,13 @@ class NamesTest(unittest.TestCase):
 
 
 class Rot13Test(unittest.TestCase):
+    def test_it_pickles(self):
+        # A writer holding one goes to other processes (a process-based async save).
+        import pickle
+
+        self.assertIs(pickle.loads(pickle.dumps(ck.Rot13Example)), ck.Rot13Example)
+        self.assertIsInstance(pickle.loads(pickle.dumps(ck.Rot13Example())), ck.Rot13Example)
+
     DATA = bytes(range(256)) * 3 + b"Hello, World 123"
 
     def written(self, cls):

@@ -76,6 +76,14 @@ class NamesTest(unittest.TestCase):
         with self.assertRaisesRegex(AttributeError, "has no attribute 'Nope'"):
             dt.Nope  # noqa: B018
 
+    def test_the_expert_styles_pickle(self):
+        import pickle
+
+        for name in ("ExpertParallel", "ExpertParallelWithTP", "TensorParallelForExpert"):
+            with self.subTest(name):
+                cls = getattr(dtensor_experts, name)
+                self.assertIs(pickle.loads(pickle.dumps(cls)), cls)
+
     def test_the_expert_styles_load_on_first_use(self):
         code = ("import sys, disttest.bases.dtensor as dt\n"
                 "before = 'torch.distributed.tensor.parallel' in sys.modules\n"

@@ -163,7 +163,9 @@ def _rot13_class() -> Any:
             """A readable stream that reads ``input`` and undoes the transform."""
             return cast(IO[bytes], _Rot13Reader(input))
 
-    Rot13Example.__module__ = __name__
+    # Found by pickle as this module's attribute (its __getattr__), not as a
+    # local of this function: a writer that holds one goes to other processes.
+    Rot13Example.__module__, Rot13Example.__qualname__ = __name__, "Rot13Example"
     return Rot13Example
 
 

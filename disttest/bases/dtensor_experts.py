@@ -178,6 +178,7 @@ def _build() -> dict[str, Any]:
 
     styles: dict[str, Any] = {"ExpertParallel": ExpertParallel, "ExpertParallelWithTP": ExpertParallelWithTP,
                               "TensorParallelForExpert": TensorParallelForExpert}
-    for style in styles.values():
-        style.__module__ = __name__
+    for name, style in styles.items():
+        # Found by pickle as this module's attribute (its __getattr__), not as a local of _build.
+        style.__module__, style.__qualname__ = __name__, name
     return styles

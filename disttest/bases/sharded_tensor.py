@@ -274,7 +274,7 @@ class SimpleMegatronLM(nn.Module):
 
 
 #: ``_test_st_common``'s placements, before shuffling: rank ``r`` on ``cuda:r``.
-PLACEMENTS = tuple(placement(rank) for rank in range(DEFAULT_GPU_NUM))
+PLACEMENTS = [placement(rank) for rank in range(DEFAULT_GPU_NUM)]  # a list, as upstream's
 
 
 def _chunk_sharding_specs_list_for_test(sharding_dims: Sequence[int], seed: int = 0, *,

@@ -157,7 +157,10 @@ class VerifyStateDictMixin(_Case):
                 # distributed one.
                 dist_state = dist_states.get(key, None)
                 self.assertIsNotNone(dist_state, f"{fqn}: {key}")
-                self._compare_tensor(state, dist_state)
+                try:
+                    self._compare_tensor(state, dist_state)
+                except AssertionError as e:  # which parameter, which state
+                    raise self.failureException(f"{fqn}: {key}: {e}") from None
 
         # Several distributed param groups may stand for one plain group.
         old_dist_osd_pg = dist_osd[_PG]
