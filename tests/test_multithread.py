@@ -535,6 +535,16 @@ class ThreadSchedulingTest(unittest.TestCase):
 
 
 class DecoratorTest(unittest.TestCase):
+    def test_what_a_rank_changes_for_the_process_ends_with_the_function(self):
+        @spawn_threads_and_init_comms(world_size=2)
+        def body(self):
+            if dist.get_rank() == 1:
+                torch.set_default_dtype(torch.float64)
+                os.environ["DISTTEST_RANK_SET"] = "1"
+
+        body(self)
+        self.assertEqual((torch.get_default_dtype(), os.environ.get("DISTTEST_RANK_SET")), (torch.float32, None))
+
     @spawn_threads_and_init_comms(world_size=3)
     def test_each_rank_runs_with_a_group(self):
         t = torch.ones(1)

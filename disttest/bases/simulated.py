@@ -257,9 +257,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             # (a string would be read letter by letter)
             raise ConfigError("local-tensor speedups", self.speedups, f"{type(self).__name__}.speedups",
                               f"expected a tuple of names from {_compat.LOCAL_TENSOR_SPEEDUPS}, or ()")
-        undo_fake = _compat.install_fake_backend()
-        if undo_fake is not None:
-            self.addCleanup(undo_fake)
+        # (c10d's fake backend: registered by disttest.TestCase.run around the test)
         from disttest.pg.fake import FakeStore
 
         dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())

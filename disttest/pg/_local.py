@@ -226,13 +226,13 @@ def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str, shape:
                                  f"{list(slot.shape)} {slot.dtype} (disttest)")
 
 
-def _counts(what: str, lists: Sequence[Sequence[Any]], kind: str = "tensors") -> int:
+def _counts(what: str, lists: Sequence[Sequence[Any]]) -> int:
     """The one length of every rank's list (coalesced calls), or
     :class:`CollectiveMismatch` naming what each rank passed."""
     lengths = [len(x) for x in lists]
     if len(set(lengths)) > 1:
         passed = ", ".join(f"rank {r} passed {n}" for r, n in enumerate(lengths))
-        raise CollectiveMismatch(f"{what}: ranks passed different numbers of {kind} ({passed}) (disttest)")
+        raise CollectiveMismatch(f"{what}: ranks passed different numbers of tensors ({passed}) (disttest)")
     return lengths[0] if lengths else 0
 
 

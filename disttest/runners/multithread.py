@@ -67,12 +67,12 @@ class _ThreadRun:
     """One test's threaded ranks: install the world, run, join, uninstall."""
 
     def __init__(self, world_size: int, body: Callable[[int], None], test: str, timeout: float,
-                 test_cls: type | None = None, owner: object = None, keep_state: bool = True) -> None:
+                 test_cls: type | None = None, owner: object = None) -> None:
         """``owner``: what holds the test as attribute ``test``, for the
         faults it declares (default ``test_cls``); ``timeout``: the test's
-        limit, which starting the ranks is held to as well; ``keep_state``:
-        put back what the ranks change for the whole process when they end
-        (False where the caller does it around more: a whole test case)."""
+        limit, which starting the ranks is held to as well. (What the ranks
+        change for the whole process is put back by the caller, around all
+        of the test: :func:`_process_state`.)"""
         # Each change to the process is undone by close(), also when a later
         # step (a fault declared wrong, a world the system will not start) raises.
         self._undo = contextlib.ExitStack()
@@ -80,10 +80,6 @@ class _ThreadRun:
             turns = settings.thread_scheduling(test_cls) == "turns"
             settings.check_run_variables()
             owner = owner if owner is not None else test_cls
-            # What a rank changes for the whole process ends with the test, as
-            # it would with the rank's process (the last undo: after the ranks stop).
-            if keep_state:
-                self._undo.callback(_process_state())
             # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
             # restored after each test, or 10,000 tests nest 20,000 hooks.
             self._undo.callback(_restore_hooks, sys.excepthook, threading.excepthook)
@@ -303,7 +299,7 @@ class MultiThreadedTestCase(RankDispatch):
         def body(rank: int) -> None:
             cls._run(test_name, rank, world_size)
 
-        self._run_state = _ThreadRun(world_size, body, test_name, self._test_timeout(), cls, keep_state=False)
+        self._run_state = _ThreadRun(world_size, body, test_name, self._test_timeout(), cls)
         self.threads = self._run_state.launcher.threads
 
     @classmethod
@@ -412,12 +408,16 @@ def threads_test(func: Callable[..., Any], size: int, limit: float | None, alway
 
         before = set(threading.enumerate())
         seconds = limit if limit is not None else get_timeout(test)
-        run = _ThreadRun(size, body, test, seconds, owner=owner)
-        outcomes = run.join(seconds)
+        restore = _process_state()  # what the ranks change for the whole process ends with them
         try:
-            run.raise_for(outcomes, seconds, always_failure=always_failure, where=func)
+            run = _ThreadRun(size, body, test, seconds, owner=owner)
+            outcomes = run.join(seconds)
+            try:
+                run.raise_for(outcomes, seconds, always_failure=always_failure, where=func)
+            finally:
+                check_left_running(before, test)
         finally:
-            check_left_running(before, test)
+            restore()
 
     setattr(wrapper, SPAWNS, True)  # a fault declared above it is read by it
     return wrapper
