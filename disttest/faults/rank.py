@@ -463,7 +463,11 @@ def read_fired(source: Any, world_size: int) -> dict[int, list[dict[str, Any]]]:
     if source is None:
         return {}
     if not isinstance(source, str):
-        return {r: list(recs) for r, recs in _thread_records.get(source, {}).items()}
+        # NB: list(...items()) copies in one step under the GIL: rank threads that
+        # are still arming add their entries meanwhile (a thousand ranks, one of
+        # them killed while others start), which a loop over the live view would
+        # meet as "dictionary changed size during iteration".
+        return {r: list(recs) for r, recs in list(_thread_records.get(source, {}).items())}
     fired: dict[int, list[dict[str, Any]]] = {}
     for rank in range(world_size):
         try:
