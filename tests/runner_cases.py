@@ -233,6 +233,25 @@ class Behaviours:
             ctypes.string_at(0)
         dist.barrier()
 
+    def test_subtest_fails_in_rank_1(self):
+        # Each subTest's all_reduce has its own size: a rank that went on to
+        # the next subTest after its failure would meet its peer's earlier
+        # all_reduce (gloo hangs on the mismatch).
+        self.init()
+        for i in range(3):
+            with self.subTest(i=i):
+                if self.rank == 1 and i == 1:
+                    self.fail("rank 1 fails i=1")
+                dist.all_reduce(torch.ones(2 + i))
+
+    def test_subtests_fail_alike(self):
+        self.init()
+        for i in range(3):
+            with self.subTest(i=i, kind="same"):
+                with self.subTest(step=i * 10):
+                    dist.all_reduce(torch.ones(1))
+                    self.assertNotEqual(i, 1)
+
     def test_kill_own_process_group(self):
         if self.rank == 1:
             os.killpg(0, signal.SIGKILL)  # the rank's group, not the test process's

@@ -144,6 +144,21 @@ class BehaviourTest(unittest.TestCase):
                         header = f"{body!r} failed (disttest): "
                         self.assertIn(header + "rank 2/4 raised AssertionError\n", text)
 
+    def test_a_failing_subtest_is_named_and_ends_the_test(self):
+        for sub, result, elapsed in self.each("test_subtest_fails_in_rank_1"):
+            with sub:
+                text = self.only(result.failures)
+                self.assertIn("'test_subtest_fails_in_rank_1' failed (disttest): rank 1/2 raised AssertionError "
+                              "in test (i=1)\n", text)
+                self.assertIn("rank 1 fails i=1", text)
+                self.assertNotIn("timed out", text)
+                self.assertLess(elapsed, 15, "ranks went on out of step to the timeout")
+        for sub, result, _ in self.each("test_subtests_fail_alike"):
+            with sub:
+                text = self.only(result.failures)
+                self.assertIn("ranks 0, 1/2 raised AssertionError in test (step=10, i=1, kind='same')\n", text)
+                self.assertNotIn("i=2", text)
+
     def test_the_fake_backend_is_usable_in_a_rank(self):
         import torch.distributed as dist
 

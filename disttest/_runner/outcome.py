@@ -23,7 +23,7 @@ from disttest.support.skips import skip_for_exit_code
 __unittest = True
 
 __all__ = ["COMM_MODULES", "MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
-           "outcome_from_exception", "safe_str"]
+           "outcome_from_exception", "safe_str", "subtests_named"]
 
 
 class Kind(str, enum.Enum):
@@ -341,8 +341,10 @@ class PhaseResult(unittest.TestResult):
     test (setUp, the test, subTests, tearDown, cleanups), with the phase
     each error came from (the case's ``_phase``), as one :class:`Outcome`.
 
-    The first error decides the outcome; later ones are named in its
-    detail. An expected failure is reported as the failure it is, and an
+    The first error decides the outcome; later ones (tearDown, cleanups)
+    are named in its detail. The first subTest that fails ends the test
+    (``failfast``), as in the other runners' ranks (:func:`subtests_named`).
+    An expected failure is reported as the failure it is, and an
     unexpected success as a pass: the parent's copy of the test carries the
     same ``expectedFailure`` mark and judges it there.
     """
@@ -352,6 +354,7 @@ class PhaseResult(unittest.TestResult):
         self.rank = rank
         self._errors: list[tuple[str, BaseException]] = []
         self._skip: str | None = None
+        self.failfast = True  # subTest stops the test at its first failure
 
     def _add(self, test: Any, err: Any, sub: str = "") -> None:
         phase = getattr(test, "_phase", "test") or "test"
@@ -387,3 +390,45 @@ class PhaseResult(unittest.TestResult):
         if self._skip is not None:
             return outcome_from_exception(self.rank, unittest.SkipTest(self._skip))
         return outcome_from_exception(self.rank, None)
+
+
+class _RankSubTests:
+    """What ``TestCase.subTest`` asks of the case's ``_outcome`` (unittest's
+    private ``_Outcome``; Python 3.10 calls ``testPartExecutor`` with
+    ``isTest``, later ones with ``subTest``): an error in a subTest leaves
+    it marked with the subTest's phase (``test (i=1)``) and ends the test."""
+
+    result_supports_subtests = True
+    expecting_failure = False  # the parent's copy of the test judges expectedFailure
+    expectedFailure = None  # noqa: N815 (unittest's name)
+    success = True
+    result = None
+
+    def __init__(self, case: unittest.TestCase) -> None:
+        self.case = case
+
+    @contextlib.contextmanager
+    def testPartExecutor(self, test_case: Any, subTest: bool = False, isTest: bool = False) -> Iterator[None]:  # noqa: N802, N803
+        phase = (getattr(self.case, "_phase", "test") or "test") + " " + test_case._subDescription()
+        with in_phase(phase):
+            yield
+
+
+@contextlib.contextmanager
+def subtests_named(case: unittest.TestCase) -> Iterator[None]:
+    """In a rank that calls the test method itself (upstream's ``run_test``
+    hooks, outside unittest's machinery): the first ``subTest`` that fails
+    ends the test, and the report names it (``rank 1/2 raised AssertionError
+    in test (i=1)``), as in the pool's ranks.
+
+    NB: the test does not go on to the next subTest as unittest's would: a
+    rank that failed part-way through a subTest's collectives would call the
+    next one's while its peers are still in the first, and ranks out of step
+    hang (gloo) until the timeout, which would then hide the failure.
+    """
+    previous = getattr(case, "_outcome", None)
+    case._outcome = _RankSubTests(case)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        case._outcome = previous  # type: ignore[attr-defined]

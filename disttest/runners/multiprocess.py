@@ -29,7 +29,7 @@ from disttest._runner import cuda_fork, settings, zygote
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
-from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
+from disttest._runner.outcome import Kind, Outcome, outcome_from_exception, subtests_named
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
 from disttest._runner.verdict import judge
 from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher, ZygoteUnavailable
@@ -268,7 +268,7 @@ class MultiProcessTestCase(RankDispatch):
         set_rng_seed(settings.seed(self))
         exc: BaseException | None = None
         try:
-            with armed(type(self), test_name, self.rank, rank_mod.run_dir()):
+            with armed(type(self), test_name, self.rank, rank_mod.run_dir()), subtests_named(self):
                 getattr(self, test_name)()
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e

@@ -29,7 +29,7 @@ from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings, thread_pool
 from disttest._runner.join import join
-from disttest._runner.outcome import Kind, Outcome, in_phase
+from disttest._runner.outcome import Kind, Outcome, in_phase, subtests_named
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
@@ -321,7 +321,7 @@ class MultiThreadedTestCase(RankDispatch):
             with in_phase("perThreadSetUp"):
                 self.perThreadSetUp()
             try:
-                with armed(type(self), test_name, rank):
+                with armed(type(self), test_name, rank), subtests_named(self):
                     getattr(self, test_name)()
             finally:
                 with in_phase("perThreadTearDown"):
