@@ -252,6 +252,18 @@ class Behaviours:
                     dist.all_reduce(torch.ones(1))
                     self.assertNotEqual(i, 1)
 
+    def test_p2p_tags_differ(self):
+        self.init()
+        t = torch.ones(2)
+        if self.rank == 0:
+            dist.send(t, 1, tag=1)
+        else:
+            dist.recv(t, 0, tag=2)
+
+    def test_both_receive(self):
+        self.init()
+        dist.recv(torch.ones(2), 1 - self.rank)
+
     def test_kill_own_process_group(self):
         if self.rank == 1:
             os.killpg(0, signal.SIGKILL)  # the rank's group, not the test process's

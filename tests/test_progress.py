@@ -144,3 +144,49 @@ class BoardTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PointToPointTest(unittest.TestCase):
+    """Tags in the counts, and ranks that wait for each other in calls that
+    cannot match (a deadlock)."""
+
+    def world(self, calls: dict[int, tuple[str, str, int]], at: float = 100.0) -> MemoryBoard:
+        board = MemoryBoard(2)
+        for rank, (op, group, seq) in calls.items():
+            board.write(rank, {"op": op, "seq": seq, "group": group, "peers": [], "counts": {group: seq},
+                               "state": WAITING, "at": at})
+        return board
+
+    def test_the_key_names_a_tag_other_than_zero(self):
+        self.assertEqual(progress.p2p_key("send>", "3", 0), "send>3")
+        self.assertEqual(progress.p2p_key("recv<", "*", 7), "recv<*#7")
+        self.assertEqual(progress.p2p_key("recv<", "1", None), "recv<1")
+
+    def test_a_send_of_another_tag_leaves_a_finished_peers_receiver_waiting(self):
+        board = MemoryBoard(2)
+        board.write(0, {"counts": {"send>1#1": 1}, "state": progress.IDLE})
+        board.write(1, {"op": "recv", "seq": 1, "group": "recv<0#2", "peers": [[0, 0]], "counts": {"recv<0#2": 1},
+                        "state": WAITING})
+        [(peer, flight)] = find_desync(board, [1], [0])
+        self.assertEqual((peer, flight.describe()), (0, "recv #1 from rank 0 (tag 2)"))
+        board.write(0, {"counts": {"send>1#2": 1}, "state": progress.IDLE})  # the same tag: it was sent
+        self.assertEqual(find_desync(board, [1], [0]), [])
+
+    def test_calls_that_cannot_match_are_a_deadlock_once_settled(self):
+        cases = {
+            "tags differ": ({0: ("send", "send>1#1", 1), 1: ("recv", "recv<0#2", 1)}, True),
+            "both receive": ({0: ("recv", "recv<1", 1), 1: ("recv", "recv<0", 1)}, True),
+            "both send": ({0: ("send", "send>1", 1), 1: ("send", "send>0", 1)}, True),
+            "they match": ({0: ("send", "send>1#3", 1), 1: ("recv", "recv<0#3", 1)}, False),
+            "from any rank": ({0: ("recv", "recv<*", 1), 1: ("recv", "recv<0", 1)}, False),
+            "another peer": ({0: ("recv", "recv<1", 1), 1: ("all_reduce", "default", 1)}, False),
+        }
+        for name, (calls, deadlock) in cases.items():
+            with self.subTest(name):
+                board = self.world(calls)
+                found = progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE)
+                self.assertEqual([(p, f.rank) for p, f in found], [(1, 0), (0, 1)] if deadlock else [])
+                if deadlock:
+                    self.assertEqual(found[0][1].against, board.in_flight(1).describe())
+                # Not yet settled: a send may still complete without its receiver.
+                self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE / 2), [])

@@ -159,6 +159,27 @@ class BehaviourTest(unittest.TestCase):
                 self.assertIn("ranks 0, 1/2 raised AssertionError in test (step=10, i=1, kind='same')\n", text)
                 self.assertNotIn("i=2", text)
 
+    def test_p2p_calls_that_cannot_match_end_the_test_promptly(self):
+        # The threaded group's send is buffered (as a small gloo send may be):
+        # its sender finishes, and the receiver waits for a tag never sent.
+        for sub, result, elapsed in self.each("test_p2p_tags_differ"):
+            with sub:
+                text = self.only(result.errors)
+                if sub.runner is cases.ThreadRunner:
+                    self.assertIn("desync: rank 0/2 finished; rank 1/2 waits in recv #1 from rank 0 (tag 2)", text)
+                else:
+                    self.assertIn("deadlock: ranks 0, 1/2 wait for each other in calls that cannot match: "
+                                  "rank 0/2 in send #1 to rank 1 (tag 1), rank 1/2 in recv #1 from rank 0 (tag 2)",
+                                  text)
+                self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+        for sub, result, elapsed in self.each("test_both_receive"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("'test_both_receive' errored (disttest): deadlock: ranks 0, 1/2 wait for each other in "
+                              "calls that cannot match: rank 0/2 in recv #1 from rank 1, rank 1/2 in recv #1 from "
+                              "rank 0\n", text)
+                self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+
     def test_the_fake_backend_is_usable_in_a_rank(self):
         import torch.distributed as dist
 

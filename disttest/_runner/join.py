@@ -16,7 +16,7 @@ from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
-from disttest._runner.verdict import DESYNC_DETAIL, WAITED_FOR, ended, explain
+from disttest._runner.verdict import DEADLOCK_DETAIL, DESYNC_DETAIL, WAITED_FOR, ended, explain
 
 __unittest = True
 
@@ -64,6 +64,9 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     # "{who}" and "{waits}" are filled in by the report, so that ranks waiting in the same
     # collective for the same peer are reported together.
     peer, flight = found
+    if flight.against:  # the same text for both ranks, so that the report shows the pair once
+        calls = sorted([(flight.rank, flight.describe()), (peer, flight.against)])
+        return DEADLOCK_DETAIL.format(calls=", ".join(f"rank {r}/{world} in {what}" for r, what in calls))
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 
@@ -173,7 +176,7 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             # it) it may take at most a tenth of the time.
             next_check = time.monotonic() + DESYNC_SHARE * (time.monotonic() - began)
         if found:
-            kinds = {f[1].rank: Kind.DESYNC for f in found}
+            kinds = {f[1].rank: Kind.DEADLOCK if f[1].against else Kind.DESYNC for f in found}
             _stop(launcher, _live(world, outcomes), outcomes, kinds,
                   {f[1].rank: _desync_detail(f, world) for f in found})
             break

@@ -36,12 +36,13 @@ class Kind(str, enum.Enum):
     CRASHED = "crashed"  # died (exit code or signal) without reporting
     TIMED_OUT = "timed out"
     DESYNC = "desync"  # waited in a collective a finished peer never joined
+    DEADLOCK = "deadlock"  # waited for a peer that waits for it in a call that cannot match
     STOPPED = "stopped"  # stopped by disttest because a peer failed
 
     @property
     def is_cause(self) -> bool:
         """True for the kinds that make a test fail or error by themselves."""
-        return self in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC)
+        return self in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC, Kind.DEADLOCK)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ __all__ = ["POOL_START_TIMEOUT", "Pool", "PoolUnavailable", "TestRun"]
 POOL_START_TIMEOUT = 120.0  # default seconds for every worker to connect and make its group
 EXIT_WAIT = 2.0  # seconds for workers to leave after "exit"
 INIT_GRACE = 0.5  # seconds the others get once a worker could not make its group
-BROKEN_KINDS = (Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC, Kind.STOPPED)
+BROKEN_KINDS = (Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC, Kind.DEADLOCK, Kind.STOPPED)
 
 
 class PoolUnavailable(RuntimeError):

@@ -9,7 +9,10 @@ rank has exited.
 
 The parent's rule (:func:`find_desync`): a live rank that waits in
 collective #k of group G, whose peer in G has exited having entered fewer
-than k collectives of G, waits for a peer that will never come.
+than k collectives of G, waits for a peer that will never come. Two live
+ranks that have waited, each for the other, in point-to-point calls that
+cannot match (both receive; a tag that differs) for :data:`P2P_SETTLE`
+seconds are a deadlock.
 
 Only the outermost call is recorded (``all_gather_object`` calls
 ``all_gather``); ``async_op=True`` calls and ``isend``/``irecv`` count but do
@@ -24,13 +27,14 @@ import json
 import mmap
 import os
 import struct
+import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __unittest = True
 
-__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync"]
+__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "p2p_key"]
 
 SLOT = 4096  # bytes per rank at least; more for wide worlds (slot_size)
 _HEADER = struct.Struct("<IIB")  # seqlock version, payload length, state
@@ -72,6 +76,23 @@ RENDEZVOUS_GROUP = "rendezvous"
 # sent (or received) what a waiting rank needs.
 P2P_GROUP = "p2p"
 ANY = "*"
+#: Seconds two ranks must have waited for each other in point-to-point calls
+#: that cannot match before they are a deadlock (a send that completes
+#: without its receiver, as small gloo sends may, is gone well before).
+P2P_SETTLE = 1.0
+
+
+def p2p_key(direction: str, peer: str, tag: Any) -> str:
+    """The count key of a point-to-point call: ``send>3`` (to rank 3, tag
+    0), ``recv<1#7`` (from rank 1, tag 7), ``recv<*`` (from any rank):
+    only calls with the same tag match."""
+    return f"{direction}{peer}#{tag}" if tag else f"{direction}{peer}"
+
+
+def _p2p_parts(group: str) -> tuple[str, str, str]:
+    """``recv<1#7`` as ``("recv<", "1", "#7")`` (direction, peer, tag suffix)."""
+    peer, _, tag = group[5:].partition("#")
+    return group[:5], peer, "#" + tag if tag else ""
 
 
 @dataclass(frozen=True)
@@ -83,12 +104,15 @@ class InFlight:
     seq: int
     group: str
     peers: Sequence[int]  # a range for a whole group
+    since: float = 0.0  # when the rank entered it (time.time(); 0: unknown)
+    against: str = ""  # a deadlock: what the peer waits in (find_deadlocks)
 
     def describe(self) -> str:
         if self.group.startswith(("send>", "recv<")):
-            peer = self.group[5:]
+            _, peer, tag = _p2p_parts(self.group)
             other = "any rank" if peer == ANY else f"rank {peer}"
-            return f"{self.op} #{self.seq} {'to' if self.group[0] == 's' else 'from'} {other}"
+            return (f"{self.op} #{self.seq} {'to' if self.group[0] == 's' else 'from'} {other}"
+                    + (f" (tag {tag[1:]})" if tag else ""))
         if self.group == WORLD_GROUP:
             return f"{self.op} #{self.seq} of the default group (counted by the threaded backend)"
         if self.group.startswith(RECORDER):
@@ -118,8 +142,6 @@ def _recorded_flight(rank: int, record: dict[str, Any], world_size: int,
                      ended: bool = False) -> InFlight | None:
     """The collective the flight recorder says ``rank`` has enqueued and not
     completed, if any (the one with the lowest number: the one it waits in)."""
-    import time
-
     waiting = [(v[0], key, v) for key, v in (record.get("fr") or {}).items() if v[0] > v[1] and v[2]]
     since, confirmed = record.get("fr_at") or (0.0, 0.0)
     if not waiting or confirmed - since < FR_SETTLE or (not ended and time.time() - confirmed > FR_FRESH):
@@ -148,7 +170,8 @@ class _Reads:
         state = record.get("state", IDLE)
         if state == IDLE or (state == FAILED and not include_failed) or "op" not in record:
             return _recorded_flight(rank, record, self.world_size, ended=include_failed)
-        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
+        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]),
+                        record.get("at", 0.0))
 
     def counts(self, rank: int) -> dict[str, int] | None:
         """How many collectives ``rank`` entered, per group (None: unknown)."""
@@ -281,8 +304,10 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
                 ended: bool = False, entered_counts: bool = True) -> list[tuple[int, InFlight]]:
     """(peer, what the rank waits in) for each of ``ranks`` that waits in
     (or, with ``ended``, died in) a collective that a peer of ``finished``
-    never entered (or, without ``entered_counts``, merely takes part in)."""
-    finished = list(finished)
+    never entered (or, without ``entered_counts``, merely takes part in);
+    and, of live ``ranks`` that wait, each pair deadlocked in
+    point-to-point calls (:func:`find_deadlocks`)."""
+    finished, ranks = list(finished), list(ranks)
     found = []
     absent: dict[tuple[str, int, Sequence[int]], list[int]] = {}
     counts: dict[int, dict[str, int] | None] = {}
@@ -309,6 +334,37 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
         peer = next((p for p in absent[key] if p != rank), None)
         if peer is not None:
             found.append((peer, flight))
+    if not ended and entered_counts:
+        seen = {flight.rank for _, flight in found}
+        found += find_deadlocks(board, [r for r in ranks if r not in seen], time.time())
+    return found
+
+
+def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple[int, InFlight]]:
+    """(peer, what the rank waits in) for each of the live ``ranks`` that
+    has waited for :data:`P2P_SETTLE` seconds in a send to, or a receive
+    from, a peer that has waited as long in a point-to-point call with it
+    that cannot match (both receive, both send, or another tag); the
+    InFlight's ``against`` is the peer's call. A receive from any rank is
+    never one (a third rank may send)."""
+    waiting = {}
+    for rank in ranks:
+        # NB: the record first (a thousand thread ranks in a collective are asked at each check).
+        record = board.read(rank)
+        if (not record or record.get("state") != WAITING or not str(record.get("group")).startswith(("send>", "recv<"))
+                or now - record.get("at", now) < P2P_SETTLE):
+            continue
+        flight = board.in_flight(rank)
+        if flight is not None and _p2p_parts(flight.group)[1] != ANY:
+            waiting[rank] = flight
+    found = []
+    for rank, flight in waiting.items():
+        direction, peer, tag = _p2p_parts(flight.group)
+        theirs = waiting.get(int(peer))
+        if theirs is None or _p2p_parts(theirs.group)[1] != str(rank):
+            continue
+        if _p2p_parts(theirs.group) != (("recv<" if direction == "send>" else "send>"), str(rank), tag):
+            found.append((int(peer), replace(flight, against=theirs.describe())))
     return found
 
 
@@ -345,21 +401,22 @@ def _recorded_abandoned(board: _Reads, rank: int, flight: InFlight, finished: li
 
 def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[int]) -> int | None:
     """The finished peer that leaves a waiting send/recv unmatched, or None
-    (also when a count it needs is unknown)."""
-    direction, peer = flight.group[:5], flight.group[5:]
+    (also when a count it needs is unknown). Only calls with the same tag
+    match."""
+    direction, peer, tag = _p2p_parts(flight.group)
     if direction == "send>":
         dst = int(peer)
         got = board.counts(dst) if dst in finished else None
         if got is None:
             return None
-        return dst if got.get(f"recv<{rank}", 0) + got.get(f"recv<{ANY}", 0) < flight.seq else None
+        return dst if got.get(f"recv<{rank}{tag}", 0) + got.get(f"recv<{ANY}{tag}", 0) < flight.seq else None
     if peer != ANY:
         src = int(peer)
         sent_by = board.counts(src) if src in finished else None
         if sent_by is None:
             return None
         # Messages from src may also have gone to this rank's any-source recvs.
-        return src if sent_by.get(f"send>{rank}", 0) < flight.seq else None
+        return src if sent_by.get(f"send>{rank}{tag}", 0) < flight.seq else None
     others = [p for p in range(board.world_size) if p != rank]
     if not all(p in finished for p in others):
         return None
@@ -367,6 +424,6 @@ def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[in
     if any(c is None for c in counts):
         return None
     mine, *theirs = counts
-    sent = sum(c.get(f"send>{rank}", 0) for c in theirs if c is not None)
-    received = sum(v for k, v in (mine or {}).items() if k.startswith("recv<"))
+    sent = sum(c.get(f"send>{rank}{tag}", 0) for c in theirs if c is not None)
+    received = sum(v for k, v in (mine or {}).items() if k.startswith("recv<") and _p2p_parts(k)[2] == tag)
     return others[0] if sent < received else None

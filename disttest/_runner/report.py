@@ -43,6 +43,7 @@ __all__ = [
 HEADER = "{test!r} {verdict} (disttest): {summary}"
 TIMED_OUT = "{who} did not finish {test!r} within {timeout}s"
 DESYNC = "desync: {detail}, a collective its peer never entered"
+DEADLOCK = "deadlock: {detail}"
 CRASHED = "{who} {exit} before finishing {test!r}"
 STOPPED = "{who} stopped by disttest after the failure above"
 NO_RANKS_STARTED = (
@@ -116,6 +117,8 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
         return TIMED_OUT.format(who=who, test=test, timeout=timeout)
     if o.kind is Kind.DESYNC:
         return DESYNC.format(detail=_fill(o.detail, who))
+    if o.kind is Kind.DEADLOCK:
+        return DEADLOCK.format(detail=_fill(o.detail, who))
     if o.kind is Kind.CRASHED:
         exit_text = o.exit.describe() if o.exit else "exited"
         return CRASHED.format(who=who, exit=exit_text, test=test) + (f" ({o.detail})" if o.detail else "")
@@ -187,8 +190,8 @@ def _fill(detail: str, who: str) -> str:
 def _short(o: Outcome, who: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
         return f"{who} timed out after {timeout}s"
-    if o.kind is Kind.DESYNC:
-        return "desync: " + _fill(o.detail, who)
+    if o.kind in (Kind.DESYNC, Kind.DEADLOCK):
+        return f"{o.kind.value}: " + _fill(o.detail, who)
     if o.kind is Kind.CRASHED:
         return f"{who} {o.exit.describe() if o.exit else 'exited'}"
     return f"{who} raised {o.exc_type}{_in(o)}"
@@ -238,7 +241,7 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
     groups: dict[tuple[str, ...], list[Outcome]] = {}
     for o in outcomes:
         own = RANK.format(rank=o.rank, world=world_size)  # read as "the rank itself"
-        if o.kind is Kind.DESYNC:
+        if o.kind in (Kind.DESYNC, Kind.DEADLOCK):
             # The collective and the peer matter; the transport's message
             # (ports, addresses) differs from rank to rank.
             key: tuple[str, ...] = (o.kind.value, o.detail)
@@ -265,8 +268,9 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
         first = group[0]
         if len(group) > 1:  # the rank's own name reads as the group's
             own = RANK.format(rank=first.rank, world=world_size)
-            first = dataclasses.replace(first, message=first.message.replace(own, who),
-                                        detail=first.detail.replace(own, who))
+            # (A deadlock's detail names each rank of the pair as itself.)
+            detail = first.detail if first.kind is Kind.DEADLOCK else first.detail.replace(own, who)
+            first = dataclasses.replace(first, message=first.message.replace(own, who), detail=detail)
         text = _line(first, who, test, timeout)
         body = _body(first)
         sections.append((SECTION.format(who=who, kind=group[0].kind.value), f"{text}\n{body}" if body else text))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from disttest._runner.progress import (
     WAITING,
     Board,
     _runs,
+    p2p_key,
 )
 
 __unittest = True
@@ -63,7 +65,7 @@ class _Tracker:
         self.counts[group] = self.counts.get(group, 0) + 1
         with self._lock:
             self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
-                           "counts": dict(self.counts), "state": WAITING if waits else IDLE,
+                           "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
             self.board.write(self.rank, self.record)
 
@@ -83,8 +85,6 @@ class _Tracker:
 
     def done(self) -> None:
         """The rank's test ended (its peers' desync judgement needs when)."""
-        import time
-
         with self._lock:
             self.record["done_at"] = time.time()
             self.board.write(self.rank, self.record)
@@ -92,8 +92,6 @@ class _Tracker:
     def recorded(self, status: dict[str, list[Any]]) -> None:
         """Publish what the flight recorder says (from the watcher thread),
         with since when the same collectives are pending and when last seen."""
-        import time
-
         now = time.time()
         pending = sorted((k, v[0]) for k, v in status.items() if v[0] > v[1])
         with self._lock:
@@ -186,6 +184,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     peer_name = _P2P.get(name)
     get_peer = _getter(sig, peer_name) if peer_name else None
     get_group_peer = _getter(sig, "group_" + peer_name) if peer_name else None
+    get_tag = _getter(sig, "tag") if peer_name else None
 
     @functools.wraps(func)
     def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -215,7 +214,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 peer = get_peer(args, kwargs)
                 peer = get_group_peer(args, kwargs) if peer is None else peer
                 arrow = "send>" if peer_name == "dst" else "recv<"
-                group = arrow + (ANY if peer is None else str(peer))
+                group = p2p_key(arrow, ANY if peer is None else str(peer), get_tag(args, kwargs) if get_tag else 0)
                 ranks = ranks if peer is None else [peer]
             waits = name not in _ASYNC_ONLY and not get_async(args, kwargs)
             tracker.enter(name, group, ranks, waits)
@@ -338,8 +337,6 @@ def watch_flight_recorder() -> Callable[[], None]:
             tracker.recorded(status)
 
     def loop() -> None:
-        import time
-
         while True:
             time.sleep(WATCH_INTERVAL)
             try:
