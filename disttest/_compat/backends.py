@@ -105,16 +105,20 @@ def register_python_group_backend(group: Any, rank: int, world_size: int) -> Non
             supports_time_estimate = False
 
         _placeholder_backend.append(_Placeholder)
+    if _placeholder_backend[0] is None:
+        return
     try:
         backend = _placeholder_backend[0](rank, world_size)
     except TypeError:
         # Before 2.14 c10d's Backend has no Python constructor, and
-        # batch_isend_irecv does not ask a Python group for its backend.
+        # batch_isend_irecv does not ask a Python group for its backend
+        # (asked once: a thousand thread ranks make a group each per test).
+        _placeholder_backend[0] = None
         return
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
 
 
-_placeholder_backend: list[type] = []
+_placeholder_backend: list[type | None] = []
 
 
 _MISSING = object()

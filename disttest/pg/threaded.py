@@ -154,7 +154,7 @@ class ThreadedWorld:
         self._recvs: list[tuple[str, int | None, int, int, torch.Tensor, Future[Any], ThreadedWork]] = []
         self._pending: set[Future[Any]] = set()
         self._sizes: dict[str, int] = {}  # group name -> size
-        self._members: dict[str, frozenset[int]] = {}  # group name -> its global ranks
+        self._members: dict[str, range | frozenset[int]] = {}  # group name -> its global ranks
         self._dead: dict[int, str] = {}  # global rank -> why (an injected kill)
         self.abort_reason: str | None = None
         self.store = dist.HashStore()
@@ -194,7 +194,9 @@ class ThreadedWorld:
     def register(self, group: str, members: Sequence[int]) -> None:
         """Note the global ranks of ``group`` (as each member makes it)."""
         with self._lock:
-            self._members[group] = frozenset(members)
+            # NB: a whole world stays a range: each of its ranks registers it
+            # (a set of a thousand ranks, a thousand times, is O(world^2)).
+            self._members[group] = members if isinstance(members, range) else frozenset(members)
             self._sizes[group] = len(members)
 
     def kill(self, rank: int, reason: str) -> None:
