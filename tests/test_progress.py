@@ -190,3 +190,27 @@ class PointToPointTest(unittest.TestCase):
                     self.assertEqual(found[0][1].against, board.in_flight(1).describe())
                 # Not yet settled: a send may still complete without its receiver.
                 self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE / 2), [])
+
+    def test_calls_are_counted_by_global_peer_and_tag(self):
+        import torch
+        import torch.distributed as dist
+
+        from disttest import spawn_threads_and_init_comms
+
+        counts: dict[int, dict[str, int]] = {}
+
+        @spawn_threads_and_init_comms(world_size=4)
+        def body():
+            rank = dist.get_rank()
+            group = dist.new_group([2, 3])
+            if rank == 2:
+                dist.send(torch.ones(1), group=group, group_dst=1, tag=5)  # global rank 3
+                dist.send(torch.ones(1), dst=3)
+            elif rank == 3:
+                dist.recv(torch.ones(1), group=group, group_src=0, tag=5)  # global rank 2
+                dist.recv(torch.ones(1), src=2)
+            counts[rank] = dict(tracking._current().counts)
+
+        body()
+        self.assertEqual({k: v for k, v in counts[2].items() if k.startswith("send>")}, {"send>3#5": 1, "send>3": 1})
+        self.assertEqual({k: v for k, v in counts[3].items() if k.startswith("recv<")}, {"recv<2#5": 1, "recv<2": 1})

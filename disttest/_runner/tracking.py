@@ -212,7 +212,11 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 ranks = range(dist.get_world_size())
             if get_peer is not None and get_group_peer is not None:
                 peer = get_peer(args, kwargs)
-                peer = get_group_peer(args, kwargs) if peer is None else peer
+                if peer is None and (group_peer := get_group_peer(args, kwargs)) is not None:
+                    # A rank of the group: the board names peers by their global rank.
+                    pg = get_group(args, kwargs)
+                    peer = group_peer if pg is None or pg is dist.GroupMember.WORLD else dist.get_global_rank(
+                        pg, group_peer)
                 arrow = "send>" if peer_name == "dst" else "recv<"
                 group = p2p_key(arrow, ANY if peer is None else str(peer), get_tag(args, kwargs) if get_tag else 0)
                 ranks = ranks if peer is None else [peer]
