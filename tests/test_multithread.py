@@ -122,9 +122,14 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
                     torch.use_deterministic_algorithms(True)
                     torch.autograd.set_detect_anomaly(True)
                     os.environ["DISTTEST_RANK_SET"] = "1"
+                    os.environ["DISTTEST_RANK_CHANGED"] = "changed"
+                    del os.environ["DISTTEST_RANK_GONE"]
                     warnings.simplefilter("error")
 
-        self.assertTrue(run(Case("test_changes")).wasSuccessful())
+        kept = {"DISTTEST_RANK_CHANGED": "as before", "DISTTEST_RANK_GONE": "here"}
+        with mock.patch.dict(os.environ, kept):
+            self.assertTrue(run(Case("test_changes")).wasSuccessful())
+            self.assertEqual({name: os.environ.get(name) for name in kept}, kept)
         after = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
                  torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters))
         self.assertEqual(after, before)

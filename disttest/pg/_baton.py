@@ -151,17 +151,20 @@ class Baton:
 
     def watch(self, now: float | None = None) -> bool:
         """Go free if the turn was held longer than :data:`HOLD_LIMIT` while
-        a thread waited for it (:data:`IMPORT_HOLD_LIMIT` while the holder
-        imports); True if the world is free."""
+        a thread waited for it and the holder did not use the CPU between two
+        watches past that limit (or held it longer than
+        :data:`BUSY_HOLD_LIMIT`); True if the world is free."""
         now = time.monotonic() if now is None else now
         with self._lock:
             held = now - self._since
             waited = not self.free and bool(self._queue)
             turn = (self._holder_tid, self._since)
-        if not waited:
+        if not waited or held <= HOLD_LIMIT:
+            # NB: no look at the holder before then: most turns end well
+            # within it (a short test's whole life), and each look opens a file.
             return self.free
-        runs = self._runs(turn, now)  # every watch looks, so that the next can judge
-        if held > HOLD_LIMIT and (held > BUSY_HOLD_LIMIT or not runs):
+        runs = self._runs(turn, now)  # every watch of a long turn looks, so that the next can judge
+        if held > BUSY_HOLD_LIMIT or not runs:
             self.go_free()
         return self.free
 

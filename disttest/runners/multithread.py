@@ -152,7 +152,7 @@ def _process_state() -> Callable[[], None]:
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
     anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-    environ, filters = dict(os.environ), list(warnings.filters)
+    environ, filters = _environ_data(), list(warnings.filters)
 
     def restore() -> None:
         if torch.get_default_dtype() != dtype:
@@ -164,11 +164,13 @@ def _process_state() -> Callable[[], None]:
             torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
             torch.autograd.set_detect_anomaly(anomaly[0], check_nan=anomaly[1])
-        for name in [n for n in os.environ if n not in environ]:
-            del os.environ[name]
-        for name, value in environ.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
+        if _environ_data() != environ:  # (compared as the bytes the process has: no decoding)
+            before = _decoded(environ)
+            for name in [n for n in os.environ if n not in before]:
+                del os.environ[name]
+            for name, value in before.items():
+                if os.environ.get(name) != value:
+                    os.environ[name] = value
         if warnings.filters != filters:
             warnings.filters[:] = filters  # type: ignore[index]  # (a list in CPython)
             mutated = getattr(warnings, "_filters_mutated", None)  # (CPython: drop its cache)
@@ -176,6 +178,22 @@ def _process_state() -> Callable[[], None]:
                 mutated()
 
     return restore
+
+
+def _environ_data() -> dict[Any, Any]:
+    """A copy of the environment as ``os.environ`` keeps it (CPython's
+    ``_data``: encoded keys and values, copied without decoding each), else
+    as strings."""
+    data = getattr(os.environ, "_data", None)
+    return dict(data) if isinstance(data, dict) else dict(os.environ)
+
+
+def _decoded(environ: dict[Any, Any]) -> dict[str, str]:
+    """``environ`` (from :func:`_environ_data`) as names and values."""
+    key, value = getattr(os.environ, "decodekey", None), getattr(os.environ, "decodevalue", None)
+    if isinstance(getattr(os.environ, "_data", None), dict) and key is not None and value is not None:
+        return {key(k): value(v) for k, v in environ.items()}
+    return environ
 
 
 def _restore_hooks(hook: Any, thread_hook: Any) -> None:
