@@ -24,12 +24,14 @@ process at most 0.1 s.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import time
 import unittest
+from collections.abc import Callable
 
 HARNESSES = ("disttest", "upstream")
 
@@ -86,6 +88,130 @@ def worker(harness: str, size: int, n: int) -> dict[str, object]:
             "kib_per_rank": grown / 1024 / size}
 
 
+def floor_worker(size: int, n: int) -> dict[str, object]:
+    """In a fresh interpreter: the least a thread harness over c10d can cost
+    per test, the same body with no harness around it: ``size`` kept threads
+    run one at a time, each rank's ``init_process_group``, collectives and
+    ``destroy_process_group`` are c10d's own, and its group is the least a
+    group can be (each collective a list of arrivals; a rank that is not the
+    last hands the turn on and sleeps until the last completes it). No
+    timeout, report, tracking or checks of any kind."""
+    import threading
+    from collections import deque
+
+    import psutil
+    import torch
+    import torch.distributed as dist
+    from torch.futures import Future
+
+    from disttest import _compat
+
+    ready: deque[threading.Lock] = deque()  # threads that may run, in order
+    turn = threading.Lock()  # guards ready
+    arrivals: dict[int, list[tuple[int, list[torch.Tensor], threading.Lock | None]]] = {}
+
+    def hand_on() -> None:
+        with turn:
+            nxt = ready.popleft() if ready else None
+        if nxt is not None:
+            nxt.release()
+
+    class Work(_compat.work_base()):  # type: ignore[misc]
+        def __init__(self, gate: threading.Lock | None) -> None:
+            super().__init__()
+            self.gate = gate
+
+        def wait(self, timeout: object = None) -> bool:
+            if self.gate is not None:
+                hand_on()
+                self.gate.acquire()
+            return True
+
+        def get_future(self) -> Future:  # type: ignore[type-arg]
+            fut: Future = Future()  # type: ignore[type-arg]
+            fut.set_result(None)
+            return fut
+
+    class Group(dist.ProcessGroup):
+        def __init__(self, rank: int, world: int) -> None:
+            super().__init__(rank, world)
+            self.seq = 0
+
+        def _join(self, tensors: list[torch.Tensor], finish: Callable[[list[list[torch.Tensor]]], None]) -> Work:
+            self.seq += 1
+            calls = arrivals.setdefault(self.seq, [])
+            if len(calls) + 1 < self.size():
+                gate = threading.Lock()
+                gate.acquire()
+                calls.append((self.rank(), tensors, gate))
+                return Work(gate)
+            del arrivals[self.seq]
+            calls.append((self.rank(), tensors, None))
+            finish([t for _, t, _ in sorted(calls, key=lambda c: c[0])])  # by rank
+            with turn:
+                ready.extend(g for _, _, g in calls if g is not None)
+            return Work(None)
+
+        def allreduce(self, tensors: list[torch.Tensor], opts: object = None) -> Work:
+            def finish(each: list[list[torch.Tensor]]) -> None:
+                total = torch.stack([t[0] for t in each]).sum(0)
+                for t in each:
+                    t[0].copy_(total)
+            return self._join(tensors, finish)
+
+        def broadcast(self, tensors: list[torch.Tensor], opts: object = None) -> Work:
+            # (the body's src is 0)
+            return self._join(tensors, lambda each: [t[0].copy_(each[0][0]) for t in each[1:]])
+
+        def barrier(self, opts: object = None) -> Work:
+            return self._join([], lambda each: None)
+
+        def getBackendName(self) -> str:  # noqa: N802 (c10d's name)
+            return "floor"
+
+    dist.Backend.register_backend("floor", lambda store, rank, world, timeout: Group(rank, world), devices=["cpu"])
+    store = dist.HashStore()
+    _compat.set_thread_isolation(True)
+    gates = [threading.Lock() for _ in range(size)]
+    for gate in gates:
+        gate.acquire()
+    finished = threading.Semaphore(0)
+    sums: list[float] = []
+
+    def rank_loop(rank: int) -> None:
+        while True:
+            gates[rank].acquire()
+            dist.init_process_group("floor", rank=rank, world_size=size, store=store)
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            dist.broadcast(t, src=0)
+            dist.barrier()
+            sums.append(float(t[0]))
+            dist.destroy_process_group()
+            hand_on()
+            finished.release()
+
+    for rank in range(size):
+        threading.Thread(target=rank_loop, args=(rank,), daemon=True).start()
+    rss = psutil.Process().memory_info().rss
+    times = []
+    for _ in range(n):
+        began = time.perf_counter()
+        sums.clear()
+        _compat.set_c10d_world(_compat.new_c10d_world(per_thread=True))
+        with turn:
+            ready.extend(gates[1:])
+        gates[0].release()
+        for _ in range(size):
+            finished.acquire()
+        times.append(time.perf_counter() - began)
+        if sums != [float(size)] * size:
+            raise SystemExit(f"the floor's all_reduce at {size} ranks is wrong: {sorted(set(sums))}")
+    grown = psutil.Process().memory_info().rss - rss
+    return {"harness": "floor", "size": size, "first": times[0], "marginal": statistics.median(times[1:]),
+            "kib_per_rank": grown / 1024 / size}
+
+
 def measure(harness: str, size: int, n: int, limit: float) -> dict[str, object] | None:
     """One fresh interpreter's figures, or None if it did not finish in ``limit`` s."""
     try:
@@ -100,12 +226,14 @@ def measure(harness: str, size: int, n: int, limit: float) -> dict[str, object] 
 
 def report(rows: list[dict[str, object]], sizes: list[int]) -> None:
     got = {(r["harness"], r["size"]): r for r in rows}
-    print(f"{'ranks':>6} {'disttest s/test':>16} {'upstream s/test':>16} {'ratio':>6} {'KiB/rank':>9}")
+    print(f"{'ranks':>6} {'disttest s/test':>16} {'upstream s/test':>16} {'ratio':>6} {'KiB/rank':>9} "
+          f"{'floor s/test':>13} {'floor ratio':>12}")
     for size in sizes:
-        mine, theirs = got.get(("disttest", size)), got.get(("upstream", size))
+        mine, theirs, floor = (got.get((h, size)) for h in ("disttest", "upstream", "floor"))
         ratio = f"{mine['marginal'] / theirs['marginal']:.2f}" if mine and theirs else "-"
+        least = f"{floor['marginal'] / theirs['marginal']:.2f}" if floor and theirs else "-"
         print(f"{size:>6} {fmt(mine):>16} {fmt(theirs):>16} {ratio:>6} "
-              f"{(mine or {}).get('kib_per_rank', float('nan')):>9.1f}")
+              f"{(mine or {}).get('kib_per_rank', float('nan')):>9.1f} {fmt(floor):>13} {least:>12}")
     for harness in HARNESSES:
         a, b = got.get((harness, 256)), got.get((harness, 1024))
         if a and b:
@@ -152,7 +280,8 @@ def plot(rows: list[dict[str, object]], simulated: list[dict[str, object]], path
 
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+        work = floor_worker if sys.argv[2] == "floor" else functools.partial(worker, sys.argv[2])
+        print(json.dumps(work(int(sys.argv[3]), int(sys.argv[4]))))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="8,64,256,1024", help="world sizes, comma-separated")
@@ -173,7 +302,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {args.n} tests per class, marginal = median of tests 2..{args.n}")
     rows = []
     for size in sizes:
-        for harness in HARNESSES:
+        for harness in (*HARNESSES, "floor"):
             row = measure(harness, size, args.n, args.limit)
             if row is not None:
                 rows.append(row)
