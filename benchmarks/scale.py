@@ -8,6 +8,10 @@ median of tests 2..N, the first test's time and how much the process's
 resident memory grew per rank. Upstream's harness runs in its own
 interpreters (importing it re-registers the "threaded" backend). A world
 size upstream does not finish within ``--limit`` seconds is shown as such.
+The floor column runs the same body with no harness at all (kept threads one
+at a time, c10d's own ``init_process_group``, collectives and destroy, the
+least process group a Python group can be): what any thread harness over
+c10d costs at least, and its ratio to upstream's.
 
     .venv/bin/python benchmarks/scale.py [--sizes 8,64,256,1024] [-n N]
         [--json OUT] [--simulated SIM.json] [--plot PNG]
