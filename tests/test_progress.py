@@ -214,3 +214,34 @@ class PointToPointTest(unittest.TestCase):
         body()
         self.assertEqual({k: v for k, v in counts[2].items() if k.startswith("send>")}, {"send>3#5": 1, "send>3": 1})
         self.assertEqual({k: v for k, v in counts[3].items() if k.startswith("recv<")}, {"recv<2#5": 1, "recv<2": 1})
+
+    def test_a_call_the_peer_posted_before_its_wait_matches(self):
+        # isend then recv on both ranks (a large exchange waits in recv for
+        # longer than the settle time): each has posted the send the other waits for.
+        board = self.world({0: ("recv", "recv<1", 1), 1: ("recv", "recv<0", 1)})
+        for rank in (0, 1):
+            board.read(rank)["counts"][f"send>{1 - rank}"] = 1
+        self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE), [])
+
+    def test_the_sends_of_a_batch_are_counted(self):
+        import torch
+        import torch.distributed as dist
+
+        from disttest import spawn_threads_and_init_comms
+
+        counts: dict[int, dict[str, int]] = {}
+
+        @spawn_threads_and_init_comms(world_size=2)
+        def body():
+            rank = dist.get_rank()
+            if rank == 0:
+                ops = [dist.P2POp(dist.isend, torch.ones(1), 1), dist.P2POp(dist.isend, torch.ones(1), 1, tag=3)]
+            else:
+                ops = [dist.P2POp(dist.irecv, torch.ones(1), 0), dist.P2POp(dist.irecv, torch.ones(1), 0, tag=3)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            counts[rank] = dict(tracking._current().counts)
+
+        body()
+        self.assertEqual({k: v for k, v in counts[0].items() if k.startswith("send>")}, {"send>1": 1, "send>1#3": 1})
+        self.assertEqual({k: v for k, v in counts[1].items() if k.startswith("recv<")}, {"recv<0": 1, "recv<0#3": 1})

@@ -77,9 +77,11 @@ RENDEZVOUS_GROUP = "rendezvous"
 P2P_GROUP = "p2p"
 ANY = "*"
 #: Seconds two ranks must have waited for each other in point-to-point calls
-#: that cannot match before they are a deadlock (a send that completes
-#: without its receiver, as small gloo sends may, is gone well before).
-P2P_SETTLE = 1.0
+#: that cannot match before they are a deadlock: a send that completes
+#: without its receiver (small gloo sends) is gone well before, and a thread
+#: of the rank other than the waiting one may still post the call that
+#: matches (disttest records one call per rank).
+P2P_SETTLE = 5.0
 
 
 def p2p_key(direction: str, peer: str, tag: Any) -> str:
@@ -344,9 +346,11 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     """(peer, what the rank waits in) for each of the live ``ranks`` that
     has waited for :data:`P2P_SETTLE` seconds in a send to, or a receive
     from, a peer that has waited as long in a point-to-point call with it
-    that cannot match (both receive, both send, or another tag); the
-    InFlight's ``against`` is the peer's call. A receive from any rank is
-    never one (a third rank may send)."""
+    that cannot match (both receive, both send, or another tag), and that
+    has posted no call that matches it either (an ``isend``/``irecv`` before
+    its wait, ``batch_isend_irecv``: the counts say); the InFlight's
+    ``against`` is the peer's call. A receive from any rank is never one (a
+    third rank may send)."""
     waiting = {}
     for rank in ranks:
         # NB: the record first (a thousand thread ranks in a collective are asked at each check).
@@ -363,7 +367,16 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
         theirs = waiting.get(int(peer))
         if theirs is None or _p2p_parts(theirs.group)[1] != str(rank):
             continue
-        if _p2p_parts(theirs.group) != (("recv<" if direction == "send>" else "send>"), str(rank), tag):
+        if _p2p_parts(theirs.group) == (("recv<" if direction == "send>" else "send>"), str(rank), tag):
+            continue
+        posted = board.counts(int(peer))  # what the peer posted to this rank, waited for or not
+        if posted is None:
+            continue
+        if direction == "send>":
+            matched = posted.get(f"recv<{rank}{tag}", 0) + posted.get(f"recv<{ANY}{tag}", 0)
+        else:
+            matched = posted.get(f"send>{rank}{tag}", 0)
+        if matched < flight.seq:
             found.append((int(peer), replace(flight, against=theirs.describe())))
     return found
 

@@ -69,6 +69,15 @@ class _Tracker:
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
             self.board.write(self.rank, self.record)
 
+    def count(self, groups: Sequence[str]) -> None:
+        """Count calls of ``groups`` entered without waiting in them (the
+        sends and receives of a ``batch_isend_irecv``)."""
+        with self._lock:
+            for group in groups:
+                self.counts[group] = self.counts.get(group, 0) + 1
+            self.record["counts"] = dict(self.counts)
+            self.board.write(self.rank, self.record)
+
     def leave(self, failed: bool) -> None:
         # A failed collective keeps its record: the parent tells a desync
         # from a plain error by the collective a rank died in.
@@ -177,6 +186,22 @@ def _getter(sig: inspect.Signature, name: str) -> Callable[[tuple[Any, ...], dic
     return get
 
 
+def _batch_keys(dist: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """The count keys of a ``batch_isend_irecv``'s operations (``P2POp``:
+    ``op``, ``peer`` or ``group_peer``, ``tag``, ``group``), as the single
+    calls would count them."""
+    keys = []
+    for op in (args[0] if args else kwargs.get("p2p_op_list", ())):
+        arrow = "send>" if getattr(op.op, "__name__", "") == "isend" else "recv<"
+        peer = getattr(op, "peer", None)
+        if peer is None and (group_peer := getattr(op, "group_peer", None)) is not None:
+            group = getattr(op, "group", None)
+            peer = group_peer if group is None or group is dist.GroupMember.WORLD else dist.get_global_rank(
+                group, group_peer)
+        keys.append(p2p_key(arrow, ANY if peer is None else str(peer), getattr(op, "tag", 0)))
+    return keys
+
+
 def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     sig = inspect.signature(func)
     get_group = _getter(sig, "group")
@@ -206,6 +231,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 group, ranks = RENDEZVOUS_GROUP, range(tracker.board.world_size)
             elif name == "batch_isend_irecv":
                 group, ranks = P2P_GROUP, []
+                tracker.count(_batch_keys(dist, args, kwargs))
             else:
                 group, ranks = _group_of(dist, get_group(args, kwargs))
             if ranks is None:
