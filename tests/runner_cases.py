@@ -7,6 +7,7 @@ import the process class by name and pytest does not collect them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -251,6 +252,20 @@ class Behaviours:
                 with self.subTest(step=i * 10):
                     dist.all_reduce(torch.ones(1))
                     self.assertNotEqual(i, 1)
+
+    def test_subtest_failure_caught_by_the_test(self):
+        self.init()
+        with contextlib.suppress(Exception), self.subTest(i=0):
+            self.assertEqual(self.rank, 0)
+
+    def test_subtest_skipped_then_fails(self):
+        self.init()
+        for i in range(3):
+            with self.subTest(i=i):
+                if i == 0:
+                    raise unittest.SkipTest("case 0 not supported")
+                dist.all_reduce(torch.ones(1))
+                self.assertNotEqual(i, 1)
 
     def test_p2p_tags_differ(self):
         self.init()

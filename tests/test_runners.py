@@ -158,6 +158,14 @@ class BehaviourTest(unittest.TestCase):
                 text = self.only(result.failures)
                 self.assertIn("ranks 0, 1/2 raised AssertionError in test (step=10, i=1, kind='same')\n", text)
                 self.assertNotIn("i=2", text)
+        # As under unittest: code around a subTest cannot swallow its failure,
+        # and a skipped subTest does not skip the rest of the test.
+        for body, header in (("test_subtest_failure_caught_by_the_test", "rank 1/2 raised AssertionError in test (i=0)"),
+                             ("test_subtest_skipped_then_fails", "ranks 0, 1/2 raised AssertionError in test (i=1)")):
+            for sub, result, _ in self.each(body):
+                with sub:
+                    self.assertEqual(result.skipped, [])
+                    self.assertIn(f"{body!r} failed (disttest): {header}\n", self.only(result.failures))
 
     def test_p2p_calls_that_cannot_match_end_the_test_promptly(self):
         # The threaded group's send is buffered (as a small gloo send may be):

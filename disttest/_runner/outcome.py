@@ -343,8 +343,9 @@ class PhaseResult(unittest.TestResult):
     each error came from (the case's ``_phase``), as one :class:`Outcome`.
 
     The first error decides the outcome; later ones (tearDown, cleanups)
-    are named in its detail. The first subTest that fails ends the test
-    (``failfast``), as in the other runners' ranks (:func:`subtests_named`).
+    are named in its detail. The first subTest that fails ends the test,
+    as in the other runners' ranks (:func:`subtests_named`); a skipped one
+    does not.
     An expected failure is reported as the failure it is, and an
     unexpected success as a pass: the parent's copy of the test carries the
     same ``expectedFailure`` mark and judges it there.
@@ -355,7 +356,10 @@ class PhaseResult(unittest.TestResult):
         self.rank = rank
         self._errors: list[tuple[str, BaseException]] = []
         self._skip: str | None = None
-        self.failfast = True  # subTest stops the test at its first failure
+        # Python 3.10 reports a subTest's error after the test: there the
+        # first subTest that fails or skips stops it (failfast); later ones
+        # go on after a skip and stop at an error (addSubTest).
+        self.failfast = sys.version_info < (3, 11)
 
     def _add(self, test: Any, err: Any, sub: str = "") -> None:
         phase = getattr(test, "_phase", "test") or "test"
@@ -375,6 +379,9 @@ class PhaseResult(unittest.TestResult):
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
         if err is not None:
             self._add(test, err, f" {subtest._subDescription()}")
+            stop = getattr(unittest.case, "_ShouldStop", None)  # (what ends a test quietly)
+            if stop is not None and not self.failfast:
+                raise stop  # the test ends here (see subtests_named)
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         self._skip = reason
@@ -396,8 +403,10 @@ class PhaseResult(unittest.TestResult):
 class _RankSubTests:
     """What ``TestCase.subTest`` asks of the case's ``_outcome`` (unittest's
     private ``_Outcome``; Python 3.10 calls ``testPartExecutor`` with
-    ``isTest``, later ones with ``subTest``): an error in a subTest leaves
-    it marked with the subTest's phase (``test (i=1)``) and ends the test."""
+    ``isTest``, later ones with ``subTest``): an error in a subTest is noted
+    (so that code around the subTest cannot swallow it) and goes on marked
+    with the subTest's phase (``test (i=1)``), ending the test; a skip ends
+    the subTest only."""
 
     result_supports_subtests = True
     expecting_failure = False  # the parent's copy of the test judges expectedFailure
@@ -407,12 +416,20 @@ class _RankSubTests:
 
     def __init__(self, case: unittest.TestCase) -> None:
         self.case = case
+        self.failures: list[BaseException] = []
+        self.skips: list[str] = []
 
     @contextlib.contextmanager
     def testPartExecutor(self, test_case: Any, subTest: bool = False, isTest: bool = False) -> Iterator[None]:  # noqa: N802, N803
         phase = (getattr(self.case, "_phase", "test") or "test") + " " + test_case._subDescription()
-        with in_phase(phase):
-            yield
+        try:
+            with in_phase(phase):
+                yield
+        except unittest.SkipTest as e:
+            self.skips.append(str(e))
+        except Exception as e:  # NB: not what stops a rank (sys.exit, disttest's stop)
+            self.failures.append(e)
+            raise
 
 
 @contextlib.contextmanager
@@ -420,16 +437,27 @@ def subtests_named(case: unittest.TestCase) -> Iterator[None]:
     """In a rank that calls the test method itself (upstream's ``run_test``
     hooks, outside unittest's machinery): the first ``subTest`` that fails
     ends the test, and the report names it (``rank 1/2 raised AssertionError
-    in test (i=1)``), as in the pool's ranks.
+    in test (i=1)``), as in the pool's ranks, also when the test's own code
+    caught it; a skipped subTest is skipped, and the test goes on (it is
+    reported skipped if nothing failed).
 
-    NB: the test does not go on to the next subTest as unittest's would: a
-    rank that failed part-way through a subTest's collectives would call the
-    next one's while its peers are still in the first, and ranks out of step
-    hang (gloo) until the timeout, which would then hide the failure.
+    NB: the test does not go on after a failed subTest as unittest's would:
+    a rank that failed part-way through a subTest's collectives would call
+    the next one's while its peers are still in the first, and ranks out of
+    step hang (gloo) until the timeout, which would then hide the failure.
     """
     previous = getattr(case, "_outcome", None)
-    case._outcome = _RankSubTests(case)  # type: ignore[attr-defined]
+    outcome = _RankSubTests(case)
+    case._outcome = outcome  # type: ignore[attr-defined]
     try:
         yield
+    except Exception as e:
+        if outcome.failures and e is not outcome.failures[0]:
+            raise outcome.failures[0] from None  # the first failure is the cause
+        raise
     finally:
         case._outcome = previous  # type: ignore[attr-defined]
+    if outcome.failures:
+        raise outcome.failures[0]
+    if outcome.skips:
+        raise unittest.SkipTest(outcome.skips[0])
