@@ -267,6 +267,27 @@ class Behaviours:
                 dist.all_reduce(torch.ones(1))
                 self.assertNotEqual(i, 1)
 
+    def test_nested_subtest_fails_in_rank_1(self):
+        self.init()
+        for i in range(3):
+            with self.subTest(i=i), self.subTest(step=i):
+                if self.rank == 1 and i == 1:
+                    self.fail("rank 1 fails i=1")
+                dist.all_reduce(torch.ones(2 + i))  # a size per step: ranks out of step would hang
+
+    def test_caught_subtest_failure_then_exit_0(self):
+        self.init()
+        with contextlib.suppress(Exception), self.subTest(i=0):
+            self.assertEqual(self.rank, 0)
+        sys.exit(0)  # upstream's ranks end a passing test so
+
+    def test_do_cleanups_in_the_test(self):
+        self.init()
+        done = []
+        self.addCleanup(done.append, 1)
+        self.doCleanups()
+        self.assertEqual(done, [1])
+
     def test_p2p_tags_differ(self):
         self.init()
         t = torch.ones(2)

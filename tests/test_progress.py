@@ -142,9 +142,6 @@ class BoardTest(unittest.TestCase):
         self.assertEqual((tracker.depth, seen), (1, [0]))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class PointToPointTest(unittest.TestCase):
     """Tags in the counts, and ranks that wait for each other in calls that
@@ -245,3 +242,19 @@ class PointToPointTest(unittest.TestCase):
         body()
         self.assertEqual({k: v for k, v in counts[0].items() if k.startswith("send>")}, {"send>1": 1, "send>1#3": 1})
         self.assertEqual({k: v for k, v in counts[1].items() if k.startswith("recv<")}, {"recv<0": 1, "recv<0#3": 1})
+
+
+    def test_a_peer_that_is_not_a_number_is_never_judged(self):
+        board = self.world({0: ("recv", "recv<x", 1), 1: ("recv", "recv<0", 1)})
+        self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE), [])
+        self.assertEqual(find_desync(board, [0], [1]), [])
+
+    def test_a_peer_whose_counts_overflowed_is_never_judged(self):
+        board = self.world({0: ("recv", "recv<1", 1), 1: ("recv", "recv<0", 1)})
+        board.read(1)["overflow"] = True
+        found = progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE)
+        self.assertEqual([f.rank for _, f in found], [1])  # rank 0's counts are known: rank 1 is judged
+
+
+if __name__ == "__main__":
+    unittest.main()

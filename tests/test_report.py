@@ -40,6 +40,15 @@ class ClassifyTest(unittest.TestCase):
         self.assertIsInstance(e, unittest.SkipTest)
         self.assertEqual(str(e), "no gpu")
 
+    def test_a_deadlock_is_not_hidden_by_a_skip(self):
+        # Two live ranks that wait for each other are no consequence of a third's skip.
+        d = "ranks 1, 2/3 wait for each other in calls that cannot match: rank 1/3 in recv #1 from rank 2, ..."
+        e = raised([Outcome(0, Kind.SKIPPED, message="no gpu"), Outcome(1, Kind.DEADLOCK, detail=d),
+                    Outcome(2, Kind.DEADLOCK, detail=d)])
+        self.assertIsInstance(e, RankError)
+        self.assertIn("deadlock: " + d, str(e))
+        self.assertEqual(str(e).count("deadlock: "), 2)  # the header and one section for the pair
+
     def test_failure_wins_over_skip(self):
         e = raised([Outcome(0, Kind.SKIPPED, message="s"), Outcome(1, Kind.ERRORED, "ValueError", "v")])
         self.assertIsInstance(e, RankError)

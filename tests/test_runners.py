@@ -161,11 +161,18 @@ class BehaviourTest(unittest.TestCase):
         # As under unittest: code around a subTest cannot swallow its failure,
         # and a skipped subTest does not skip the rest of the test.
         for body, header in (("test_subtest_failure_caught_by_the_test", "rank 1/2 raised AssertionError in test (i=0)"),
-                             ("test_subtest_skipped_then_fails", "ranks 0, 1/2 raised AssertionError in test (i=1)")):
-            for sub, result, _ in self.each(body):
+                             ("test_caught_subtest_failure_then_exit_0", "rank 1/2 raised AssertionError in test (i=0)"),
+                             ("test_subtest_skipped_then_fails", "ranks 0, 1/2 raised AssertionError in test (i=1)"),
+                             ("test_nested_subtest_fails_in_rank_1",
+                              "rank 1/2 raised AssertionError in test (step=1, i=1)")):
+            for sub, result, elapsed in self.each(body):
                 with sub:
                     self.assertEqual(result.skipped, [])
                     self.assertIn(f"{body!r} failed (disttest): {header}\n", self.only(result.failures))
+                    self.assertLess(elapsed, 15, "ranks went on out of step to the timeout")
+        for sub, result, _ in self.each("test_do_cleanups_in_the_test"):
+            with sub:
+                self.assertEqual(result.errors + result.failures, [])
 
     def test_p2p_calls_that_cannot_match_end_the_test_promptly(self):
         # The threaded group's send is buffered (as a small gloo send may be):

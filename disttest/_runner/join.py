@@ -66,7 +66,8 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     peer, flight = found
     if flight.against:  # the same text for both ranks, so that the report shows the pair once
         calls = sorted([(flight.rank, flight.describe()), (peer, flight.against)])
-        return DEADLOCK_DETAIL.format(calls=", ".join(f"rank {r}/{world} in {what}" for r, what in calls))
+        return DEADLOCK_DETAIL.format(first=calls[0][0], second=calls[1][0], world=world,
+                                      calls=", ".join(f"rank {r}/{world} in {what}" for r, what in calls))
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 

@@ -340,15 +340,13 @@ def _keep_whole(text: str) -> None:
 class PhaseResult(unittest.TestResult):
     """Records, in a rank, what unittest's own machinery reports for one
     test (setUp, the test, subTests, tearDown, cleanups), with the phase
-    each error came from (the case's ``_phase``), as one :class:`Outcome`.
+    each error came from (the one it was marked with, as a failed subTest's
+    ``test (i=1)``, else the case's ``_phase``), as one :class:`Outcome`.
 
     The first error decides the outcome; later ones (tearDown, cleanups)
-    are named in its detail. The first subTest that fails ends the test,
-    as in the other runners' ranks (:func:`subtests_named`); a skipped one
-    does not.
-    An expected failure is reported as the failure it is, and an
-    unexpected success as a pass: the parent's copy of the test carries the
-    same ``expectedFailure`` mark and judges it there.
+    are named in its detail. An expected failure is reported as the failure
+    it is, and an unexpected success as a pass: the parent's copy of the
+    test carries the same ``expectedFailure`` mark and judges it there.
     """
 
     def __init__(self, rank: int) -> None:
@@ -356,14 +354,10 @@ class PhaseResult(unittest.TestResult):
         self.rank = rank
         self._errors: list[tuple[str, BaseException]] = []
         self._skip: str | None = None
-        # Python 3.10 reports a subTest's error after the test: there the
-        # first subTest that fails or skips stops it (failfast); later ones
-        # go on after a skip and stop at an error (addSubTest).
-        self.failfast = sys.version_info < (3, 11)
 
     def _add(self, test: Any, err: Any, sub: str = "") -> None:
-        phase = getattr(test, "_phase", "test") or "test"
-        self._errors.append((phase + sub, err[1]))
+        phase = getattr(err[1], PHASE_ATTR, None) or (getattr(test, "_phase", "test") or "test") + sub
+        self._errors.append((phase, err[1]))
 
     def addError(self, test: Any, err: Any) -> None:  # noqa: N802 (unittest's name)
         self._add(test, err)
@@ -374,14 +368,11 @@ class PhaseResult(unittest.TestResult):
     def addExpectedFailure(self, test: Any, err: Any) -> None:  # noqa: N802
         # NB: unittest reports it after tearDown and cleanups ran, but only
         # the test body's failure is ever expected.
-        self._errors.append(("test", err[1]))
+        self._errors.append((getattr(err[1], PHASE_ATTR, None) or "test", err[1]))
 
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
-        if err is not None:
+        if err is not None:  # (a rank's subTests go through subtests_named, which raises instead)
             self._add(test, err, f" {subtest._subDescription()}")
-            stop = getattr(unittest.case, "_ShouldStop", None)  # (what ends a test quietly)
-            if stop is not None and not self.failfast:
-                raise stop  # the test ends here (see subtests_named)
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         self._skip = reason
@@ -406,7 +397,8 @@ class _RankSubTests:
     ``isTest``, later ones with ``subTest``): an error in a subTest is noted
     (so that code around the subTest cannot swallow it) and goes on marked
     with the subTest's phase (``test (i=1)``), ending the test; a skip ends
-    the subTest only."""
+    the subTest only. Other parts (``doCleanups`` called by the test) run
+    as without an outcome."""
 
     result_supports_subtests = True
     expecting_failure = False  # the parent's copy of the test judges expectedFailure
@@ -421,6 +413,10 @@ class _RankSubTests:
 
     @contextlib.contextmanager
     def testPartExecutor(self, test_case: Any, subTest: bool = False, isTest: bool = False) -> Iterator[None]:  # noqa: N802, N803
+        if test_case is self.case:  # not a subTest: as unittest does with no outcome
+            with unittest.case._Outcome().testPartExecutor(test_case):  # type: ignore[attr-defined]
+                yield
+            return
         phase = (getattr(self.case, "_phase", "test") or "test") + " " + test_case._subDescription()
         try:
             with in_phase(phase):
@@ -434,12 +430,12 @@ class _RankSubTests:
 
 @contextlib.contextmanager
 def subtests_named(case: unittest.TestCase) -> Iterator[None]:
-    """In a rank that calls the test method itself (upstream's ``run_test``
-    hooks, outside unittest's machinery): the first ``subTest`` that fails
-    ends the test, and the report names it (``rank 1/2 raised AssertionError
-    in test (i=1)``), as in the pool's ranks, also when the test's own code
-    caught it; a skipped subTest is skipped, and the test goes on (it is
-    reported skipped if nothing failed).
+    """In a rank, around the test method (every runner's): the first
+    ``subTest`` that fails ends the test, and the report names it (``rank
+    1/2 raised AssertionError in test (i=1)``); one that the test's own code
+    caught is reported all the same, when the test ends. A skipped subTest
+    is skipped and the test goes on (it is reported skipped if nothing
+    failed).
 
     NB: the test does not go on after a failed subTest as unittest's would:
     a rank that failed part-way through a subTest's collectives would call
@@ -451,7 +447,7 @@ def subtests_named(case: unittest.TestCase) -> Iterator[None]:
     case._outcome = outcome  # type: ignore[attr-defined]
     try:
         yield
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # (sys.exit: upstream's skip codes; a caught failure comes first)
         if outcome.failures and e is not outcome.failures[0]:
             raise outcome.failures[0] from None  # the first failure is the cause
         raise

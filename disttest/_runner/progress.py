@@ -11,7 +11,7 @@ The parent's rule (:func:`find_desync`): a live rank that waits in
 collective #k of group G, whose peer in G has exited having entered fewer
 than k collectives of G, waits for a peer that will never come. Two live
 ranks that have waited, each for the other, in point-to-point calls that
-cannot match (both receive; a tag that differs) for :data:`P2P_SETTLE`
+cannot match (both receive, both send, a tag that differs) for :data:`P2P_SETTLE`
 seconds are a deadlock.
 
 Only the outermost call is recorded (``all_gather_object`` calls
@@ -350,35 +350,38 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     has posted no call that matches it either (an ``isend``/``irecv`` before
     its wait, ``batch_isend_irecv``: the counts say); the InFlight's
     ``against`` is the peer's call. A receive from any rank is never one (a
-    third rank may send)."""
-    waiting = {}
+    third rank may send). Each rank's record is read once."""
+    waiting: dict[int, tuple[InFlight, dict[str, Any]]] = {}
     for rank in ranks:
-        # NB: the record first (a thousand thread ranks in a collective are asked at each check).
         record = board.read(rank)
-        if (not record or record.get("state") != WAITING or not str(record.get("group")).startswith(("send>", "recv<"))
+        group = str((record or {}).get("group"))
+        if (not record or record.get("state") != WAITING or "op" not in record
+                or not group.startswith(("send>", "recv<")) or not _p2p_parts(group)[1].isdigit()
                 or now - record.get("at", now) < P2P_SETTLE):
             continue
-        flight = board.in_flight(rank)
-        if flight is not None and _p2p_parts(flight.group)[1] != ANY:
-            waiting[rank] = flight
+        waiting[rank] = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"]),
+                                  record["at"]), record)
     found = []
-    for rank, flight in waiting.items():
+    for rank, (flight, _) in waiting.items():
         direction, peer, tag = _p2p_parts(flight.group)
-        theirs = waiting.get(int(peer))
+        theirs, record = waiting.get(int(peer), (None, {}))
         if theirs is None or _p2p_parts(theirs.group)[1] != str(rank):
             continue
         if _p2p_parts(theirs.group) == (("recv<" if direction == "send>" else "send>"), str(rank), tag):
             continue
-        posted = board.counts(int(peer))  # what the peer posted to this rank, waited for or not
-        if posted is None:
+        if record.get("overflow"):  # (its counts are not known)
             continue
-        if direction == "send>":
-            matched = posted.get(f"recv<{rank}{tag}", 0) + posted.get(f"recv<{ANY}{tag}", 0)
-        else:
-            matched = posted.get(f"send>{rank}{tag}", 0)
-        if matched < flight.seq:
+        if _posted(record.get("counts", {}), direction, rank, tag) < flight.seq:
             found.append((int(peer), replace(flight, against=theirs.describe())))
     return found
+
+
+def _posted(counts: dict[str, int], direction: str, rank: int, tag: str) -> int:
+    """How many calls that match ``rank``'s ``direction`` ("send>" or
+    "recv<") with tag suffix ``tag`` the owner of ``counts`` posted to it."""
+    if direction == "send>":
+        return counts.get(f"recv<{rank}{tag}", 0) + counts.get(f"recv<{ANY}{tag}", 0)
+    return counts.get(f"send>{rank}{tag}", 0)
 
 
 def _never_entered(counts: dict[int, dict[str, int] | None], board: Board, peer: int, flight: InFlight,
@@ -417,19 +420,15 @@ def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[in
     (also when a count it needs is unknown). Only calls with the same tag
     match."""
     direction, peer, tag = _p2p_parts(flight.group)
-    if direction == "send>":
-        dst = int(peer)
-        got = board.counts(dst) if dst in finished else None
-        if got is None:
-            return None
-        return dst if got.get(f"recv<{rank}{tag}", 0) + got.get(f"recv<{ANY}{tag}", 0) < flight.seq else None
     if peer != ANY:
-        src = int(peer)
-        sent_by = board.counts(src) if src in finished else None
-        if sent_by is None:
+        if not peer.isdigit():
             return None
-        # Messages from src may also have gone to this rank's any-source recvs.
-        return src if sent_by.get(f"send>{rank}{tag}", 0) < flight.seq else None
+        other = int(peer)
+        posted = board.counts(other) if other in finished else None
+        if posted is None:
+            return None
+        # (Messages from a sender may also have gone to this rank's any-source recvs.)
+        return other if _posted(posted, direction, rank, tag) < flight.seq else None
     others = [p for p in range(board.world_size) if p != rank]
     if not all(p in finished for p in others):
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,21 +62,17 @@ class _Tracker:
     def depth(self, value: int) -> None:
         self._local.depth = value
 
-    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool) -> None:
+    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = ()) -> None:
+        """Record the call of ``op`` on ``group``; ``also``: the groups of
+        calls it makes that are counted but not waited in (the sends and
+        receives of a ``batch_isend_irecv``)."""
+        for other in also:
+            self.counts[other] = self.counts.get(other, 0) + 1
         self.counts[group] = self.counts.get(group, 0) + 1
         with self._lock:
             self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
                            "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
-            self.board.write(self.rank, self.record)
-
-    def count(self, groups: Sequence[str]) -> None:
-        """Count calls of ``groups`` entered without waiting in them (the
-        sends and receives of a ``batch_isend_irecv``)."""
-        with self._lock:
-            for group in groups:
-                self.counts[group] = self.counts.get(group, 0) + 1
-            self.record["counts"] = dict(self.counts)
             self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
@@ -186,20 +183,13 @@ def _getter(sig: inspect.Signature, name: str) -> Callable[[tuple[Any, ...], dic
     return get
 
 
-def _batch_keys(dist: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+def _batch_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
     """The count keys of a ``batch_isend_irecv``'s operations (``P2POp``:
-    ``op``, ``peer`` or ``group_peer``, ``tag``, ``group``), as the single
-    calls would count them."""
-    keys = []
-    for op in (args[0] if args else kwargs.get("p2p_op_list", ())):
-        arrow = "send>" if getattr(op.op, "__name__", "") == "isend" else "recv<"
-        peer = getattr(op, "peer", None)
-        if peer is None and (group_peer := getattr(op, "group_peer", None)) is not None:
-            group = getattr(op, "group", None)
-            peer = group_peer if group is None or group is dist.GroupMember.WORLD else dist.get_global_rank(
-                group, group_peer)
-        keys.append(p2p_key(arrow, ANY if peer is None else str(peer), getattr(op, "tag", 0)))
-    return keys
+    ``op``, ``peer``, the global rank, and ``tag``), as the single calls
+    would count them."""
+    return [p2p_key("send>" if getattr(op.op, "__name__", "") == "isend" else "recv<",
+                    str(operator.index(op.peer)), getattr(op, "tag", 0))
+            for op in (args[0] if args else kwargs.get("p2p_op_list", ()))]
 
 
 def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,6 +213,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         # Injected faults and schedule fuzzing (disttest.faults); before the
         # record, so that an injected raise is not counted as entered.
         after = _hook[0](name, tracker.rank) if _hook else None
+        posted: list[str] = []
         try:
             ranks: Sequence[int] | None
             # NB: a whole group is a range (O(1) to record): a list of every
@@ -231,7 +222,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 group, ranks = RENDEZVOUS_GROUP, range(tracker.board.world_size)
             elif name == "batch_isend_irecv":
                 group, ranks = P2P_GROUP, []
-                tracker.count(_batch_keys(dist, args, kwargs))
+                posted = _batch_keys(args, kwargs)
             else:
                 group, ranks = _group_of(dist, get_group(args, kwargs))
             if ranks is None:
@@ -243,11 +234,12 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                     pg = get_group(args, kwargs)
                     peer = group_peer if pg is None or pg is dist.GroupMember.WORLD else dist.get_global_rank(
                         pg, group_peer)
+                peer = None if peer is None else operator.index(peer)  # (a tensor or numpy rank reads as its int)
                 arrow = "send>" if peer_name == "dst" else "recv<"
                 group = p2p_key(arrow, ANY if peer is None else str(peer), get_tag(args, kwargs) if get_tag else 0)
                 ranks = ranks if peer is None else [peer]
             waits = name not in _ASYNC_ONLY and not get_async(args, kwargs)
-            tracker.enter(name, group, ranks, waits)
+            tracker.enter(name, group, ranks, waits, posted)
         except Exception:  # never let bookkeeping break the user's call
             return func(*args, **kwargs)
         local.depth = depth + 1

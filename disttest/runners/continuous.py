@@ -32,7 +32,7 @@ from disttest import _compat
 from disttest._runner import cuda_fork, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
-from disttest._runner.outcome import Kind, Outcome, PhaseResult
+from disttest._runner.outcome import Kind, Outcome, PhaseResult, subtests_named
 from disttest._runner.pool import Pool, PoolUnavailable
 from disttest._runner.rank import run_dir as rank_run_dir
 from disttest._runner.report import raise_for_outcomes
@@ -260,7 +260,7 @@ class MultiProcContinousTest(TestCase):
     def _callTestMethod(self, method: Any) -> None:
         if not self._dispatching():
             self._phase = "test"
-            with armed(type(self), self._testMethodName, self.rank, rank_run_dir()):
+            with armed(type(self), self._testMethodName, self.rank, rank_run_dir()), subtests_named(self):
                 super()._callTestMethod(method)
             return
         pool = self._pool_in_use
