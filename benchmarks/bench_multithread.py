@@ -10,7 +10,8 @@ the rounds and the ratio.
     .venv/bin/python benchmarks/bench_multithread.py [-n N] [--rounds R]
 
 Target (issue 11): disttest at most half of upstream's time per 4-rank
-one-all_reduce test (ratio <= 0.5), ten collectives well below 1.
+one-all_reduce test (ratio <= 0.5), ten collectives well below 1; issue 26
+asks 0.35 of upstream's at the margin.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def main() -> None:
         d = statistics.median(r[name] for r in rounds["disttest"])
         u = statistics.median(r[name] for r in rounds["upstream"])
         print(f"{name:24}{d * 1000:>10.2f}ms{u * 1000:>10.2f}ms{d / u:>8.2f}")
-    print("per test: the median over rounds; ratio = disttest / upstream (target: one all_reduce <= 0.5)")
+    print("per test: the median over rounds; ratio = disttest / upstream "
+          "(target: one all_reduce <= 0.5, issue 11; <= 0.35, issue 26)")
 
 
 if __name__ == "__main__":
