@@ -188,17 +188,28 @@ class PointToPointTest(unittest.TestCase):
                 # Not yet settled: a send may still complete without its receiver.
                 self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE / 2), [])
 
-    def test_calls_are_counted_by_global_peer_and_tag(self):
-        import torch
+    def p2p_counts(self, world_size: int, calls) -> dict[int, dict[str, int]]:
+        """Each thread rank's point-to-point counts after ``calls(rank)``."""
         import torch.distributed as dist
 
         from disttest import spawn_threads_and_init_comms
 
         counts: dict[int, dict[str, int]] = {}
 
-        @spawn_threads_and_init_comms(world_size=4)
+        @spawn_threads_and_init_comms(world_size=world_size)
         def body():
-            rank = dist.get_rank()
+            calls(dist.get_rank())
+            counts[dist.get_rank()] = {k: v for k, v in tracking._current().counts.items()
+                                       if k.startswith(("send>", "recv<"))}
+
+        body()
+        return counts
+
+    def test_calls_are_counted_by_global_peer_and_tag(self):
+        import torch
+        import torch.distributed as dist
+
+        def calls(rank):
             group = dist.new_group([2, 3])
             if rank == 2:
                 dist.send(torch.ones(1), group=group, group_dst=1, tag=5)  # global rank 3
@@ -206,11 +217,9 @@ class PointToPointTest(unittest.TestCase):
             elif rank == 3:
                 dist.recv(torch.ones(1), group=group, group_src=0, tag=5)  # global rank 2
                 dist.recv(torch.ones(1), src=2)
-            counts[rank] = dict(tracking._current().counts)
 
-        body()
-        self.assertEqual({k: v for k, v in counts[2].items() if k.startswith("send>")}, {"send>3#5": 1, "send>3": 1})
-        self.assertEqual({k: v for k, v in counts[3].items() if k.startswith("recv<")}, {"recv<2#5": 1, "recv<2": 1})
+        counts = self.p2p_counts(4, calls)
+        self.assertEqual((counts[2], counts[3]), ({"send>3#5": 1, "send>3": 1}, {"recv<2#5": 1, "recv<2": 1}))
 
     def test_a_call_the_peer_posted_before_its_wait_matches(self):
         # isend then recv on both ranks (a large exchange waits in recv for
@@ -224,25 +233,14 @@ class PointToPointTest(unittest.TestCase):
         import torch
         import torch.distributed as dist
 
-        from disttest import spawn_threads_and_init_comms
-
-        counts: dict[int, dict[str, int]] = {}
-
-        @spawn_threads_and_init_comms(world_size=2)
-        def body():
-            rank = dist.get_rank()
-            if rank == 0:
-                ops = [dist.P2POp(dist.isend, torch.ones(1), 1), dist.P2POp(dist.isend, torch.ones(1), 1, tag=3)]
-            else:
-                ops = [dist.P2POp(dist.irecv, torch.ones(1), 0), dist.P2POp(dist.irecv, torch.ones(1), 0, tag=3)]
-            for work in dist.batch_isend_irecv(ops):
+        def calls(rank):
+            op, peer = (dist.isend, 1) if rank == 0 else (dist.irecv, 0)
+            for work in dist.batch_isend_irecv([dist.P2POp(op, torch.ones(1), peer),
+                                                dist.P2POp(op, torch.ones(1), peer, tag=3)]):
                 work.wait()
-            counts[rank] = dict(tracking._current().counts)
 
-        body()
-        self.assertEqual({k: v for k, v in counts[0].items() if k.startswith("send>")}, {"send>1": 1, "send>1#3": 1})
-        self.assertEqual({k: v for k, v in counts[1].items() if k.startswith("recv<")}, {"recv<0": 1, "recv<0#3": 1})
-
+        counts = self.p2p_counts(2, calls)
+        self.assertEqual((counts[0], counts[1]), ({"send>1": 1, "send>1#3": 1}, {"recv<0": 1, "recv<0#3": 1}))
 
     def test_a_peer_that_is_not_a_number_is_never_judged(self):
         board = self.world({0: ("recv", "recv<x", 1), 1: ("recv", "recv<0", 1)})
