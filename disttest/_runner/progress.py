@@ -106,7 +106,6 @@ class InFlight:
     seq: int
     group: str
     peers: Sequence[int]  # a range for a whole group
-    since: float = 0.0  # when the rank entered it (time.time(); 0: unknown)
     against: str = ""  # a deadlock: what the peer waits in (find_deadlocks)
 
     def describe(self) -> str:
@@ -172,8 +171,7 @@ class _Reads:
         state = record.get("state", IDLE)
         if state == IDLE or (state == FAILED and not include_failed) or "op" not in record:
             return _recorded_flight(rank, record, self.world_size, ended=include_failed)
-        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]),
-                        record.get("at", 0.0))
+        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
 
     def counts(self, rank: int) -> dict[str, int] | None:
         """How many collectives ``rank`` entered, per group (None: unknown)."""
@@ -359,16 +357,16 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
                 or not group.startswith(("send>", "recv<")) or not _p2p_parts(group)[1].isdigit()
                 or now - record.get("at", now) < P2P_SETTLE):
             continue
-        waiting[rank] = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"]),
-                                  record["at"]), record)
+        waiting[rank] = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"])), record)
     found = []
     for rank, (flight, _) in waiting.items():
         direction, peer, tag = _p2p_parts(flight.group)
         theirs, record = waiting.get(int(peer), (None, {}))
-        if theirs is None or _p2p_parts(theirs.group)[1] != str(rank):
+        if theirs is None:
             continue
-        if _p2p_parts(theirs.group) == (("recv<" if direction == "send>" else "send>"), str(rank), tag):
-            continue
+        their_direction, their_peer, their_tag = _p2p_parts(theirs.group)
+        if their_peer != str(rank) or (their_direction != direction and their_tag == tag):
+            continue  # (waits for another rank, or the two calls match)
         if record.get("overflow"):  # (its counts are not known)
             continue
         if _posted(record.get("counts", {}), direction, rank, tag) < flight.seq:
