@@ -90,9 +90,16 @@ def _probe(dotted: str) -> bool:
     return True
 
 
+_probed: dict[str, bool] = {}  # dotted name -> found (torch does not change in a process)
+
+
 def has_feature(feature: str) -> bool:
     """True when the installed torch has ``feature`` (a key of TORCH_FEATURES)."""
-    return _probe(TORCH_FEATURES[feature][1])
+    dotted = TORCH_FEATURES[feature][1]
+    found = _probed.get(dotted)
+    if found is None:  # NB: once per name: a threaded test asks at every start
+        found = _probed[dotted] = _probe(dotted)
+    return found
 
 
 def missing_feature(feature: str) -> str | None:

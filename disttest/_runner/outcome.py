@@ -42,7 +42,12 @@ class Kind(str, enum.Enum):
     @property
     def is_cause(self) -> bool:
         """True for the kinds that make a test fail or error by themselves."""
-        return self in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC, Kind.DEADLOCK)
+        # NB: by value: the join loop asks it of every rank at each new fact.
+        return self._value_ in _CAUSES
+
+
+_CAUSES = frozenset(k.value for k in (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC,
+                                      Kind.DEADLOCK))
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,8 @@ def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, t
     - what is left stays a cause.
     """
     out = dict(outcomes)
+    if not any(o.kind is Kind.ERRORED for o in out.values()):
+        return out  # (what follows judges errors only: the join loop asks at every new fact)
     for r, (peer, flight) in desyncs.items():
         if out[r].kind is Kind.ERRORED:
             out[r] = reclassified(out[r], Kind.DESYNC, DESYNC_DETAIL.format(peer=peer, world=world,

@@ -76,6 +76,7 @@ class _ThreadRun:
         # Each change to the process is undone by close(), also when a later
         # step (a fault declared wrong, a world the system will not start) raises.
         self._undo = contextlib.ExitStack()
+        self.timeout = timeout
         try:
             turns = settings.thread_scheduling(test_cls) == "turns"
             settings.check_run_variables()
@@ -355,7 +356,7 @@ class MultiThreadedTestCase(RankDispatch):
             test = self._current_test_name
             raise RankError(NO_RANKS_STARTED.format(test=test).replace(
                 "_spawn_processes()", "_spawn_threads()"), test, 0, None, [])
-        timeout = self._test_timeout()
+        timeout = run.timeout  # (as the ranks were started with)
         outcomes = run.join(timeout)
         self._run_state = None
         run.raise_for(outcomes, timeout, where=fn)
