@@ -300,6 +300,15 @@ class Behaviours:
         self.init()
         dist.recv(torch.ones(2), 1 - self.rank)
 
+    def test_wide_cycle_of_waits(self):
+        # 0 waits for 1's send, 1 for 2's, 2 in a barrier that 0 and 1 never
+        # reach; 3 waits in the barrier too (a consequence, not in the cycle).
+        self.init()
+        if self.rank < 2:
+            dist.recv(torch.ones(2), self.rank + 1)
+        else:
+            dist.barrier()
+
     def test_kill_own_process_group(self):
         if self.rank == 1:
             os.killpg(0, signal.SIGKILL)  # the rank's group, not the test process's

@@ -9,7 +9,7 @@ import threading
 import unittest
 from unittest import mock
 
-from disttest._runner import progress, tracking
+from disttest._runner import join, progress, tracking
 from disttest._runner.progress import WAITING, MemoryBoard, ProgressBoard, find_desync
 
 
@@ -176,7 +176,7 @@ class PointToPointTest(unittest.TestCase):
             "both send": ({0: ("send", "send>1", 1), 1: ("send", "send>0", 1)}, True),
             "they match": ({0: ("send", "send>1#3", 1), 1: ("recv", "recv<0#3", 1)}, False),
             "from any rank": ({0: ("recv", "recv<*", 1), 1: ("recv", "recv<0", 1)}, False),
-            "another peer": ({0: ("recv", "recv<1", 1), 1: ("all_reduce", "default", 1)}, False),
+            "another peer": ({0: ("recv", "recv<1", 1), 1: ("recv", "recv<2", 1)}, False),
         }
         for name, (calls, deadlock) in cases.items():
             with self.subTest(name):
@@ -242,6 +242,69 @@ class PointToPointTest(unittest.TestCase):
         counts = self.p2p_counts(2, calls)
         self.assertEqual((counts[0], counts[1]), ({"send>1": 1, "send>1#3": 1}, {"recv<0": 1, "recv<0#3": 1}))
 
+    def waits(self, world_size: int, calls: dict[int, tuple[str, str, int, list[int]]],
+              entered: dict[int, dict[str, int]] | None = None) -> list[tuple[int, int]]:
+        """(rank, peer) of each rank find_deadlocks reports, the calls
+        ``rank: (op, group, seq, peers)`` settled (counts: each rank's own
+        call, and ``entered``)."""
+        board = MemoryBoard(world_size)
+        for rank, (op, group, seq, peers) in calls.items():
+            board.write(rank, {"op": op, "seq": seq, "group": group, "peers": progress._runs(peers),
+                               "counts": {group: seq, **(entered or {}).get(rank, {})}, "state": WAITING,
+                               "at": 100.0})
+        self.board = board
+        return [(f.rank, p) for p, f in progress.find_deadlocks(board, range(world_size), 100.0 + progress.P2P_SETTLE)]
+
+    def test_a_cycle_of_three_receives_is_a_deadlock(self):
+        found = self.waits(3, {0: ("recv", "recv<1", 1, [1]), 1: ("recv", "recv<2", 1, [2]),
+                               2: ("recv", "recv<0", 1, [0])})
+        self.assertEqual(found, [(0, 1), (1, 2), (2, 0)])
+        [(_, flight)] = progress.find_deadlocks(self.board, [0, 1, 2], 100.0 + progress.P2P_SETTLE)[:1]
+        self.assertEqual(flight.cycle, ((0, "recv #1 from rank 1"), (1, "recv #1 from rank 2"),
+                                        (2, "recv #1 from rank 0")))
+        self.assertEqual(join._desync_detail((1, flight), 3),
+                         "ranks 0, 1, 2/3 wait for each other in calls that cannot match: rank 0/3 in recv #1 from "
+                         "rank 1, rank 1/3 in recv #1 from rank 2, rank 2/3 in recv #1 from rank 0")
+        # One of them sent first (an isend before its wait): the cycle is open.
+        self.board.read(1)["counts"]["send>0"] = 1
+        self.assertEqual(progress.find_deadlocks(self.board, [0, 1, 2], 100.0 + progress.P2P_SETTLE), [])
+
+    def test_a_receive_from_a_rank_in_a_collective_it_never_reaches_is_a_deadlock(self):
+        # 0 waits for 1's send; 1 waits in a barrier 0 never entered; 2 waits
+        # in the same barrier, entered: it waits for 0, but no one waits for it.
+        calls = {0: ("recv", "recv<1", 1, [1]), 1: ("barrier", "default", 1, [0, 1, 2]),
+                 2: ("barrier", "default", 1, [0, 1, 2])}
+        self.assertEqual(self.waits(3, calls), [(0, 1), (1, 0)])
+        detail = join._desync_detail(progress.find_deadlocks(self.board, [0, 1, 2], 100.0 + progress.P2P_SETTLE)[0], 3)
+        self.assertEqual(detail, "ranks 0, 1/3 wait for each other in calls that cannot match: rank 0/3 in recv #1 "
+                                 "from rank 1, rank 1/3 in barrier #1 of the default group")
+        # Rank 0 had entered the barrier (an async one): rank 1 does not wait for it.
+        self.assertEqual(self.waits(3, calls, entered={0: {"default": 1}}), [])
+        # Rank 1 had posted the send before the barrier: rank 0's receive completes.
+        self.assertEqual(self.waits(3, calls, entered={1: {"send>0": 1}}), [])
+
+    def test_collectives_of_two_groups_each_waiting_for_the_other_are_a_deadlock(self):
+        calls = {0: ("all_reduce", "1", 1, [0, 1]), 1: ("broadcast", "2", 1, [0, 1])}
+        self.assertEqual(self.waits(2, calls), [(0, 1), (1, 0)])
+        # The same group in the same order: one collective, nobody missing.
+        self.assertEqual(self.waits(2, {0: ("all_reduce", "1", 1, [0, 1]), 1: ("all_reduce", "1", 1, [0, 1])}), [])
+
+    def test_only_settled_waits_make_a_cycle(self):
+        board = MemoryBoard(2)
+        board.write(0, {"op": "recv", "seq": 1, "group": "recv<1", "peers": [[1, 1]], "counts": {"recv<1": 1},
+                        "state": WAITING, "at": 100.0})
+        board.write(1, {"op": "barrier", "seq": 1, "group": "default", "peers": [[0, 1]], "counts": {"default": 1},
+                        "state": WAITING, "at": 100.0 + progress.P2P_SETTLE / 2})
+        self.assertEqual(progress.find_deadlocks(board, [0, 1], 100.0 + progress.P2P_SETTLE), [])
+        board.read(1)["state"] = progress.IDLE  # a rank that computes waits for no one
+        self.assertEqual(progress.find_deadlocks(board, [0, 1], 100.0 + 2 * progress.P2P_SETTLE), [])
+
+    def test_a_thousand_ranks_in_a_collective_leave_the_cycle_to_the_two_in_it(self):
+        world = 1024
+        calls = {r: ("all_reduce", "default", 3, list(range(world))) for r in range(1, world)}
+        calls[0] = ("recv", "recv<1", 1, [1])
+        self.assertEqual(self.waits(world, calls, entered={0: {"default": 2}}), [(0, 1), (1, 0)])
+
     def test_a_peer_that_is_not_a_number_is_never_judged(self):
         board = self.world({0: ("recv", "recv<x", 1), 1: ("recv", "recv<0", 1)})
         self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE), [])
@@ -250,8 +313,11 @@ class PointToPointTest(unittest.TestCase):
     def test_a_peer_whose_counts_overflowed_is_never_judged(self):
         board = self.world({0: ("recv", "recv<1", 1), 1: ("recv", "recv<0", 1)})
         board.read(1)["overflow"] = True
-        found = progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE)
-        self.assertEqual([f.rank for _, f in found], [1])  # rank 0's counts are known: rank 1 is judged
+        # Rank 1 may have posted an isend to rank 0 before its wait: then rank 0
+        # goes on and may yet send to rank 1. Neither is judged.
+        self.assertEqual(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE), [])
+        del board.read(1)["overflow"]
+        self.assertEqual(len(progress.find_deadlocks(board, [0, 1], now=100.0 + progress.P2P_SETTLE)), 2)
 
 
 if __name__ == "__main__":

@@ -195,6 +195,20 @@ class BehaviourTest(unittest.TestCase):
                               "rank 0\n", text)
                 self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
 
+    def test_a_cycle_of_waits_ends_the_test_promptly(self):
+        # Three ranks, and a collective among the calls: each waits for the next.
+        for sub, result, elapsed in self.each("test_wide_cycle_of_waits"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("'test_wide_cycle_of_waits' errored (disttest): deadlock: ranks 0, 1, 2/4 wait for each "
+                              "other in calls that cannot match: rank 0/4 in recv #1 from rank 1, rank 1/4 in recv #1 "
+                              "from rank 2, rank 2/4 in barrier #1 of the default group\n", text)
+                # Each call's stack, with the ranks it is of.
+                self.assertIn("the stack of ranks 0, 1/4:", text)
+                self.assertIn("the stack of rank 2/4:", text)
+                self.assertNotIn("timed out", text)
+                self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+
     def test_the_fake_backend_is_usable_in_a_rank(self):
         import torch.distributed as dist
 

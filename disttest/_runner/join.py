@@ -16,7 +16,7 @@ from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
-from disttest._runner.verdict import DEADLOCK_DETAIL, DESYNC_DETAIL, WAITED_FOR, ended, explain
+from disttest._runner.verdict import DEADLOCK_DETAIL, DESYNC_DETAIL, WAITED_FOR, ended, explain, who
 
 __unittest = True
 
@@ -64,10 +64,13 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     # "{who}" and "{waits}" are filled in by the report, so that ranks waiting in the same
     # collective for the same peer are reported together.
     peer, flight = found
-    if flight.against:  # the same text for both ranks, so that the report shows the pair once
-        calls = sorted([(flight.rank, flight.describe()), (peer, flight.against)])
-        return DEADLOCK_DETAIL.format(first=calls[0][0], second=calls[1][0], world=world,
-                                      calls=", ".join(f"rank {r}/{world} in {what}" for r, what in calls))
+    if flight.against:  # the same text for every rank of the cycle, so that the report shows it once
+        cycle = flight.cycle or tuple(sorted([(flight.rank, flight.describe()), (peer, flight.against)]))
+        alike: dict[str, list[int]] = {}  # (ranks in one collective are named together)
+        for r, what in cycle:
+            alike.setdefault(what, []).append(r)
+        return DEADLOCK_DETAIL.format(ranks=who([r for r, _ in cycle], world), calls=", ".join(
+            f"{who(ranks, world)} in {what}" for what, ranks in alike.items()))
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 

@@ -107,6 +107,8 @@ class InFlight:
     group: str
     peers: Sequence[int]  # a range for a whole group
     against: str = ""  # a deadlock: what the peer waits in (find_deadlocks)
+    #: A deadlock: every rank of the cycle (sorted) and what it waits in.
+    cycle: tuple[tuple[int, str], ...] = ()
 
     def describe(self) -> str:
         if self.group.startswith(("send>", "recv<")):
@@ -342,36 +344,115 @@ def find_desync(board: Board, ranks: Iterable[int], finished: Iterable[int],
 
 def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple[int, InFlight]]:
     """(peer, what the rank waits in) for each of the live ``ranks`` that
-    has waited for :data:`P2P_SETTLE` seconds in a send to, or a receive
-    from, a peer that has waited as long in a point-to-point call with it
-    that cannot match (both receive, both send, or another tag), and that
-    has posted no call that matches it either (an ``isend``/``irecv`` before
-    its wait, ``batch_isend_irecv``: the counts say); the InFlight's
-    ``against`` is the peer's call. A receive from any rank is never one (a
-    third rank may send). Each rank's record is read once."""
-    waiting: dict[int, tuple[InFlight, dict[str, Any]]] = {}
+    belongs to a cycle of ranks that have each waited :data:`P2P_SETTLE`
+    seconds for the next (a deadlock); the InFlight's ``against`` is what
+    that peer waits in, its ``cycle`` every rank of the cycle and its call.
+
+    A rank waits for a peer when it waits in a send to, or a receive from,
+    that peer and the peer waits in a call that cannot match it (a call
+    with another rank, a collective, the same direction, another tag) and
+    posted none that matches before (an ``isend``/``irecv`` before its
+    wait, ``batch_isend_irecv``: the counts say); or when it waits in a
+    collective that the peer, a member of its group, never entered. A
+    receive from any rank waits for no one in particular (a third rank may
+    send), nor does the rendezvous; a peer whose counts overflowed is never
+    waited for. Each rank's record is read once; the graph is O(world)."""
+    nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
     for rank in ranks:
         record = board.read(rank)
-        group = str((record or {}).get("group"))
         if (not record or record.get("state") != WAITING or "op" not in record
-                or not group.startswith(("send>", "recv<")) or not _p2p_parts(group)[1].isdigit()
                 or now - record.get("at", now) < P2P_SETTLE):
             continue
-        waiting[rank] = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"])), record)
+        group = str(record.get("group"))
+        if group.startswith(("send>", "recv<")):
+            if not _p2p_parts(group)[1].isdigit():
+                continue
+        elif group in (RENDEZVOUS_GROUP, P2P_GROUP, WORLD_GROUP) or group.startswith(RECORDER):
+            continue
+        nodes[rank] = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"])), record)
+    # A collective is a node of its own (one per group and number), so that
+    # the ranks waiting in it share its edges: O(world) edges, not O(world^2).
+    edges: dict[Any, list[Any]] = {}
+    for rank, (flight, _) in nodes.items():
+        if flight.group.startswith(("send>", "recv<")):
+            peer = int(_p2p_parts(flight.group)[1])
+            if peer in nodes and _cannot_match(flight, nodes[peer][0], nodes[peer][1]):
+                edges[rank] = [peer]
+            continue
+        key = (flight.group, flight.seq)
+        edges[rank] = [key]
+        if key not in edges:
+            edges[key] = [m for m in flight.peers if m in nodes and m != rank and not nodes[m][1].get("overflow")
+                          and nodes[m][1].get("counts", {}).get(flight.group, 0) < flight.seq]
     found = []
-    for rank, (flight, _) in waiting.items():
-        direction, peer, tag = _p2p_parts(flight.group)
-        theirs, record = waiting.get(int(peer), (None, {}))
-        if theirs is None:
+    for cycle in _cycles(edges):
+        members = sorted(r for r in cycle if isinstance(r, int))
+        if len(members) < 2:
             continue
-        their_direction, their_peer, their_tag = _p2p_parts(theirs.group)
-        if their_peer != str(rank) or (their_direction != direction and their_tag == tag):
-            continue  # (waits for another rank, or the two calls match)
-        if record.get("overflow"):  # (its counts are not known)
-            continue
-        if _posted(record.get("counts", {}), direction, rank, tag) < flight.seq:
-            found.append((int(peer), replace(flight, against=theirs.describe())))
+        calls = tuple((r, nodes[r][0].describe()) for r in members)
+        for r in members:
+            nxt = edges[r][0]
+            peer = nxt if isinstance(nxt, int) else next(m for m in edges[nxt] if m in cycle)
+            found.append((peer, replace(nodes[r][0], against=nodes[peer][0].describe(), cycle=calls)))
+    found.sort(key=lambda f: f[1].rank)
     return found
+
+
+def _cannot_match(flight: InFlight, theirs: InFlight, record: dict[str, Any]) -> bool:
+    """Whether the peer's call ``theirs`` (its record ``record``) can never
+    complete the point-to-point ``flight``, nor has a call it posted before."""
+    direction, _, tag = _p2p_parts(flight.group)
+    if theirs.group.startswith(("send>", "recv<")):
+        their_direction, their_peer, their_tag = _p2p_parts(theirs.group)
+        if their_peer == str(flight.rank) and their_direction != direction and their_tag == tag:
+            return False  # the two calls match
+    if record.get("overflow"):  # (its counts are not known)
+        return False
+    return _posted(record.get("counts", {}), direction, flight.rank, tag) < flight.seq
+
+
+def _cycles(edges: dict[Any, list[Any]]) -> list[set[Any]]:
+    """The strongly connected components of more than one node of the graph
+    ``edges`` (node -> successors; Tarjan's, iterative): every node of one
+    lies on a cycle."""
+    index: dict[Any, int] = {}
+    low: dict[Any, int] = {}
+    stack: list[Any] = []
+    on_stack: set[Any] = set()
+    out = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges.get(root, ())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(edges.get(nxt, ()))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(component)
+    return out
 
 
 def _posted(counts: dict[str, int], direction: str, rank: int, tag: str) -> int:

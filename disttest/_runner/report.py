@@ -209,6 +209,21 @@ def _body(o: Outcome) -> str:
     return "\n".join(parts)
 
 
+def _stacks_of(group: Sequence[Outcome], world_size: int) -> str:
+    """The body of ranks grouped by their desync or deadlock: one reads as
+    ``_body``; stacks that differ (a cycle's ranks wait in different calls)
+    are each shown, with the ranks they are of."""
+    stacks: dict[str, list[int]] = {}
+    for o in group:
+        if o.stacks:
+            stacks.setdefault(_user_stack(o.stacks), []).append(o.rank)
+    if len(stacks) < 2:
+        return _body(group[0])
+    parts = [o.traceback.rstrip() for o in group[:1] if o.traceback]
+    parts += [f"the stack of {_who(ranks, world_size)}:\n{stack}" for stack, ranks in stacks.items()]
+    return "\n".join(parts)
+
+
 def left_running_lines(outcomes: Sequence[Outcome], world_size: int) -> list[str]:
     """One line per rank that left processes running (killed by disttest)."""
     return [LEFT_RUNNING.format(who=RANK.format(rank=o.rank, world=world_size), procs="; ".join(o.left_running))
@@ -272,7 +287,7 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
             detail = first.detail if first.kind is Kind.DEADLOCK else first.detail.replace(own, who)
             first = dataclasses.replace(first, message=first.message.replace(own, who), detail=detail)
         text = _line(first, who, test, timeout)
-        body = _body(first)
+        body = _body(first) if first.kind not in (Kind.DESYNC, Kind.DEADLOCK) else _stacks_of(group, world_size)
         sections.append((SECTION.format(who=who, kind=group[0].kind.value), f"{text}\n{body}" if body else text))
     return lines, sections
 

@@ -29,8 +29,9 @@ RANK = "rank {rank}/{world}"
 RANKS = "ranks {ranks}/{world}"
 DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
 CONSEQUENCE = "rank {rank}/{world} failed in {what} after {peers} had {how}"
-#: Two ranks that wait for each other in point-to-point calls that cannot match.
-DEADLOCK_DETAIL = "ranks {first}, {second}/{world} wait for each other in calls that cannot match: {calls}"
+#: Ranks that wait for each other in a cycle of calls that cannot match
+#: (point-to-point calls, or a collective a peer never entered).
+DEADLOCK_DETAIL = "{ranks} wait for each other in calls that cannot match: {calls}"
 #: A rank that, at the test's deadline, waited in a collective that a live peer never entered.
 WAITED_FOR = "{{who}} {{waits}} in {what} for rank {peer}/{world}, which never entered it: that rank hung"
 #: What a backend says when a peer went away: the error of a rank whose
