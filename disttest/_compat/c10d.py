@@ -51,14 +51,19 @@ def set_thread_isolation(enabled: bool) -> None:
 
 def thread_local_modes() -> tuple[Any, ...]:
     """This thread's torch state that a new thread starts with at its
-    default: grad and inference mode, CPU autocast, the default device, and
-    how many torch function and dispatch modes are pushed
+    default: grad and inference mode, CPU autocast, the default device (the
+    context ``set_default_device`` keeps per thread,
+    ``torch._GLOBAL_DEVICE_CONTEXT.device_context``), and how many torch
+    function and dispatch modes are pushed
     (``torch._C._len_torch_function_stack``, ``_len_torch_dispatch_stack``)."""
     import torch
 
+    # NB: not torch.get_default_device(), ten times the cost of the rest: a
+    # rank thread asks after each test.
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    device = getattr(holder, "device_context", None) if holder is not None else torch.get_default_device()
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
-            torch.get_default_device(), torch._C._len_torch_function_stack(),
-            torch._C._len_torch_dispatch_stack())
+            device, torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
 
 
 def c10d_world() -> Any:
