@@ -142,6 +142,50 @@ class TimedOutTest(unittest.TestCase):
         self.assertEqual(details, {})
 
 
+class DeadlockLauncher(SlowBoardLauncher):
+    """Two live ranks in a deadlock whose first call raises by itself at
+    ``ends`` (a ``time.time()``; None: never); each rank then ends with that
+    error."""
+
+    def __init__(self, ends: float | None) -> None:
+        super().__init__(until=3600, cost=0.0)
+        self.ends = ends
+        self.outcomes = {}
+        self.stopped = False
+
+    def poll(self) -> dict[int, ExitStatus]:
+        if self.ends is not None and time.time() >= self.ends:
+            self.outcomes = {r: outcome_from_exception(r, RuntimeError("timed out in recv")) for r in range(2)}
+        return dict.fromkeys(self.outcomes, ExitStatus(code=1))
+
+    def desync(self, ranks, finished, ended=False, entered_counts=True):
+        if ended:  # (the errors' judgement: no desync)
+            return []
+        calls = ((0, "recv #1 from rank 1"), (1, "recv #1 from rank 0"))
+        return [(1 - r, InFlight(r, "recv", 1, f"recv<{1 - r}", [1 - r], against=calls[1 - r][1], cycle=calls,
+                                 ends=self.ends)) for r in ranks]
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class DeadlockTest(unittest.TestCase):
+    def test_a_deadlock_that_never_ends_by_itself_is_reported_at_once(self):
+        outcomes = join_mod.join(DeadlockLauncher(ends=None), timeout=60)
+        self.assertEqual([o.kind for o in outcomes], [Kind.DEADLOCK, Kind.DEADLOCK])
+        self.assertEqual(outcomes[0].detail, "ranks 0, 1/2 wait for each other in calls that cannot match: "
+                                             "rank 0/2 in recv #1 from rank 1, rank 1/2 in recv #1 from rank 0")
+
+    def test_a_call_that_raises_by_itself_before_the_limit_is_left_to_raise(self):
+        # A group timeout the test may expect (assertRaises around the recv).
+        launcher = DeadlockLauncher(ends=time.time() + 0.5)
+        outcomes = join_mod.join(launcher, timeout=60)
+        self.assertEqual([o.kind for o in outcomes], [Kind.ERRORED, Kind.ERRORED])
+        # Its timeout past the test's limit: the deadlock is reported.
+        outcomes = join_mod.join(DeadlockLauncher(ends=time.time() + 120), timeout=60)
+        self.assertEqual([o.kind for o in outcomes], [Kind.DEADLOCK, Kind.DEADLOCK])
+
+
 class FailFastTest(unittest.TestCase):
     def test_peers_stuck_behind_a_failure_are_stopped_without_the_grace(self):
         # Rank 1 waits where rank 0, which failed, never comes: waiting the

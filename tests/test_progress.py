@@ -3,6 +3,7 @@ records that do not fit, threads of one rank."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 import threading
@@ -298,6 +299,67 @@ class PointToPointTest(unittest.TestCase):
         self.assertEqual(progress.find_deadlocks(board, [0, 1], 100.0 + progress.P2P_SETTLE), [])
         board.read(1)["state"] = progress.IDLE  # a rank that computes waits for no one
         self.assertEqual(progress.find_deadlocks(board, [0, 1], 100.0 + 2 * progress.P2P_SETTLE), [])
+
+    def test_a_rank_in_a_broadcast_that_is_not_its_root_waits_for_the_root_only(self):
+        # 1 waits for 2's send; 2 waits in a broadcast from 0 (it computes),
+        # which 1 has not entered: with gloo 2 needs 0's data only.
+        calls = {1: ("recv", "recv<2", 1, [2]), 2: ("broadcast", "default", 1, [0, 1, 2])}
+        self.assertEqual(self.waits(3, calls), [(1, 2), (2, 1)])  # (without the root: any member)
+        self.board.read(2)["root"] = 0
+        self.assertEqual(progress.find_deadlocks(self.board, [1, 2], 100.0 + progress.P2P_SETTLE), [])
+        # The root itself waits for every member.
+        calls = {0: ("broadcast", "default", 1, [0, 1]), 1: ("recv", "recv<0", 1, [0])}
+        self.assertEqual(self.waits(2, calls), [(0, 1), (1, 0)])
+        self.board.read(0)["root"] = 0
+        self.assertEqual(len(progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE)), 2)
+
+    def test_a_deadlock_says_when_its_first_call_raises_by_itself(self):
+        self.waits(2, {0: ("recv", "recv<1", 1, [1]), 1: ("recv", "recv<0", 1, [0])})
+        self.board.read(0)["limit"] = 8.0
+        self.board.read(1)["limit"] = 1800.0
+        found = progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE)
+        self.assertEqual([f.ends for _, f in found], [108.0, 108.0])
+
+    def test_a_blocking_call_records_its_groups_timeout_and_a_broadcasts_root(self):
+
+        import torch
+        import torch.distributed as dist
+
+        from disttest import spawn_threads_and_init_comms
+
+        records = {}
+
+        @spawn_threads_and_init_comms(world_size=4)
+        def body():
+            group = dist.new_group([2, 3], timeout=datetime.timedelta(seconds=8))
+            if dist.get_rank() >= 2:
+                dist.broadcast(torch.ones(1), group=group, group_src=1)  # global rank 3
+                records[dist.get_rank()] = dict(tracking._current().record)
+            dist.broadcast(torch.ones(1), src=1, async_op=True).wait()
+            records[-dist.get_rank() - 1] = dict(tracking._current().record)
+
+        body()
+        self.assertEqual(records[2]["limit"], 8.0)
+        # The threaded group's broadcast waits for every rank: no root to wait for only.
+        self.assertNotIn("root", records[2])
+        self.assertNotIn("limit", records[-1])  # (an async call waits in no call of its own)
+        # A process rank's (gloo's) records it, as a global rank.
+        board = MemoryBoard(4)
+        tracker = tracking._Tracker(board, 2)
+        with mock.patch.object(tracking, "_current", return_value=tracker), \
+                mock.patch("torch.distributed.is_initialized", return_value=True), \
+                mock.patch("torch.distributed.get_global_rank", return_value=3), \
+                mock.patch("torch.distributed.get_process_group_ranks", return_value=[2, 3]), \
+                mock.patch("torch.distributed.get_world_size", return_value=4), \
+                mock.patch.object(tracker, "limit", return_value=9.0):
+            tracked = tracking._wrap(dist, "broadcast", lambda tensor, src=None, group=None, async_op=False,
+                                     group_src=None: None)
+            tracked(torch.ones(1), group=object(), group_src=1)
+            self.assertEqual((board.read(2)["root"], board.read(2)["limit"]), (3, 9.0))
+            monitored = tracking._wrap(dist, "monitored_barrier", lambda group=None, timeout=None,
+                                       wait_all_ranks=False: None)
+            monitored(timeout=datetime.timedelta(seconds=4))
+            self.assertEqual((board.read(2)["op"], board.read(2)["limit"]), ("monitored_barrier", 4.0))
 
     def test_a_thousand_ranks_in_a_collective_leave_the_cycle_to_the_two_in_it(self):
         world = 1024

@@ -13,6 +13,7 @@ __all__ = [
     "default_group",
     "functional_collectives",
     "group_name",
+    "group_timeout",
     "new_c10d_world",
     "premul_sum",
     "reduce_op_parts",
@@ -39,6 +40,22 @@ def default_group() -> Any:
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_group()
+
+
+def group_timeout(group: Any) -> float | None:
+    """Seconds after which a call of process group ``group`` raises by
+    itself: the threaded group's own ``timeout``, else its CPU backend's
+    options (``group._get_backend(cpu).options._timeout``); None where
+    unknown."""
+    import torch
+
+    own = getattr(group, "timeout", None)
+    if isinstance(own, (int, float)) and not isinstance(own, bool):
+        return float(own)
+    try:
+        return float(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+    except Exception:  # noqa: BLE001 (a backend without options, a torch without the call)
+        return None
 
 
 def set_thread_isolation(enabled: bool) -> None:

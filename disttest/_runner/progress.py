@@ -109,6 +109,9 @@ class InFlight:
     against: str = ""  # a deadlock: what the peer waits in (find_deadlocks)
     #: A deadlock: every rank of the cycle (sorted) and what it waits in.
     cycle: tuple[tuple[int, str], ...] = ()
+    #: A deadlock: when the first call of the cycle raises by itself (its
+    #: group's timeout; ``time.time()``), None if none does.
+    ends: float | None = None
 
     def describe(self) -> str:
         if self.group.startswith(("send>", "recv<")):
@@ -353,7 +356,10 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     with another rank, a collective, the same direction, another tag) and
     posted none that matches before (an ``isend``/``irecv`` before its
     wait, ``batch_isend_irecv``: the counts say); or when it waits in a
-    collective that the peer, a member of its group, never entered. A
+    collective that the peer, a member of its group, never entered (in a
+    ``broadcast`` or ``scatter`` a rank other than the root waits for the
+    root only, as gloo's do). ``ends``: when the cycle's first call raises
+    by itself (its group's timeout), for the caller to leave it to. A
     receive from any rank waits for no one in particular (a third rank may
     send), nor does the rendezvous; a peer whose counts overflowed is never
     waited for. Each rank's record is read once; the graph is O(world)."""
@@ -379,10 +385,13 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
             if peer in nodes and _cannot_match(flight, nodes[peer][0], nodes[peer][1]):
                 edges[rank] = [peer]
             continue
-        key = (flight.group, flight.seq)
+        # gloo's broadcast and scatter: a rank other than the root needs the root only.
+        root = nodes[rank][1].get("root")
+        needs = [root] if isinstance(root, int) and root != rank else flight.peers
+        key = (flight.group, flight.seq, needs is not flight.peers)
         edges[rank] = [key]
         if key not in edges:
-            edges[key] = [m for m in flight.peers if m in nodes and m != rank and not nodes[m][1].get("overflow")
+            edges[key] = [m for m in needs if m in nodes and m != rank and not nodes[m][1].get("overflow")
                           and nodes[m][1].get("counts", {}).get(flight.group, 0) < flight.seq]
     found = []
     for cycle in _cycles(edges):
@@ -390,10 +399,13 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
         if len(members) < 2:
             continue
         calls = tuple((r, nodes[r][0].describe()) for r in members)
+        ends = [nodes[r][1]["at"] + nodes[r][1]["limit"] for r in members
+                if isinstance(nodes[r][1].get("limit"), (int, float)) and "at" in nodes[r][1]]
         for r in members:
             nxt = edges[r][0]
             peer = nxt if isinstance(nxt, int) else next(m for m in edges[nxt] if m in cycle)
-            found.append((peer, replace(nodes[r][0], against=nodes[peer][0].describe(), cycle=calls)))
+            found.append((peer, replace(nodes[r][0], against=nodes[peer][0].describe(), cycle=calls,
+                                        ends=min(ends) if ends else None)))
     found.sort(key=lambda f: f[1].rank)
     return found
 

@@ -12,6 +12,7 @@ import inspect
 import operator
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,21 +39,24 @@ __all__ = [
 
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
 _ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}
+_ROOTED = {"broadcast", "scatter"}
 # Collective set-up: every rank must take part, so a peer that leaves breaks
 # it; counted apart, so collective numbers read as the user counts them.
 _RENDEZVOUS = ("init_process_group", "new_group")
 
 
 class _Tracker:
-    def __init__(self, board: Board, rank: int) -> None:
+    def __init__(self, board: Board, rank: int, threads: bool = False) -> None:
         self.board = board
         self.rank = rank
+        self.threads = threads  # a rank thread of the threaded group
         self.counts: dict[str, int] = {}
         self._local = threading.local()  # each thread of a rank its own depth
         self._lock = threading.Lock()  # the rank's threads and its watcher write
         self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
         self._pending: list[tuple[str, int]] = []  # flight-recorder collectives pending
         self._since = 0.0
+        self._limits: weakref.WeakKeyDictionary[Any, float | None] = weakref.WeakKeyDictionary()
 
     @property
     def depth(self) -> int:
@@ -62,10 +66,29 @@ class _Tracker:
     def depth(self, value: int) -> None:
         self._local.depth = value
 
-    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = ()) -> None:
+    def limit(self, dist: Any, group: Any) -> float | None:
+        """Seconds after which a call of ``group`` (None: the default group)
+        raises by itself; asked of each group once."""
+        pg = dist.GroupMember.WORLD if group is None else group
+        if pg is None:
+            return None
+        try:
+            return self._limits[pg]
+        except KeyError:
+            pass
+        except TypeError:  # (a group that takes no weak reference)
+            return None
+        from disttest import _compat
+
+        value = self._limits[pg] = _compat.group_timeout(pg)
+        return value
+
+    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = (),
+              extra: dict[str, Any] | None = None) -> None:
         """Record the call of ``op`` on ``group``; ``also``: the groups of
         calls it makes that are counted but not waited in (the sends and
-        receives of a ``batch_isend_irecv``)."""
+        receives of a ``batch_isend_irecv``); ``extra``: more of the call
+        (``limit``, its group's timeout; ``root``, a broadcast's source)."""
         for other in also:
             self.counts[other] = self.counts.get(other, 0) + 1
         self.counts[group] = self.counts.get(group, 0) + 1
@@ -73,6 +96,8 @@ class _Tracker:
             self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
                            "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
+            if extra:
+                self.record.update(extra)
             self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
@@ -137,7 +162,7 @@ def _current() -> _Tracker | None:
 def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
     """Record this process's (or, with ``per_thread``, this thread's)
     collectives into ``board`` as ``rank``."""
-    tracker = _Tracker(board, rank)
+    tracker = _Tracker(board, rank, threads=per_thread)
     if per_thread:
         _local.tracker = tracker
     else:
@@ -164,6 +189,24 @@ def _group_of(dist: Any, group: Any) -> tuple[str, list[int] | None]:
     from disttest import _compat
 
     return _compat.group_name(group), dist.get_process_group_ranks(group)
+
+
+def _seconds(value: Any) -> float | None:
+    """A call's own timeout in seconds (a ``timedelta`` or a number)."""
+    seconds = getattr(value, "total_seconds", None)
+    try:
+        return float(seconds() if seconds is not None else value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _global_rank(dist: Any, group: Any, rank: Any, group_rank: Any) -> int | None:
+    """A peer or root as the global rank the board names it by: ``rank`` as
+    given, else rank ``group_rank`` of ``group``; None if neither is given."""
+    if rank is None and group_rank is not None:
+        rank = group_rank if group is None or group is dist.GroupMember.WORLD else dist.get_global_rank(
+            group, group_rank)
+    return None if rank is None else operator.index(rank)  # (a tensor or numpy rank reads as its int)
 
 
 def _getter(sig: inspect.Signature, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
@@ -200,6 +243,9 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     get_peer = _getter(sig, peer_name) if peer_name else None
     get_group_peer = _getter(sig, "group_" + peer_name) if peer_name else None
     get_tag = _getter(sig, "tag") if peer_name else None
+    # gloo's broadcast and scatter: a rank other than the root needs the root only.
+    get_src, get_group_src = (_getter(sig, "src"), _getter(sig, "group_src")) if name in _ROOTED else (None, None)
+    get_timeout = _getter(sig, "timeout")  # (monitored_barrier's own)
 
     @functools.wraps(func)
     def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -228,18 +274,21 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if ranks is None:
                 ranks = range(dist.get_world_size())
             if get_peer is not None and get_group_peer is not None:
-                peer = get_peer(args, kwargs)
-                if peer is None and (group_peer := get_group_peer(args, kwargs)) is not None:
-                    # A rank of the group: the board names peers by their global rank.
-                    pg = get_group(args, kwargs)
-                    peer = group_peer if pg is None or pg is dist.GroupMember.WORLD else dist.get_global_rank(
-                        pg, group_peer)
-                peer = None if peer is None else operator.index(peer)  # (a tensor or numpy rank reads as its int)
+                peer = _global_rank(dist, get_group(args, kwargs), get_peer(args, kwargs),
+                                    get_group_peer(args, kwargs))
                 arrow = "send>" if peer_name == "dst" else "recv<"
                 group = p2p_key(arrow, ANY if peer is None else str(peer), get_tag(args, kwargs) if get_tag else 0)
                 ranks = ranks if peer is None else [peer]
             waits = name not in _ASYNC_ONLY and not get_async(args, kwargs)
-            tracker.enter(name, group, ranks, waits, posted)
+            extra = None
+            if waits:  # (what the deadlock judgement needs of a call that blocks)
+                pg = get_group(args, kwargs)
+                own = get_timeout(args, kwargs)
+                extra = {"limit": tracker.limit(dist, pg) if own is None else _seconds(own)}
+                # (The threaded group's broadcast completes once every rank joined it.)
+                if get_src is not None and get_group_src is not None and not tracker.threads:
+                    extra["root"] = _global_rank(dist, pg, get_src(args, kwargs), get_group_src(args, kwargs))
+            tracker.enter(name, group, ranks, waits, posted, extra)
         except Exception:  # never let bookkeeping break the user's call
             return func(*args, **kwargs)
         local.depth = depth + 1
