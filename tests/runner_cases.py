@@ -300,6 +300,11 @@ class Behaviours:
         self.init()
         dist.recv(torch.ones(2), 1 - self.rank)
 
+    def test_both_wait_on_irecv(self):
+        # The wait on a request, not the call, is where each rank blocks.
+        self.init()
+        dist.irecv(torch.ones(2), 1 - self.rank).wait()
+
     def test_wide_cycle_of_waits(self):
         # 0 waits for 1's send, 1 for 2's, 2 in a barrier that 0 and 1 never
         # reach; 3 waits in the barrier too (a consequence, not in the cycle).

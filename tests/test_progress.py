@@ -342,7 +342,9 @@ class PointToPointTest(unittest.TestCase):
         self.assertEqual(records[2]["limit"], 8.0)
         # The threaded group's broadcast waits for every rank: no root to wait for only.
         self.assertNotIn("root", records[2])
-        self.assertNotIn("limit", records[-1])  # (an async call waits in no call of its own)
+        # The wait on an asynchronous call's request is a wait in the call.
+        self.assertEqual((records[-1]["op"], records[-1]["seq"], records[-1]["state"]), ("broadcast", 1, progress.IDLE))
+        self.assertIn("limit", records[-1])
         # A process rank's (gloo's) records it, as a global rank.
         board = MemoryBoard(4)
         tracker = tracking._Tracker(board, 2)
@@ -360,6 +362,44 @@ class PointToPointTest(unittest.TestCase):
                                        wait_all_ranks=False: None)
             monitored(timeout=datetime.timedelta(seconds=4))
             self.assertEqual((board.read(2)["op"], board.read(2)["limit"]), ("monitored_barrier", 4.0))
+
+    def test_a_wait_on_a_request_is_recorded_as_waiting_in_its_call(self):
+        import torch.distributed as dist
+
+        class Work:  # (what a batch returns: one per operation)
+            pass
+
+        tracker = tracking._Tracker(MemoryBoard(4), 2)
+        tracker.enter("batch_isend_irecv", progress.P2P_GROUP, [], False, ["send>3", "recv<1#5"])
+        works = [Work(), Work()]
+        ops = [mock.Mock(group=None), mock.Mock(group=None)]
+        with mock.patch.object(tracker, "limit", return_value=None):
+            tracking._remember(dist, tracker, "batch_isend_irecv", {}, works, None, ["send>3", "recv<1#5"],
+                               (ops,), {})
+        self.assertEqual(tracker.pending[works[1]], {"op": "irecv", "seq": 1, "group": "recv<1#5",
+                                                     "peers": [[1, 1]], "limit": None})
+        waited = tracking._waiting(lambda work, timeout=None: dict(tracker.board.read(2)))
+        with mock.patch.object(tracking, "_current", return_value=tracker):
+            during = waited(works[1])
+            self.assertEqual((during["op"], during["group"], during["state"]), ("irecv", "recv<1#5", WAITING))
+            self.assertIsNone(during["limit"])
+            self.assertEqual(tracker.board.read(2)["state"], progress.IDLE)  # after the wait
+            self.assertNotIn(works[1], tracker.pending)  # (waited once)
+            self.assertEqual(waited(works[0], datetime.timedelta(seconds=3))["limit"], 3.0)
+            before = dict(tracker.board.read(2))
+            self.assertEqual(waited(object()), before)  # a Work of no call: nothing recorded
+
+    def test_every_wait_of_a_work_class_is_wrapped_while_tracking_is_installed(self):
+        import torch.distributed as dist
+
+        work = dist.distributed_c10d.Work
+        before = vars(work)["wait"]
+        undo = tracking.install_tracking()
+        try:
+            self.assertTrue(getattr(vars(work)["wait"], "__disttest_tracked__", False))
+        finally:
+            undo()
+        self.assertIs(vars(work)["wait"], before)
 
     def test_a_thousand_ranks_in_a_collective_leave_the_cycle_to_the_two_in_it(self):
         world = 1024

@@ -195,6 +195,15 @@ class BehaviourTest(unittest.TestCase):
                               "rank 0\n", text)
                 self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
 
+    def test_waits_on_requests_that_cannot_complete_end_the_test_promptly(self):
+        for sub, result, elapsed in self.each("test_both_wait_on_irecv"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("'test_both_wait_on_irecv' errored (disttest): deadlock: ranks 0, 1/2 wait for each "
+                              "other in calls that cannot match: rank 0/2 in irecv #1 from rank 1, rank 1/2 in irecv "
+                              "#1 from rank 0\n", text)
+                self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+
     def test_a_cycle_of_waits_ends_the_test_promptly(self):
         # Three ranks, and a collective among the calls: each waits for the next.
         for sub, result, elapsed in self.each("test_wide_cycle_of_waits"):

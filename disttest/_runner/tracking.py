@@ -26,6 +26,7 @@ from disttest._runner.progress import (
     RENDEZVOUS_GROUP,
     WAITING,
     Board,
+    _p2p_parts,
     _runs,
     p2p_key,
 )
@@ -57,6 +58,9 @@ class _Tracker:
         self._pending: list[tuple[str, int]] = []  # flight-recorder collectives pending
         self._since = 0.0
         self._limits: weakref.WeakKeyDictionary[Any, float | None] = weakref.WeakKeyDictionary()
+        #: The Work of each asynchronous call not yet waited on -> the call
+        #: (what the record says while a wait on it blocks).
+        self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
     @property
     def depth(self) -> int:
@@ -98,6 +102,24 @@ class _Tracker:
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
             if extra:
                 self.record.update(extra)
+            self.board.write(self.rank, self.record)
+
+    def remember(self, work: Any, call: dict[str, Any]) -> None:
+        """``work`` (returned by an asynchronous call) is ``call``: a wait on
+        it is recorded as waiting in the call."""
+        try:
+            self.pending[work] = call
+        except TypeError:  # (a Work that takes no weak reference)
+            pass
+
+    def wait_in(self, call: dict[str, Any], limit: float | None) -> None:
+        """Record that the rank waits on the Work of ``call`` (``limit``: the
+        wait's own timeout, if it has one)."""
+        with self._lock:
+            self.record = {**call, "counts": dict(self.counts), "state": WAITING, "at": time.time(),
+                           "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
+            if limit is not None:
+                self.record["limit"] = limit
             self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
@@ -200,6 +222,14 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
+def _compiling() -> bool:
+    """Whether dynamo is tracing the caller (``torch.compiler.is_compiling``)."""
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
+
+
 def _global_rank(dist: Any, group: Any, rank: Any, group_rank: Any) -> int | None:
     """A peer or root as the global rank the board names it by: ``rank`` as
     given, else rank ``group_rank`` of ``group``; None if neither is given."""
@@ -254,7 +284,10 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         local = tracker._local  # this thread's depth (not the property: this runs per collective)
         depth = getattr(local, "depth", 0)
-        if depth or not (dist.is_initialized() or name in _RENDEZVOUS):
+        # NB: not while dynamo traces the call (torch.compile): it runs as a
+        # functional collective, and tracing the bookkeeping is an error
+        # (a process group is opaque to it).
+        if depth or _compiling() or not (dist.is_initialized() or name in _RENDEZVOUS):
             return func(*args, **kwargs)
         # Injected faults and schedule fuzzing (disttest.faults); before the
         # record, so that an injected raise is not counted as entered.
@@ -291,6 +324,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             tracker.enter(name, group, ranks, waits, posted, extra)
         except Exception:  # never let bookkeeping break the user's call
             return func(*args, **kwargs)
+        call = None if waits else {k: tracker.record.get(k) for k in ("op", "seq", "group", "peers")}
         local.depth = depth + 1
         failed = True
         try:
@@ -299,6 +333,8 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 replaced = after(args, kwargs, result)
                 result = result if replaced is None else replaced
             failed = False
+            if call is not None and result is not None:
+                _remember(dist, tracker, name, call, result, get_group(args, kwargs), posted, args, kwargs)
             return result
         finally:
             local.depth = depth
@@ -308,7 +344,78 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return tracked
 
 
+def _remember(dist: Any, tracker: _Tracker, name: str, call: dict[str, Any], result: Any, group: Any,
+              posted: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Keep what an asynchronous call's Work (``result``) is, for a wait on
+    it; a ``batch_isend_irecv`` returns one Work per operation, each its
+    send or receive."""
+    try:
+        if name != "batch_isend_irecv":
+            tracker.remember(result, {**call, "limit": tracker.limit(dist, group)})
+            return
+        ops = list(args[0] if args else kwargs.get("p2p_op_list", ()))
+        if not isinstance(result, list) or len(result) != len(ops) or len(posted) != len(ops):
+            return  # (one Work for the whole batch: which operation it waits in is unknown)
+        for work, op, key in zip(result, ops, posted, strict=True):
+            direction, peer, _ = _p2p_parts(key)
+            tracker.remember(work, {"op": "isend" if direction == "send>" else "irecv", "seq": tracker.counts[key],
+                                    "group": key, "peers": _runs([int(peer)]),
+                                    "limit": tracker.limit(dist, getattr(op, "group", None))})
+    except Exception:  # noqa: BLE001 (never let bookkeeping break the user's call)
+        pass
+
+
+def _waiting(wait: Callable[..., Any]) -> Callable[..., Any]:
+    """``Work.wait`` recording, while it blocks, that the rank waits in the
+    asynchronous call the Work came from (an ``irecv(...).wait()``, a
+    ``batch_isend_irecv``'s requests, ``all_reduce(async_op=True).wait()``)."""
+
+    @functools.wraps(wait)
+    def tracked_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = _current()
+        if tracker is None or tracker.depth or _compiling():
+            return wait(self, *args, **kwargs)
+        try:
+            call = tracker.pending.get(self)
+        except TypeError:
+            call = None
+        if call is None:
+            return wait(self, *args, **kwargs)
+        timeout = args[0] if args else kwargs.get("timeout")
+        tracker.wait_in(call, _seconds(timeout) if timeout else None)  # (timedelta(0): no timeout of its own)
+        tracker.depth = 1  # (the waits it makes through its base classes are this one)
+        failed = True
+        try:
+            result = wait(self, *args, **kwargs)
+            failed = False
+            tracker.pending.pop(self, None)
+            return result
+        finally:
+            tracker.depth = 0
+            tracker.leave(failed)
+
+    tracked_wait.__disttest_tracked__ = True  # type: ignore[attr-defined]
+    return tracked_wait
+
+
+def _work_waits() -> dict[type, Any]:
+    """Each class of c10d's ``Work`` and its subclasses that defines
+    ``wait`` -> that ``wait``."""
+    import torch.distributed as dist
+
+    found: dict[type, Any] = {}
+    todo: list[type] = [dist.distributed_c10d.Work]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        wait = vars(cls).get("wait")
+        if wait is not None and not getattr(wait, "__disttest_tracked__", False):
+            found[cls] = wait
+    return found
+
+
 _installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
+_waits: list[tuple[type, Any, Any]] = []  # (Work class, its wait, the wrapper installed)
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 _plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
@@ -329,6 +436,10 @@ def install_tracking() -> Callable[[], None]:
         for module, (wrappers, originals) in plans:
             vars(module).update(wrappers)
             _installed.append((module, wrappers, originals))
+        for cls, wait in _work_waits().items():
+            wrapper = _waiting(wait)
+            setattr(cls, "wait", wrapper)  # noqa: B010 (a class attribute, restored by the undo)
+            _waits.append((cls, wait, wrapper))
     done = [False]
 
     def undo() -> None:
@@ -346,6 +457,10 @@ def install_tracking() -> Callable[[], None]:
                 for name, tracked in wrappers.items():
                     if namespace.get(name) is tracked:  # not if someone replaced it since
                         setattr(module, name, originals[name])
+            while _waits:
+                cls, wait, wrapper = _waits.pop()
+                if vars(cls).get("wait") is wrapper:
+                    setattr(cls, "wait", wait)  # noqa: B010
 
     return undo
 
