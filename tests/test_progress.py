@@ -370,14 +370,16 @@ class PointToPointTest(unittest.TestCase):
             pass
 
         tracker = tracking._Tracker(MemoryBoard(4), 2)
-        tracker.enter("batch_isend_irecv", progress.P2P_GROUP, [], False, ["send>3", "recv<1#5"])
-        works = [Work(), Work()]
-        ops = [mock.Mock(group=None), mock.Mock(group=None)]
+        keys = ["send>3", "recv<1#5", "send>3"]
+        tracker.enter("batch_isend_irecv", progress.P2P_GROUP, [], False, keys)
+        works = [Work(), Work(), Work()]
+        ops = [mock.Mock(group=None), mock.Mock(group=None), mock.Mock(group=None)]
         with mock.patch.object(tracker, "limit", return_value=None):
-            tracking._remember(dist, tracker, "batch_isend_irecv", {}, works, None, ["send>3", "recv<1#5"],
-                               (ops,), {})
+            tracking._remember(dist, tracker, "batch_isend_irecv", {}, works, None, keys, (ops,), {})
         self.assertEqual(tracker.pending[works[1]], {"op": "irecv", "seq": 1, "group": "recv<1#5",
                                                      "peers": [[1, 1]], "limit": None})
+        # Two sends to one peer: the first is send #1, the second send #2.
+        self.assertEqual([tracker.pending[works[i]]["seq"] for i in (0, 2)], [1, 2])
         waited = tracking._waiting(lambda work, timeout=None: dict(tracker.board.read(2)))
         with mock.patch.object(tracking, "_current", return_value=tracker):
             during = waited(works[1])

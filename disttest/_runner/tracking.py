@@ -356,9 +356,12 @@ def _remember(dist: Any, tracker: _Tracker, name: str, call: dict[str, Any], res
         ops = list(args[0] if args else kwargs.get("p2p_op_list", ()))
         if not isinstance(result, list) or len(result) != len(ops) or len(posted) != len(ops):
             return  # (one Work for the whole batch: which operation it waits in is unknown)
+        # (Two operations with one key: the first is that key's earlier call.)
+        seq = {key: tracker.counts[key] - posted.count(key) for key in posted}
         for work, op, key in zip(result, ops, posted, strict=True):
             direction, peer, _ = _p2p_parts(key)
-            tracker.remember(work, {"op": "isend" if direction == "send>" else "irecv", "seq": tracker.counts[key],
+            seq[key] += 1
+            tracker.remember(work, {"op": "isend" if direction == "send>" else "irecv", "seq": seq[key],
                                     "group": key, "peers": _runs([int(peer)]),
                                     "limit": tracker.limit(dist, getattr(op, "group", None))})
     except Exception:  # noqa: BLE001 (never let bookkeeping break the user's call)
