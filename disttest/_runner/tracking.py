@@ -57,10 +57,11 @@ class _Tracker:
         self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
         self._pending: list[tuple[str, int]] = []  # flight-recorder collectives pending
         self._since = 0.0
-        self._limits: weakref.WeakKeyDictionary[Any, float | None] = weakref.WeakKeyDictionary()
+        # NB: both made on first use (a thread rank's tracker lives for one test).
+        self._limits: weakref.WeakKeyDictionary[Any, float | None] | None = None
         #: The Work of each asynchronous call not yet waited on -> the call
         #: (what the record says while a wait on it blocks).
-        self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] | None = None
 
     @property
     def depth(self) -> int:
@@ -76,6 +77,8 @@ class _Tracker:
         pg = dist.GroupMember.WORLD if group is None else group
         if pg is None:
             return None
+        if self._limits is None:
+            self._limits = weakref.WeakKeyDictionary()
         try:
             return self._limits[pg]
         except KeyError:
@@ -107,6 +110,8 @@ class _Tracker:
     def remember(self, work: Any, call: dict[str, Any]) -> None:
         """``work`` (returned by an asynchronous call) is ``call``: a wait on
         it is recorded as waiting in the call."""
+        if self.pending is None:
+            self.pending = weakref.WeakKeyDictionary()
         try:
             self.pending[work] = call
         except TypeError:  # (a Work that takes no weak reference)
@@ -224,10 +229,15 @@ def _seconds(value: Any) -> float | None:
 
 def _compiling() -> bool:
     """Whether dynamo is tracing the caller (``torch.compiler.is_compiling``)."""
-    import torch
+    if not _is_compiling:
+        import torch
 
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+        compiler = getattr(torch, "compiler", None)
+        _is_compiling.append(getattr(compiler, "is_compiling", None) or (lambda: False))
+    return bool(_is_compiling[0]())
+
+
+_is_compiling: list[Callable[[], bool]] = []  # torch.compiler.is_compiling, looked up once
 
 
 def _global_rank(dist: Any, group: Any, rank: Any, group_rank: Any) -> int | None:
@@ -376,7 +386,7 @@ def _waiting(wait: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(wait)
     def tracked_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = _current()
-        if tracker is None or tracker.depth or _compiling():
+        if tracker is None or not tracker.pending or tracker.depth or _compiling():
             return wait(self, *args, **kwargs)
         try:
             call = tracker.pending.get(self)
@@ -391,7 +401,7 @@ def _waiting(wait: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = wait(self, *args, **kwargs)
             failed = False
-            tracker.pending.pop(self, None)
+            tracker.pending.pop(self, None)  # (not None: it held this Work)
             return result
         finally:
             tracker.depth = 0
@@ -401,11 +411,20 @@ def _waiting(wait: Callable[..., Any]) -> Callable[..., Any]:
     return tracked_wait
 
 
+_found_waits: list[Any] = []  # (Work's direct subclasses, what _work_waits found)
+
+
 def _work_waits() -> dict[type, Any]:
     """Each class of c10d's ``Work`` and its subclasses that defines
-    ``wait`` -> that ``wait``."""
+    ``wait`` -> that ``wait``. Walked again when ``Work``'s direct
+    subclasses change (a threaded test installs tracking every time); a
+    deeper subclass made later whose ``wait`` calls its base's is still seen
+    through the base's."""
     import torch.distributed as dist
 
+    direct = tuple(dist.distributed_c10d.Work.__subclasses__())
+    if _found_waits and _found_waits[0] == direct:
+        return dict(_found_waits[1])
     found: dict[type, Any] = {}
     todo: list[type] = [dist.distributed_c10d.Work]
     while todo:
@@ -414,11 +433,13 @@ def _work_waits() -> dict[type, Any]:
         wait = vars(cls).get("wait")
         if wait is not None and not getattr(wait, "__disttest_tracked__", False):
             found[cls] = wait
-    return found
+    _found_waits[:] = [direct, found]
+    return dict(found)
 
 
 _installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
 _waits: list[tuple[type, Any, Any]] = []  # (Work class, its wait, the wrapper installed)
+_wait_wrappers: dict[type, tuple[Any, Any]] = {}  # Work class -> (its wait, its wrapper)
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 _plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
@@ -440,9 +461,11 @@ def install_tracking() -> Callable[[], None]:
             vars(module).update(wrappers)
             _installed.append((module, wrappers, originals))
         for cls, wait in _work_waits().items():
-            wrapper = _waiting(wait)
-            setattr(cls, "wait", wrapper)  # noqa: B010 (a class attribute, restored by the undo)
-            _waits.append((cls, wait, wrapper))
+            made = _wait_wrappers.get(cls)
+            if made is None or made[0] is not wait:  # (made once per class: a threaded test installs every time)
+                made = _wait_wrappers[cls] = (wait, _waiting(wait))
+            setattr(cls, "wait", made[1])  # noqa: B010 (a class attribute, restored by the undo)
+            _waits.append((cls, wait, made[1]))
     done = [False]
 
     def undo() -> None:
