@@ -391,6 +391,63 @@ class PointToPointTest(unittest.TestCase):
             before = dict(tracker.board.read(2))
             self.assertEqual(waited(object()), before)  # a Work of no call: nothing recorded
 
+    def test_a_wait_in_another_thread_of_the_rank_makes_no_cycle(self):
+        # A communication thread waits on an irecv while the rank's own thread
+        # computes and then sends: the rank may still act.
+        tracker = tracking._Tracker(MemoryBoard(2), 0)
+        tracker.enter("irecv", "recv<1", [1], False)
+        call = {k: tracker.record[k] for k in ("op", "seq", "group", "peers")}
+        helper = threading.Thread(target=tracker.wait_in, args=(call, None))
+        helper.start()
+        helper.join()
+        board = tracker.board
+        self.assertTrue(board.read(0)["aside"])
+        board.write(1, {"op": "recv", "seq": 1, "group": "recv<0", "peers": [[0, 0]], "counts": {"recv<0": 1},
+                        "state": WAITING, "at": board.read(0)["at"]})
+        later = board.read(0)["at"] + progress.P2P_SETTLE
+        self.assertEqual(progress.find_deadlocks(board, [0, 1], later), [])
+        tracker.wait_in(call, None)  # the rank's own thread: a cycle
+        self.assertNotIn("aside", board.read(0))
+        self.assertEqual(len(progress.find_deadlocks(board, [0, 1], board.read(0)["at"] + progress.P2P_SETTLE)), 2)
+
+    def test_a_python_work_whose_wait_reaches_c10ds_keeps_working_under_tracking(self):
+        # pybind takes a wait found on the class for a Python subclass's override.
+        import torch.distributed as dist
+
+        class Plain(dist.distributed_c10d.Work):
+            pass
+
+        class Calls(dist.distributed_c10d.Work):
+            def wait(self, timeout=datetime.timedelta(0)):
+                return super().wait(timeout)
+
+        undo = tracking.install_tracking()
+        try:
+            for work in (Plain(), Calls()):
+                with self.assertRaisesRegex(RuntimeError, "timed out"):
+                    work.wait(datetime.timedelta(milliseconds=10))
+        finally:
+            undo()
+
+    def test_a_users_own_patch_of_work_wait_survives_tracking(self):
+        import torch.distributed as dist
+
+        work = dist.distributed_c10d.Work
+        tracking.install_tracking()()  # (a first install: what it walks is kept)
+        torchs = vars(work)["wait"]
+
+        def spy(self, *args, **kwargs):
+            return torchs(self, *args, **kwargs)
+
+        work.wait = spy
+        try:
+            undo = tracking.install_tracking()
+            self.assertIsNot(vars(work)["wait"], spy)
+            undo()
+            self.assertIs(vars(work)["wait"], spy)
+        finally:
+            work.wait = torchs
+
     def test_every_wait_of_a_work_class_is_wrapped_while_tracking_is_installed(self):
         import torch.distributed as dist
 

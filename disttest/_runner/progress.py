@@ -362,13 +362,14 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     by itself (its group's timeout), for the caller to leave it to. A
     receive from any rank waits for no one in particular (a third rank may
     send), nor does the rendezvous; a peer whose counts overflowed is never
-    waited for. Each rank's record is read once; the graph is O(world)."""
+    waited for, nor a rank whose wait is in a thread other than its own
+    (a communication thread: the rank may still act). Each rank's record is read once; the graph is O(world)."""
     nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
     for rank in ranks:
         record = board.read(rank)
-        if (not record or record.get("state") != WAITING or "op" not in record
+        if (not record or record.get("state") != WAITING or "op" not in record or record.get("aside")
                 or now - record.get("at", now) < P2P_SETTLE):
-            continue
+            continue  # (aside: another thread of the rank waits; the rank's own may still act)
         group = str(record.get("group"))
         if group.startswith(("send>", "recv<")):
             if not _p2p_parts(group)[1].isdigit():

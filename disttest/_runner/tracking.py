@@ -51,6 +51,7 @@ class _Tracker:
         self.board = board
         self.rank = rank
         self.threads = threads  # a rank thread of the threaded group
+        self.home = threading.get_ident()  # the rank's own thread (the one that runs its test)
         self.counts: dict[str, int] = {}
         self._local = threading.local()  # each thread of a rank its own depth
         self._lock = threading.Lock()  # the rank's threads and its watcher write
@@ -105,6 +106,8 @@ class _Tracker:
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
             if extra:
                 self.record.update(extra)
+            if waits and threading.get_ident() != self.home:
+                self.record["aside"] = True  # (its own thread may still act: see find_deadlocks)
             self.board.write(self.rank, self.record)
 
     def remember(self, work: Any, call: dict[str, Any]) -> None:
@@ -125,6 +128,8 @@ class _Tracker:
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
             if limit is not None:
                 self.record["limit"] = limit
+            if threading.get_ident() != self.home:
+                self.record["aside"] = True
             self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
@@ -378,28 +383,33 @@ def _remember(dist: Any, tracker: _Tracker, name: str, call: dict[str, Any], res
         pass
 
 
-def _waiting(wait: Callable[..., Any]) -> Callable[..., Any]:
+def _waiting(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Work.wait`` recording, while it blocks, that the rank waits in the
     asynchronous call the Work came from (an ``irecv(...).wait()``, a
     ``batch_isend_irecv``'s requests, ``all_reduce(async_op=True).wait()``)."""
 
-    @functools.wraps(wait)
-    def tracked_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+    # NB: named ``wait``, first argument ``self``: pybind's trampoline for a
+    # Python subclass of Work takes a ``wait`` found on the class for the
+    # subclass's override and calls it, unless the caller is a frame of that
+    # name with that self; under any other name the call to c10d's wait
+    # came back here without end.
+    @functools.wraps(original)
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = _current()
         if tracker is None or not tracker.pending or tracker.depth or _compiling():
-            return wait(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
         try:
             call = tracker.pending.get(self)
         except TypeError:
             call = None
         if call is None:
-            return wait(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
         timeout = args[0] if args else kwargs.get("timeout")
         tracker.wait_in(call, _seconds(timeout) if timeout else None)  # (timedelta(0): no timeout of its own)
         tracker.depth = 1  # (the waits it makes through its base classes are this one)
         failed = True
         try:
-            result = wait(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
             failed = False
             tracker.pending.pop(self, None)  # (not None: it held this Work)
             return result
@@ -407,39 +417,48 @@ def _waiting(wait: Callable[..., Any]) -> Callable[..., Any]:
             tracker.depth = 0
             tracker.leave(failed)
 
-    tracked_wait.__disttest_tracked__ = True  # type: ignore[attr-defined]
-    return tracked_wait
+    wait.__disttest_tracked__ = True  # type: ignore[attr-defined]
+    return wait
 
 
-_found_waits: list[Any] = []  # (Work's direct subclasses, what _work_waits found)
+_found_classes: list[Any] = []  # (ids of Work's direct subclasses, weak references to the classes walked)
 
 
-def _work_waits() -> dict[type, Any]:
-    """Each class of c10d's ``Work`` and its subclasses that defines
-    ``wait`` -> that ``wait``. Walked again when ``Work``'s direct
-    subclasses change (a threaded test installs tracking every time); a
-    deeper subclass made later whose ``wait`` calls its base's is still seen
-    through the base's."""
+def _work_classes() -> list[type]:
+    """c10d's ``Work`` and every subclass of it. Walked again when
+    ``Work``'s direct subclasses change (a threaded test installs tracking
+    every time); a deeper subclass made later whose ``wait`` calls its
+    base's is still seen through the base's."""
     import torch.distributed as dist
 
-    direct = tuple(dist.distributed_c10d.Work.__subclasses__())
-    if _found_waits and _found_waits[0] == direct:
-        return dict(_found_waits[1])
-    found: dict[type, Any] = {}
-    todo: list[type] = [dist.distributed_c10d.Work]
+    direct = tuple(map(id, dist.distributed_c10d.Work.__subclasses__()))
+    if _found_classes and _found_classes[0] == direct:
+        classes = [ref() for ref in _found_classes[1]]
+        if all(cls is not None for cls in classes):
+            return classes
+    classes, todo = [], [dist.distributed_c10d.Work]
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
+        classes.append(cls)
+    _found_classes[:] = [direct, [weakref.ref(cls) for cls in classes]]
+    return classes
+
+
+def _work_waits() -> dict[type, Any]:
+    """Each class of :func:`_work_classes` that defines ``wait`` -> that
+    ``wait`` (as it is now: a user's own patch included)."""
+    found: dict[type, Any] = {}
+    for cls in _work_classes():
         wait = vars(cls).get("wait")
         if wait is not None and not getattr(wait, "__disttest_tracked__", False):
             found[cls] = wait
-    _found_waits[:] = [direct, found]
-    return dict(found)
+    return found
 
 
 _installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
 _waits: list[tuple[type, Any, Any]] = []  # (Work class, its wait, the wrapper installed)
-_wait_wrappers: dict[type, tuple[Any, Any]] = {}  # Work class -> (its wait, its wrapper)
+_wait_wrappers: weakref.WeakKeyDictionary[type, tuple[Any, Any]] = weakref.WeakKeyDictionary()  # -> (wait, wrapper)
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 _plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
