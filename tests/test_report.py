@@ -49,6 +49,22 @@ class ClassifyTest(unittest.TestCase):
         self.assertIn("deadlock: " + d, str(e))
         self.assertEqual(str(e).count("deadlock: "), 2)  # the header and one section for the pair
 
+    def test_a_deadlock_shows_each_call_s_stack_once(self):
+        d = "ranks 0, 1, 2/3 wait for each other in calls that cannot match: ..."
+
+        def stack(line, watcher=""):
+            other = f'Thread 0x2 (most recent call first):\n  File "json.py", line {watcher} in loads\n\n' if watcher else ""
+            return f'{other}Current thread 0x1 (most recent call first):\n  File "t.py", line {line} in test_x\n'
+
+        # Ranks 0 and 1 wait in one call (rank 0's watcher thread was caught
+        # mid-step: no difference), rank 2 in another.
+        e = raised([Outcome(0, Kind.DEADLOCK, detail=d, stacks=stack(5, watcher="346")),
+                    Outcome(1, Kind.DEADLOCK, detail=d, stacks=stack(5)),
+                    Outcome(2, Kind.DEADLOCK, detail=d, stacks=stack(7))])
+        self.assertIn("the stack of ranks 0, 1/3:", str(e))
+        self.assertIn("the stack of rank 2/3:", str(e))
+        self.assertEqual(str(e).count('"t.py", line 5'), 1)
+
     def test_failure_wins_over_skip(self):
         e = raised([Outcome(0, Kind.SKIPPED, message="s"), Outcome(1, Kind.ERRORED, "ValueError", "v")])
         self.assertIsInstance(e, RankError)

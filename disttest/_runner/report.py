@@ -213,15 +213,26 @@ def _stacks_of(group: Sequence[Outcome], world_size: int) -> str:
     """The body of ranks grouped by their desync or deadlock: one reads as
     ``_body``; stacks that differ (a cycle's ranks wait in different calls)
     are each shown, with the ranks they are of."""
-    stacks: dict[str, list[int]] = {}
+    stacks: dict[str, tuple[str, list[int]]] = {}  # the waiting thread's frames -> (a stack, its ranks)
     for o in group:
         if o.stacks:
-            stacks.setdefault(_user_stack(o.stacks), []).append(o.rank)
+            stack = _user_stack(o.stacks)
+            stacks.setdefault(_waiting_frames(stack), (stack, []))[1].append(o.rank)
     if len(stacks) < 2:
         return _body(group[0])
     parts = [o.traceback.rstrip() for o in group[:1] if o.traceback]
-    parts += [f"the stack of {_who(ranks, world_size)}:\n{stack}" for stack, ranks in stacks.items()]
+    parts += [f"the stack of {_who(ranks, world_size)}:\n{stack}" for stack, ranks in stacks.values()]
     return "\n".join(parts)
+
+
+def _waiting_frames(stack: str) -> str:
+    """The frames of the thread that waits (faulthandler's "Current
+    thread" block, else the whole dump), without thread ids: what tells
+    ranks' calls apart (their other threads, a watcher caught mid-step,
+    do not)."""
+    blocks = stack.split("\n\n")
+    current = [b for b in blocks if b.startswith("Current thread")]
+    return "\n".join(line for line in (current[0] if current else stack).splitlines()[1:])
 
 
 def left_running_lines(outcomes: Sequence[Outcome], world_size: int) -> list[str]:
