@@ -363,7 +363,8 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     receive from any rank waits for no one in particular (a third rank may
     send), nor does the rendezvous; a peer whose counts overflowed is never
     waited for, nor a rank whose wait is in a thread other than its own
-    (a communication thread: the rank may still act). Each rank's record is read once; the graph is O(world)."""
+    (a communication thread: the rank may still act). Each rank's record
+    is read once; the graph is O(world)."""
     nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
     for rank in ranks:
         record = board.read(rank)
