@@ -65,11 +65,10 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     # collective for the same peer are reported together.
     peer, flight = found
     if flight.against:  # the same text for every rank of the cycle, so that the report shows it once
-        cycle = flight.cycle or tuple(sorted([(flight.rank, flight.describe()), (peer, flight.against)]))
         alike: dict[str, list[int]] = {}  # (ranks in one collective are named together)
-        for r, what in cycle:
+        for r, what in flight.cycle:
             alike.setdefault(what, []).append(r)
-        return DEADLOCK_DETAIL.format(ranks=who([r for r, _ in cycle], world), calls=", ".join(
+        return DEADLOCK_DETAIL.format(ranks=who([r for r, _ in flight.cycle], world), calls=", ".join(
             f"{who(ranks, world)} in {what}" for what, ranks in alike.items()))
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 

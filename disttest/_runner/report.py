@@ -197,11 +197,15 @@ def _short(o: Outcome, who: str, timeout: float | None) -> str:
     return f"{who} raised {o.exc_type}{_in(o)}"
 
 
-def _body(o: Outcome) -> str:
+def _body(o: Outcome, stacks: str = "") -> str:
+    """``o``'s traceback, stack and output; ``stacks``: the stacks to show
+    instead of its own (a group's, :func:`_stacks_of`)."""
     parts = []
     if o.traceback:
         parts.append(o.traceback.rstrip())
-    if o.stacks:
+    if stacks:
+        parts.append(stacks)
+    elif o.stacks:
         where = "where it crashed" if o.kind is Kind.CRASHED else "its stack"
         parts.append(f"{where}:\n" + _user_stack(o.stacks))
     if o.output_tail.strip() and o.kind.is_cause:
@@ -220,9 +224,8 @@ def _stacks_of(group: Sequence[Outcome], world_size: int) -> str:
             stacks.setdefault(_waiting_frames(stack), (stack, []))[1].append(o.rank)
     if len(stacks) < 2:
         return _body(group[0])
-    parts = [o.traceback.rstrip() for o in group[:1] if o.traceback]
-    parts += [f"the stack of {_who(ranks, world_size)}:\n{stack}" for stack, ranks in stacks.values()]
-    return "\n".join(parts)
+    return _body(group[0], "\n".join(f"the stack of {_who(ranks, world_size)}:\n{stack}"
+                                     for stack, ranks in stacks.values()))
 
 
 def _waiting_frames(stack: str) -> str:

@@ -100,15 +100,8 @@ class _Tracker:
         for other in also:
             self.counts[other] = self.counts.get(other, 0) + 1
         self.counts[group] = self.counts.get(group, 0) + 1
-        with self._lock:
-            self.record = {"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers),
-                           "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
-                           "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
-            if extra:
-                self.record.update(extra)
-            if waits and threading.get_ident() != self.home:
-                self.record["aside"] = True  # (its own thread may still act: see find_deadlocks)
-            self.board.write(self.rank, self.record)
+        self._publish({"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers), **(extra or {})},
+                      waits)
 
     def remember(self, work: Any, call: dict[str, Any]) -> None:
         """``work`` (returned by an asynchronous call) is ``call``: a wait on
@@ -123,13 +116,16 @@ class _Tracker:
     def wait_in(self, call: dict[str, Any], limit: float | None) -> None:
         """Record that the rank waits on the Work of ``call`` (``limit``: the
         wait's own timeout, if it has one)."""
+        self._publish(call if limit is None else {**call, "limit": limit}, True)
+
+    def _publish(self, call: dict[str, Any], waits: bool) -> None:
+        """Make ``call`` (op, seq, group, peers and more) the rank's record,
+        waited in or not, with the counts so far."""
         with self._lock:
-            self.record = {**call, "counts": dict(self.counts), "state": WAITING, "at": time.time(),
+            self.record = {**call, "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
-            if limit is not None:
-                self.record["limit"] = limit
-            if threading.get_ident() != self.home:
-                self.record["aside"] = True
+            if waits and threading.get_ident() != self.home:
+                self.record["aside"] = True  # (its own thread may still act: see find_deadlocks)
             self.board.write(self.rank, self.record)
 
     def leave(self, failed: bool) -> None:
