@@ -5,7 +5,8 @@ skipped where CUDA is absent.
 What each backend lacks by design is declared in disttest's table
 (``disttest.conformance.UNSUPPORTED``: ``nccl`` and ``gloo/cuda``). What a
 run on a GPU found wrong is listed below, each an upstream bug, with what
-was seen (an H100, torch 2.11.0+cu130; benchmarks/RESULTS.rst, "On a GPU"):
+was seen (an H100, torch 2.11.0+cu130, and again an H200, 2026-11-27;
+benchmarks/RESULTS.rst, "On a GPU"):
 the test accepts those failures, and fails on any other, so a new bug or a
 regression of disttest's shows, and a fixed bug does not break it.
 """
