@@ -305,6 +305,16 @@ class Behaviours:
         self.init()
         dist.irecv(torch.ones(2), 1 - self.rank).wait()
 
+    def test_collectives_differ(self):
+        # Call #1 of the default group: an all_reduce on rank 0, a broadcast
+        # from rank 0 on rank 1 (it waits for its root, which waits for it).
+        self.init()
+        t = torch.ones(2)
+        if self.rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+
     def test_wide_cycle_of_waits(self):
         # 0 waits for 1's send, 1 for 2's, 2 in a barrier that 0 and 1 never
         # reach; 3 waits in the barrier too (a consequence, not in the cycle).

@@ -290,6 +290,34 @@ class PointToPointTest(unittest.TestCase):
         # The same group in the same order: one collective, nobody missing.
         self.assertEqual(self.waits(2, {0: ("all_reduce", "1", 1, [0, 1]), 1: ("all_reduce", "1", 1, [0, 1])}), [])
 
+    def test_ranks_in_one_collective_as_different_calls_are_a_deadlock(self):
+        calls = {0: ("all_reduce", "default", 1, [0, 1]), 1: ("broadcast", "default", 1, [0, 1])}
+        self.assertEqual(self.waits(2, calls), [(0, 1), (1, 0)])
+        detail = join._desync_detail(progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE)[0], 2)
+        self.assertEqual(detail, "ranks 0, 1/2 wait for each other in calls that cannot match: rank 0/2 in "
+                                 "all_reduce #1 of the default group, rank 1/2 in broadcast #1 of the default group")
+        # Not the root: it waits for the root, which waits in another call.
+        self.board.read(1)["root"] = 0
+        self.assertEqual(len(progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE)), 2)
+        # Two names of one collective match.
+        self.assertEqual(self.waits(2, {0: ("_all_gather_base", "default", 1, [0, 1]),
+                                        1: ("all_gather_into_tensor", "default", 1, [0, 1])}), [])
+        # Different collectives of different numbers are not a mismatch by themselves.
+        self.assertEqual(self.waits(2, {0: ("all_reduce", "default", 2, [0, 1]),
+                                        1: ("broadcast", "default", 1, [0, 1])}, entered={1: {"default": 2}}), [])
+
+    def test_ranks_in_one_broadcast_from_different_roots_are_a_deadlock(self):
+        calls = {0: ("broadcast", "default", 1, [0, 1]), 1: ("broadcast", "default", 1, [0, 1])}
+        self.waits(2, calls)
+        for rank in (0, 1):
+            self.board.read(rank)["root"] = rank  # each its own root
+        found = progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE)
+        self.assertEqual([(f.rank, p) for p, f in found], [(0, 1), (1, 0)])
+        self.assertEqual(found[0][1].cycle, ((0, "broadcast #1 of the default group from rank 0"),
+                                             (1, "broadcast #1 of the default group from rank 1")))
+        self.board.read(1)["root"] = 0  # the same root: one broadcast
+        self.assertEqual(progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE), [])
+
     def test_only_settled_waits_make_a_cycle(self):
         board = MemoryBoard(2)
         board.write(0, {"op": "recv", "seq": 1, "group": "recv<1", "peers": [[1, 1]], "counts": {"recv<1": 1},

@@ -218,6 +218,20 @@ class BehaviourTest(unittest.TestCase):
                 self.assertNotIn("timed out", text)
                 self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
 
+    def test_ranks_in_different_collectives_end_the_test_promptly(self):
+        for sub, result, elapsed in self.each("test_collectives_differ"):
+            with sub:
+                text = self.only(result.errors)
+                if sub.runner is cases.ThreadRunner:  # the threaded group compares the calls itself
+                    self.assertIn("collective #1 on group 0 does not match across ranks (disttest): rank 0 called "
+                                  "all_reduce, rank 1 called broadcast", text)
+                else:
+                    self.assertIn("'test_collectives_differ' errored (disttest): deadlock: ranks 0, 1/2 wait for "
+                                  "each other in calls that cannot match: rank 0/2 in all_reduce #1 of the default "
+                                  "group, rank 1/2 in broadcast #1 of the default group from rank 0\n", text)
+                self.assertNotIn("timed out", text)
+                self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+
     def test_the_fake_backend_is_usable_in_a_rank(self):
         import torch.distributed as dist
 

@@ -356,9 +356,10 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     with another rank, a collective, the same direction, another tag) and
     posted none that matches before (an ``isend``/``irecv`` before its
     wait, ``batch_isend_irecv``: the counts say); or when it waits in a
-    collective that the peer, a member of its group, never entered (in a
-    ``broadcast`` or ``scatter`` a rank other than the root waits for the
-    root only, as gloo's do). ``ends``: when the cycle's first call raises
+    collective that the peer, a member of its group, never entered or
+    waits in as another call (another operation or root: the ranks'
+    collectives do not match; in a ``broadcast`` or ``scatter`` a rank
+    other than the root waits for the root only, as gloo's do). ``ends``: when the cycle's first call raises
     by itself (its group's timeout), for the caller to leave it to. A
     receive from any rank waits for no one in particular (a third rank may
     send), nor does the rendezvous; a peer whose counts overflowed is never
@@ -390,26 +391,54 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
         # gloo's broadcast and scatter: a rank other than the root needs the root only.
         root = nodes[rank][1].get("root")
         needs = [root] if isinstance(root, int) and root != rank else flight.peers
-        key = (flight.group, flight.seq, needs is not flight.peers)
+        call = _call_of(flight, nodes[rank][1])
+        key = (flight.group, flight.seq, call, needs is not flight.peers)
         edges[rank] = [key]
         if key not in edges:
-            edges[key] = [m for m in needs if m in nodes and m != rank and not nodes[m][1].get("overflow")
-                          and nodes[m][1].get("counts", {}).get(flight.group, 0) < flight.seq]
+            edges[key] = [m for m in needs if m in nodes and m != rank and not nodes[m][1].get("overflow") and (
+                nodes[m][1].get("counts", {}).get(flight.group, 0) < flight.seq
+                or _other_call(call, flight, *nodes[m]))]
     found = []
     for cycle in _cycles(edges):
         members = sorted(r for r in cycle if isinstance(r, int))
         if len(members) < 2:
             continue
-        calls = tuple((r, nodes[r][0].describe()) for r in members)
+        calls = tuple((r, _described(*nodes[r])) for r in members)
         ends = [nodes[r][1]["at"] + nodes[r][1]["limit"] for r in members
                 if isinstance(nodes[r][1].get("limit"), (int, float)) and "at" in nodes[r][1]]
         for r in members:
             nxt = edges[r][0]
             peer = nxt if isinstance(nxt, int) else next(m for m in edges[nxt] if m in cycle)
-            found.append((peer, replace(nodes[r][0], against=nodes[peer][0].describe(), cycle=calls,
+            found.append((peer, replace(nodes[r][0], against=_described(*nodes[peer]), cycle=calls,
                                         ends=min(ends) if ends else None)))
     found.sort(key=lambda f: f[1].rank)
     return found
+
+
+#: Two names of one collective: ranks may call either.
+_SAME_CALL = {"_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_base": "reduce_scatter_tensor"}
+
+
+def _call_of(flight: InFlight, record: dict[str, Any]) -> tuple[str, Any]:
+    """What must be the same on every rank that enters collective ``flight``:
+    the operation and, of a broadcast or scatter, its root."""
+    return _SAME_CALL.get(flight.op, flight.op), record.get("root")
+
+
+def _described(flight: InFlight, record: dict[str, Any]) -> str:
+    """``flight`` as a report names it, with a broadcast's or scatter's root."""
+    root = record.get("root")
+    return flight.describe() + (f" from rank {root}" if isinstance(root, int) else "")
+
+
+def _other_call(call: tuple[str, Any], flight: InFlight, theirs: InFlight, record: dict[str, Any]) -> bool:
+    """Whether the peer waits in collective ``flight`` (the same group and
+    number) as another call: another operation, or another root (a
+    mismatch: neither call can complete)."""
+    if theirs.group != flight.group or theirs.seq != flight.seq:
+        return False
+    op, root = _call_of(theirs, record)
+    return op != call[0] or (root is not None and call[1] is not None and root != call[1])
 
 
 def _cannot_match(flight: InFlight, theirs: InFlight, record: dict[str, Any]) -> bool:
