@@ -585,6 +585,23 @@ class GroupTimeoutTest(unittest.TestCase):
         self.assertIn("recv on group", recv_message)
         self.assertIn("no send from rank 1 with tag 0 arrived", recv_message)
 
+    def test_a_wait_with_its_own_timeout_names_it(self):
+        def fn(rank, n):
+            group = dist.new_group([0, 1])  # no timeout of its own
+            outcome = None
+            if rank == 0:
+                work = dist.all_reduce(torch.ones(1), group=group, async_op=True)
+                try:
+                    work.wait(timeout=timedelta(seconds=0.3))
+                except disttest.pg.threaded.CollectiveTimeout as e:
+                    outcome = (str(e), e.timeout)
+            dist.all_reduce(torch.ones(1))  # the others wait here, not finished
+            return outcome
+
+        message, limit = on_ranks(self, 3, fn)[0]
+        self.assertEqual(limit, 0.3)
+        self.assertIn("did not complete within 0.3s, the timeout passed to wait() (disttest): ", message)
+
 
 class WorldTest(unittest.TestCase):
     def test_abort_releases_waiting_ranks(self):

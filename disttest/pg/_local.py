@@ -18,7 +18,10 @@ __unittest = True
 
 __all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "completed_work"]
 
-TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, the group's timeout (disttest): {why}"
+TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, {whose} (disttest): {why}"
+#: Whose limit a timed-out Work waited for (TIMED_OUT's ``{whose}``).
+GROUP_LIMIT = "the group's timeout"
+WAIT_LIMIT = "the timeout passed to wait()"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
 DISAGREE = "{what} #{seq} on group {group}: ranks pass different {name} (disttest): {values}"
 
@@ -80,13 +83,16 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
     def wait(self, timeout: Any = None) -> bool:
         limit = seconds(timeout) or self._limit
         if limit is not None and not self._opened(limit):
-            raise self._timed_out(limit)
+            raise self._timed_out(limit, own=seconds(timeout) is not None)
         self._future.wait()
         return True
 
-    def _timed_out(self, limit: float) -> CollectiveTimeout:
+    def _timed_out(self, limit: float, own: bool) -> CollectiveTimeout:
+        """The error of a wait that ended at ``limit`` (``own``: the wait's
+        own timeout, not the group's)."""
         why = self._on_timeout() if self._on_timeout is not None else "it never completed"
-        return CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit, why=why),
+        return CollectiveTimeout(TIMED_OUT.format(op=self.op, group=self._group, limit=limit,
+                                                  whose=WAIT_LIMIT if own else GROUP_LIMIT, why=why),
                                  self.op, limit)
 
     def _opened(self, limit: float) -> bool:

@@ -100,7 +100,7 @@ class ThreadedWork(FutureWork):
             limit = seconds(timeout) or self._limit
             if not world.baton.wait_for(self._future, limit):
                 assert limit is not None  # only a limited wait ends undone
-                raise self._timed_out(limit)
+                raise self._timed_out(limit, own=seconds(timeout) is not None)
         return super().wait(timeout)
 
 
