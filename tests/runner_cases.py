@@ -300,6 +300,10 @@ class Behaviours:
         self.init()
         dist.recv(torch.ones(2), 1 - self.rank)
 
+    def test_both_receive_from_any_rank(self):
+        self.init()
+        dist.recv(torch.ones(2))
+
     def test_both_wait_on_irecv(self):
         # The wait on a request, not the call, is where each rank blocks.
         self.init()

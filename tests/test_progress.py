@@ -318,6 +318,37 @@ class PointToPointTest(unittest.TestCase):
         self.board.read(1)["root"] = 0  # the same root: one broadcast
         self.assertEqual(progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE), [])
 
+    def test_receives_from_any_rank_deadlock_once_no_rank_can_send(self):
+        # Two ranks, both receiving from any rank: nobody sends.
+        self.assertEqual(self.waits(2, {0: ("recv", "recv<*", 1, [0, 1]), 1: ("recv", "recv<*", 1, [0, 1])}),
+                         [(0, 1), (1, 0)])
+        detail = join._desync_detail(progress.find_deadlocks(self.board, [0, 1], 100.0 + progress.P2P_SETTLE)[0], 2)
+        self.assertEqual(detail, "ranks 0, 1/2 wait for each other in calls that cannot match: ranks 0, 1/2 in "
+                                 "recv #1 from any rank")
+        # A message is on its way (rank 1 sent before it waited): rank 0's receive takes it.
+        self.assertEqual(self.waits(2, {0: ("recv", "recv<*", 1, [0, 1]), 1: ("recv", "recv<*", 1, [0, 1])},
+                                    entered={1: {"send>0": 1}}), [])
+        # Three ranks: 0 receives from any, 1 from 0, 2 waits in a barrier with 0 and 1.
+        calls = {0: ("recv", "recv<*", 1, [0, 1, 2]), 1: ("recv", "recv<0", 1, [0]),
+                 2: ("barrier", "default", 1, [0, 1, 2])}
+        self.assertEqual(self.waits(3, calls), [(0, 1), (1, 0), (2, 0)])
+        # A rank of the group that computes may still send.
+        del calls[2]
+        self.assertEqual(self.waits(3, calls), [])
+        # One that sends to it: the receive completes.
+        calls[2] = ("send", "send>0", 1, [0])
+        self.assertEqual(self.waits(3, calls), [])
+
+    def test_a_receive_from_any_rank_needs_every_sender_blocked(self):
+        # 0 receives from any of 0-2, 1 from 0; 2 waits in a barrier of a
+        # group with 3, which computes: 2 may go on, then send to 0.
+        calls = {0: ("recv", "recv<*", 1, [0, 1, 2]), 1: ("recv", "recv<0", 1, [0]),
+                 2: ("barrier", "2", 1, [2, 3])}
+        self.assertEqual(self.waits(4, calls), [])
+        # Once 3 waits in a receive from 2 as well, nobody can go on.
+        calls[3] = ("recv", "recv<2", 1, [2])
+        self.assertEqual([r for r, _ in self.waits(4, calls)], [0, 1, 2, 3])
+
     def test_only_settled_waits_make_a_cycle(self):
         board = MemoryBoard(2)
         board.write(0, {"op": "recv", "seq": 1, "group": "recv<1", "peers": [[1, 1]], "counts": {"recv<1": 1},

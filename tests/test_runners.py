@@ -195,6 +195,14 @@ class BehaviourTest(unittest.TestCase):
                               "rank 0\n", text)
                 self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
 
+    def test_receives_from_any_rank_that_nobody_sends_end_the_test_promptly(self):
+        for sub, result, elapsed in self.each("test_both_receive_from_any_rank"):
+            with sub:
+                text = self.only(result.errors)
+                self.assertIn("'test_both_receive_from_any_rank' errored (disttest): deadlock: ranks 0, 1/2 wait for "
+                              "each other in calls that cannot match: ranks 0, 1/2 in recv #1 from any rank\n", text)
+                self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+
     def test_waits_on_requests_that_cannot_complete_end_the_test_promptly(self):
         for sub, result, elapsed in self.each("test_both_wait_on_irecv"):
             with sub:

@@ -361,11 +361,14 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     collectives do not match; in a ``broadcast`` or ``scatter`` a rank
     other than the root waits for the root only, as gloo's do). ``ends``: when the cycle's first call raises
     by itself (its group's timeout), for the caller to leave it to. A
-    receive from any rank waits for no one in particular (a third rank may
-    send), nor does the rendezvous; a peer whose counts overflowed is never
-    waited for, nor a rank whose wait is in a thread other than its own
-    (a communication thread: the rank may still act). Each rank's record
-    is read once; the graph is O(world)."""
+    receive from any rank waits for every other rank of its group, and
+    only while each of them waits in a call that cannot send to it and no
+    message it could take is on its way (a rank of the group that
+    computes may still send); the rendezvous waits for no one; a peer
+    whose counts overflowed is never waited for, nor a rank whose wait is
+    in a thread other than its own (a communication thread: the rank may
+    still act). Each rank's record is read once; the graph is O(world),
+    but for receives from any rank."""
     nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
     for rank in ranks:
         record = board.read(rank)
@@ -374,7 +377,7 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
             continue  # (aside: another thread of the rank waits; the rank's own may still act)
         group = str(record.get("group"))
         if group.startswith(("send>", "recv<")):
-            if not _p2p_parts(group)[1].isdigit():
+            if not (_p2p_parts(group)[1].isdigit() or group.startswith(f"recv<{ANY}")):
                 continue
         elif group in (RENDEZVOUS_GROUP, P2P_GROUP, WORLD_GROUP) or group.startswith(RECORDER):
             continue
@@ -382,7 +385,14 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     # A collective is a node of its own (one per group and number), so that
     # the ranks waiting in it share its edges: O(world) edges, not O(world^2).
     edges: dict[Any, list[Any]] = {}
-    for rank, (flight, _) in nodes.items():
+    any_of: set[int] = set()  # receives from any rank: they wait for all of their edges, not one
+    for rank, (flight, record) in nodes.items():
+        if flight.group.startswith(f"recv<{ANY}"):
+            others = _any_source_waits(flight, record, nodes)
+            if others:
+                edges[rank] = others
+                any_of.add(rank)
+            continue
         if flight.group.startswith(("send>", "recv<")):
             peer = int(_p2p_parts(flight.group)[1])
             if peer in nodes and _cannot_match(flight, nodes[peer][0], nodes[peer][1]):
@@ -398,6 +408,8 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
             edges[key] = [m for m in needs if m in nodes and m != rank and not nodes[m][1].get("overflow") and (
                 nodes[m][1].get("counts", {}).get(flight.group, 0) < flight.seq
                 or _other_call(call, flight, *nodes[m]))]
+    if any_of:
+        edges = _blocked(edges, any_of)
     found = []
     for cycle in _cycles(edges):
         members = sorted(r for r in cycle if isinstance(r, int))
@@ -407,7 +419,7 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
         ends = [nodes[r][1]["at"] + nodes[r][1]["limit"] for r in members
                 if isinstance(nodes[r][1].get("limit"), (int, float)) and "at" in nodes[r][1]]
         for r in members:
-            nxt = edges[r][0]
+            nxt = next(n for n in edges[r] if n in cycle)
             peer = nxt if isinstance(nxt, int) else next(m for m in edges[nxt] if m in cycle)
             found.append((peer, replace(nodes[r][0], against=_described(*nodes[peer]), cycle=calls,
                                         ends=min(ends) if ends else None)))
@@ -423,6 +435,41 @@ def _call_of(flight: InFlight, record: dict[str, Any]) -> tuple[str, Any]:
     """What must be the same on every rank that enters collective ``flight``:
     the operation and, of a broadcast or scatter, its root."""
     return _SAME_CALL.get(flight.op, flight.op), record.get("root")
+
+
+def _any_source_waits(flight: InFlight, record: dict[str, Any],
+                      nodes: dict[int, tuple[InFlight, dict[str, Any]]]) -> list[int]:
+    """The ranks a receive from any rank waits for: every other rank of its
+    group, if each waits in a call that is no send to it with its tag and
+    the group has sent it no message it has not taken; else none."""
+    _, _, tag = _p2p_parts(flight.group)
+    others = [r for r in flight.peers if r != flight.rank]
+    if not others or any(r not in nodes or nodes[r][1].get("overflow") for r in others):
+        return []
+    if any(nodes[r][0].group == f"send>{flight.rank}{tag}" for r in others):
+        return []
+    sent = sum(nodes[r][1].get("counts", {}).get(f"send>{flight.rank}{tag}", 0) for r in others)
+    taken = sum(v for k, v in record.get("counts", {}).items() if k.startswith("recv<") and _p2p_parts(k)[2] == tag)
+    return others if sent < taken else []
+
+
+def _blocked(edges: dict[Any, list[Any]], any_of: set[int]) -> dict[Any, list[Any]]:
+    """``edges`` restricted to the nodes that can never go on: a node that
+    waits for all of its successors (a call, a collective) while one of
+    them can never go on, a node of ``any_of`` (a receive from any rank)
+    while all of them can never go on (the greatest such set: a node whose
+    successors may go on is taken out until none is left to take)."""
+    blocked = set(edges)
+    changed = True
+    while changed:
+        changed = False
+        for node in list(blocked):
+            after = edges[node]
+            if (all(n in blocked for n in after) if node in any_of else any(n in blocked for n in after)):
+                continue
+            blocked.discard(node)
+            changed = True
+    return {node: [n for n in edges[node] if n in blocked] for node in blocked}
 
 
 def _described(flight: InFlight, record: dict[str, Any]) -> str:
