@@ -140,3 +140,41 @@ class VersionMatrixTargetTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(shutil.which("make") is None, "needs make")
+class BytecodeTest(unittest.TestCase):
+    """``make pyc`` (which ``make test`` and ``make examples`` run first)
+    leaves the bytecode of every disttest module up to date: an editable
+    install writes none, and where ``PYTHONDONTWRITEBYTECODE`` is set no
+    interpreter writes its own, so each would compile disttest again."""
+
+    def test_every_module_has_current_bytecode(self):
+        proc = subprocess.run(["make", "-s", "pyc"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        import importlib.util
+
+        stale = []
+        for rel_path in _tracked("disttest"):
+            path = os.path.join(ROOT, rel_path)
+            st = os.stat(path)
+            try:
+                with open(importlib.util.cache_from_source(path), "rb") as f:
+                    header = f.read(16)
+            except FileNotFoundError:
+                stale.append(rel_path)
+                continue
+            flags = int.from_bytes(header[4:8], "little")
+            mtime, size = int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")
+            if (header[:4] != importlib.util.MAGIC_NUMBER or flags != 0
+                    or (mtime, size) != (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)):
+                stale.append(rel_path)
+        self.assertEqual(stale, [], "modules without current bytecode")
+
+    def test_the_suite_and_the_examples_bring_it_up_to_date_first(self):
+        for target in ("test", "examples"):
+            proc = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            lines = proc.stdout.splitlines()
+            compiles = [i for i, line in enumerate(lines) if "-m compileall" in line]
+            runs = [i for i, line in enumerate(lines) if "-m pytest" in line or "run_all.py" in line]
+            self.assertTrue(compiles and runs and compiles[0] < runs[0], proc.stdout)
