@@ -349,6 +349,21 @@ class PointToPointTest(unittest.TestCase):
         calls[3] = ("recv", "recv<2", 1, [2])
         self.assertEqual([r for r, _ in self.waits(4, calls)], [0, 1, 2, 3])
 
+    def test_a_rank_of_the_cycle_that_has_not_settled_is_waited_for(self):
+        # 1 and 2 wait for each other (a cycle of their own); 0, which waits
+        # for 1 and which 2's barrier waits for, came a moment later.
+        calls = {0: ("recv", "recv<1", 1, [1]), 1: ("recv", "recv<2", 1, [2]), 2: ("barrier", "default", 1, [0, 1, 2])}
+        self.waits(3, calls)
+        self.board.read(0)["at"] = 101.0
+        now = 100.0 + progress.P2P_SETTLE
+        self.assertEqual(progress.find_deadlocks(self.board, [0, 1, 2], now), [])
+        found = progress.find_deadlocks(self.board, [0, 1, 2], now + 1.0)
+        self.assertEqual([f.rank for _, f in found], [0, 1, 2])
+        # A rank that waits outside the cycle does not hold its report back.
+        self.board.read(0)["group"], self.board.read(0)["peers"] = "recv<2", [[2, 2]]
+        self.board.read(2)["peers"] = [[1, 2]]
+        self.assertEqual([f.rank for _, f in progress.find_deadlocks(self.board, [0, 1, 2], now)], [1, 2])
+
     def test_only_settled_waits_make_a_cycle(self):
         board = MemoryBoard(2)
         board.write(0, {"op": "recv", "seq": 1, "group": "recv<1", "peers": [[1, 1]], "counts": {"recv<1": 1},

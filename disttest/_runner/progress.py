@@ -370,10 +370,10 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     still act). Each rank's record is read once; the graph is O(world),
     but for receives from any rank."""
     nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
+    pending: dict[int, tuple[InFlight, dict[str, Any]]] = {}  # waiting, not yet settled
     for rank in ranks:
         record = board.read(rank)
-        if (not record or record.get("state") != WAITING or "op" not in record or record.get("aside")
-                or now - record.get("at", now) < P2P_SETTLE):
+        if not record or record.get("state") != WAITING or "op" not in record or record.get("aside"):
             continue  # (aside: another thread of the rank waits; the rank's own may still act)
         group = str(record.get("group"))
         if group.startswith(("send>", "recv<")):
@@ -381,9 +381,39 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
                 continue
         elif group in (RENDEZVOUS_GROUP, P2P_GROUP, WORLD_GROUP) or group.startswith(RECORDER):
             continue
-        nodes[rank] = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"])), record)
-    # A collective is a node of its own (one per group and number), so that
-    # the ranks waiting in it share its edges: O(world) edges, not O(world^2).
+        node = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"])), record)
+        (pending if now - record.get("at", now) < P2P_SETTLE else nodes)[rank] = node
+    edges = _wait_graph(nodes)
+    cycles = _cycles(edges)
+    if cycles and pending:
+        # A rank that waits in the cycle but has not yet settled (it came a
+        # moment later) is reported with it once it has, not left out.
+        wider = {**nodes, **pending}
+        later = [c for c in _cycles(_wait_graph(wider)) if any(r in pending for r in c)]
+        cycles = [c for c in cycles if not any(c & w for w in later)]
+    found = []
+    for cycle in cycles:
+        members = sorted(r for r in cycle if isinstance(r, int))
+        if len(members) < 2:
+            continue
+        calls = tuple((r, _described(*nodes[r])) for r in members)
+        ends = [nodes[r][1]["at"] + nodes[r][1]["limit"] for r in members
+                if isinstance(nodes[r][1].get("limit"), (int, float)) and "at" in nodes[r][1]]
+        for r in members:
+            nxt = next(n for n in edges[r] if n in cycle)
+            peer = nxt if isinstance(nxt, int) else next(m for m in edges[nxt] if m in cycle)
+            found.append((peer, replace(nodes[r][0], against=_described(*nodes[peer]), cycle=calls,
+                                        ends=min(ends) if ends else None)))
+    found.sort(key=lambda f: f[1].rank)
+    return found
+
+
+def _wait_graph(nodes: dict[int, tuple[InFlight, dict[str, Any]]]) -> dict[Any, list[Any]]:
+    """Who waits for whom among the waiting ``nodes`` (rank -> its call and
+    record): each rank's successors (ranks, or the collective it waits in,
+    whose successors are the members it waits for). A collective is a node
+    of its own (one per group, number and call), so that the ranks waiting
+    in it share its edges: O(world) edges, not O(world^2)."""
     edges: dict[Any, list[Any]] = {}
     any_of: set[int] = set()  # receives from any rank: they wait for all of their edges, not one
     for rank, (flight, record) in nodes.items():
@@ -399,32 +429,16 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
                 edges[rank] = [peer]
             continue
         # gloo's broadcast and scatter: a rank other than the root needs the root only.
-        root = nodes[rank][1].get("root")
+        root = record.get("root")
         needs = [root] if isinstance(root, int) and root != rank else flight.peers
-        call = _call_of(flight, nodes[rank][1])
+        call = _call_of(flight, record)
         key = (flight.group, flight.seq, call, needs is not flight.peers)
         edges[rank] = [key]
         if key not in edges:
             edges[key] = [m for m in needs if m in nodes and m != rank and not nodes[m][1].get("overflow") and (
                 nodes[m][1].get("counts", {}).get(flight.group, 0) < flight.seq
                 or _other_call(call, flight, *nodes[m]))]
-    if any_of:
-        edges = _blocked(edges, any_of)
-    found = []
-    for cycle in _cycles(edges):
-        members = sorted(r for r in cycle if isinstance(r, int))
-        if len(members) < 2:
-            continue
-        calls = tuple((r, _described(*nodes[r])) for r in members)
-        ends = [nodes[r][1]["at"] + nodes[r][1]["limit"] for r in members
-                if isinstance(nodes[r][1].get("limit"), (int, float)) and "at" in nodes[r][1]]
-        for r in members:
-            nxt = next(n for n in edges[r] if n in cycle)
-            peer = nxt if isinstance(nxt, int) else next(m for m in edges[nxt] if m in cycle)
-            found.append((peer, replace(nodes[r][0], against=_described(*nodes[peer]), cycle=calls,
-                                        ends=min(ends) if ends else None)))
-    found.sort(key=lambda f: f[1].rank)
-    return found
+    return _blocked(edges, any_of) if any_of else edges
 
 
 #: Two names of one collective: ranks may call either.
