@@ -9,7 +9,9 @@ level so that a fresh fork server can import the classes by name.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import unittest
 
 import psutil
 import torch
@@ -93,9 +95,42 @@ class OneThread(Base):
         self.assertEqual(server_of_this_rank().cmdline(), psutil.Process(int(os.environ[TEST_PID_ENV])).cmdline())
 
 
-if __name__ == "__main__":
-    import unittest
+#: Set in the test process by DirtyTheProcess (never at import): a copy of
+#: the test process made after it carries it; a fresh server's import does not.
+DIRT = {"set": False}
 
+
+class DirtyTheProcess(unittest.TestCase):
+    """A plain test that leaves state in the test process (as one that made
+    a gloo group in it would)."""
+
+    def test_dirty(self) -> None:
+        DIRT["set"] = True
+
+
+class CrashesInACopy(Base):
+    """Rank 0 crashes where the dirt was copied: only in ranks of a copy."""
+
+    def test_crashes_in_a_copy_only(self) -> None:
+        if DIRT["set"] and self.rank == 0:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    def test_second_runs_on_the_fresh_server(self) -> None:
+        self.assertEqual(server_of_this_rank().cmdline()[1], "-c")
+
+
+class CrashesAnywhere(Base):
+    """Rank 1 crashes wherever it runs: the crash is the test's."""
+
+    def test_crashes(self) -> None:
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    def test_later_the_copy_serves_again(self) -> None:
+        self.assertEqual(server_of_this_rank().cmdline(), psutil.Process(int(os.environ[TEST_PID_ENV])).cmdline())
+
+
+if __name__ == "__main__":
     unittest.main()
 
 

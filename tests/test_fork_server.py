@@ -23,6 +23,7 @@ import fork_server_cases as cases
 
 from disttest import ConfigError
 from disttest._runner import zygote
+from disttest.runners import multiprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -93,6 +94,35 @@ class ForkServerTest(unittest.TestCase):
                               cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
         self.assertIn("Ran 2 tests", proc.stderr)
+
+    def test_a_test_whose_ranks_crash_only_in_a_copy_passes_on_a_fresh_server(self):
+        # State a test left in the test process is copied into a later
+        # class's copy (a gloo group the test process made breaks some c10d
+        # calls in a forked copy); a fresh server has none of it.
+        if not zygote.copy_safe(1):
+            self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")
+        env = {k: v for k, v in os.environ.items() if k != "DISTTEST_FORK_SERVER"}
+        proc = subprocess.run([sys.executable, "-W", "always", "-m", "unittest", "-v",
+                               "fork_server_cases.DirtyTheProcess", "fork_server_cases.CrashesInACopy"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        text = " ".join(proc.stderr.split())
+        self.assertIn(multiprocess.COPY_CRASHED.format(
+            test="CrashesInACopy.test_crashes_in_a_copy_only", who="rank 0/2", how="was killed by SIGSEGV"), text)
+        self.assertIn("Ran 3 tests", text)
+
+    def test_a_crash_in_a_fresh_server_too_is_the_tests_and_copies_go_on(self):
+        if not zygote.copy_safe(1):
+            self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")
+        env = {k: v for k, v in os.environ.items() if k != "DISTTEST_FORK_SERVER"}
+        proc = subprocess.run([sys.executable, "-W", "always", "-m", "unittest", "-v",
+                               "fork_server_cases.CrashesAnywhere"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("rank 1/2 was killed by SIGSEGV before finishing 'test_crashes'", proc.stderr)
+        self.assertNotIn("ran again in ranks of a fresh fork server", proc.stderr)
+        self.assertIn("test_later_the_copy_serves_again (fork_server_cases.CrashesAnywhere"
+                      ".test_later_the_copy_serves_again) ... ok", proc.stderr)
 
     def test_fresh_is_a_new_interpreter_that_imports_the_module(self):
         self.run_cases("fresh")

@@ -436,6 +436,27 @@ def prefork(cls: type) -> None:
         return
 
 
+def from_copy(launcher: object) -> bool:
+    """Whether ``launcher``'s ranks were forked by a copy of the test process."""
+    client = getattr(launcher, "_client", None)
+    return isinstance(launcher, ZygoteLauncher) and client is not None and client.copy
+
+
+def distrust_copies(reason: str) -> None:
+    """Make no more copies of the test process here (``reason``: why), and
+    retire the current one: the fresh server serves from then on."""
+    _copy_failed.append(reason)
+    client = _clients.pop((os.getpid(), True), None)
+    if client is not None:
+        _retire(client)
+
+
+def trust_copies_again(reason: str) -> None:
+    """Undo :func:`distrust_copies` (``reason``): the next class makes a copy again."""
+    if reason in _copy_failed:
+        _copy_failed.remove(reason)
+
+
 def _retire(client: _Client) -> None:
     """Start no more runs on ``client``'s server; close it once its runs end."""
     _forget(client)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLaunch
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception, subtests_named
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
 from disttest._runner.verdict import judge
+from disttest._runner.verdict import who as verdict_who
 from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
     DEFAULT_WORLD_SIZE,
@@ -45,9 +47,21 @@ from disttest.support.skips import backend_skip_reason
 
 __unittest = True
 
-__all__ = ["START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
+__all__ = ["COPY_CRASHED", "START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
 
 START_METHOD_ENV = settings.START_METHOD_ENV
+#: A test whose ranks crashed when forked by a copy of the test process
+#: did not crash when run again by a fresh fork server.
+COPY_CRASHED = (
+    "{test}: {who} crashed ({how}) in ranks forked by a copy of the test process, and not when the test ran again in "
+    "ranks of a fresh fork server, whose result is the test's (disttest): a fork copies native state the test process "
+    "holds, and some of it (a gloo "
+    "group the test process made itself, say) is not safe to copy. The fresh fork server serves the rest of this "
+    "process; set DISTTEST_FORK_SERVER=fresh to start with it"
+)
+#: Signals of a crash (not of a kill: a rank killed by SIGKILL was stopped).
+_CRASH_SIGNALS = frozenset(s.value for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT,
+                                              signal.SIGFPE))
 _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
     "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
 }
@@ -220,7 +234,42 @@ class MultiProcessTestCase(RankDispatch):
         start = time.monotonic()
         self._outcomes = join(self._launcher, self._test_timeout(),
                               expected_end=self._injection.expected_end)
+        crashed = self._crashed(self._outcomes)
+        if crashed and zygote.from_copy(self._launcher):
+            self._again_in_a_fresh_server(crashed)
         self._check_return_codes(fn, time.monotonic() - start)
+
+    def _crashed(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """The ranks that crashed (a fatal signal, not an injected death)."""
+        injected = self._injection.expected_end
+        return [o for o in outcomes if o.kind is Kind.CRASHED and o.exit is not None
+                and o.exit.signal in _CRASH_SIGNALS and not (injected and injected(o.rank))]
+
+    def _again_in_a_fresh_server(self, crashed: list[Outcome]) -> None:
+        """Ranks forked by a copy of the test process crashed: run the test
+        again in ranks of a fresh fork server (as a fresh interpreter would
+        run it); its outcomes are the test's. If no rank crashes there, the
+        copy was at fault: no copy serves this process again, and a warning
+        says so; if one does, the crash is the test's, and copies go on
+        serving."""
+        assert self._launcher is not None
+        first = self._launcher
+        self._launcher = None
+        first.close()
+        open(self.file_name, "w").close()  # a fresh rendezvous
+        how = ", ".join(sorted({o.exit.describe() for o in crashed if o.exit is not None}))
+        reason = f"ranks of {self._current_test_name()!r} crashed in a copy"
+        zygote.distrust_copies(reason)
+        self._start_processes("zygote")
+        again = self._launcher
+        assert again is not None  # (started, or it raised)
+        self._outcomes = join(again, self._test_timeout(), expected_end=self._injection.expected_end)
+        if self._crashed(self._outcomes):
+            zygote.trust_copies_again(reason)
+            return
+        who = verdict_who([o.rank for o in crashed], len(self._outcomes))
+        warnings.warn(COPY_CRASHED.format(test=f"{type(self).__qualname__}.{self._current_test_name()}", who=who,
+                                          how=how), stacklevel=4)
 
     def _check_return_codes(self, fn: Callable[[], Any], elapsed_time: float) -> None:
         """Hook: turn the ranks' outcomes into the test's result.
