@@ -55,9 +55,8 @@ START_METHOD_ENV = settings.START_METHOD_ENV
 COPY_CRASHED = (
     "{test}: {who} crashed ({how}) in ranks forked by a copy of the test process, and not when the test ran again in "
     "ranks of a fresh fork server, whose result is the test's (disttest): a fork copies native state the test process "
-    "holds, and some of it (a gloo "
-    "group the test process made itself, say) is not safe to copy. The fresh fork server serves the rest of this "
-    "process; set DISTTEST_FORK_SERVER=fresh to start with it"
+    "holds, and some of it (a gloo group the test process made itself, say) is not safe to copy. The fresh fork "
+    "server serves the rest of this process; set DISTTEST_FORK_SERVER=fresh to start with it"
 )
 #: Signals of a crash (not of a kill: a rank killed by SIGKILL was stopped).
 _CRASH_SIGNALS = frozenset(s.value for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT,
