@@ -317,7 +317,10 @@ class BehaviourTest(unittest.TestCase):
                         self.assertNotIn("Extension modules", text)
                         self.assertNotIn("unittest", site)  # not the runner's frames (fork)
                         self.assertNotIn("run_rank_process", site)
-                        self.assertLess(elapsed, 10)
+                        # (A crash in ranks of a copy of the test process runs again
+                        # in a fresh fork server's, which starts an interpreter.)
+                        again = method == "zygote" and sub.runner is cases.ProcessRunner
+                        self.assertLess(elapsed, 20 if again else 10)
 
     def test_a_rank_that_kills_the_fork_server(self):
         with mock.patch.dict(os.environ, {START_METHOD_ENV: "zygote"}):

@@ -247,12 +247,12 @@ class MultiProcessTestCase(RankDispatch):
     def _again_in_a_fresh_server(self, crashed: list[Outcome]) -> None:
         """Ranks forked by a copy of the test process crashed: run the test
         again in ranks of a fresh fork server (as a fresh interpreter would
-        run it); its outcomes are the test's. If no rank crashes there, the
-        copy was at fault: no copy serves this process again, and a warning
-        says so; if one does, the crash is the test's, and copies go on
-        serving."""
+        run it). If no rank crashes there, the copy was at fault: that run's
+        outcomes are the test's, no copy serves this process again, and a
+        warning says so; if one does, the crash is the test's (as the first
+        run reported it), and copies go on serving."""
         assert self._launcher is not None
-        first = self._launcher
+        first, first_outcomes = self._launcher, self._outcomes
         self._launcher = None
         first.close()
         open(self.file_name, "w").close()  # a fresh rendezvous
@@ -265,6 +265,7 @@ class MultiProcessTestCase(RankDispatch):
         self._outcomes = join(again, self._test_timeout(), expected_end=self._injection.expected_end)
         if self._crashed(self._outcomes):
             zygote.trust_copies_again(reason)
+            self._outcomes = first_outcomes
             return
         who = verdict_who([o.rank for o in crashed], len(self._outcomes))
         warnings.warn(COPY_CRASHED.format(test=f"{type(self).__qualname__}.{self._current_test_name()}", who=who,
