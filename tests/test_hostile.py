@@ -89,6 +89,11 @@ class InterruptTest(unittest.TestCase):
         while any(_running(p) for p in pids if p != proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual([p for p in pids if p != proc.pid and _running(p)], [], output)
+        # After SIGKILL the reaper removes the run folders once it reads the
+        # end of its input, at its own pace (seconds on a loaded machine).
+        deadline = time.monotonic() + 10
+        while os.listdir(tmp) and time.monotonic() < deadline:
+            time.sleep(0.05)
         left = [os.path.join(d, f) for d, dirs, files in os.walk(tmp) for f in dirs + files]
         self.assertEqual(left, [], output)
 
