@@ -6,6 +6,8 @@ class fixture; the tests assert on its JSON, its table and its exit status.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -29,6 +31,20 @@ def cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "disttest.conformance", *args],
                           capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+def main_here(*args: str) -> tuple[int, str, str]:
+    """``python -m disttest.conformance ARGS`` run in this process: its exit
+    status, output and error output."""
+    from disttest.conformance.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
 
 
 def full_run(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -227,10 +243,17 @@ class CliArgumentsTest(unittest.TestCase):
              "--device 'xpu': this host has no xpu device"),
         ):
             with self.subTest(args=args):
-                proc = cli(*args)
-                self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
-                self.assertIn(fragment, proc.stderr)
+                code, out, err = main_here(*args)
+                self.assertEqual(code, 2, out + err)
+                self.assertIn(fragment, err)
+                self.assertEqual(out, "")  # no case ran
 
+    def test_the_command_exits_2_on_a_bad_argument(self):
+        # (the cases above run main() in this process: an interpreter with
+        # torch per case cost 4 s each)
+        proc = cli("--backend", "gloo", "--world-size", "zero")
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("Invalid world size 'zero' from --world-size", proc.stderr)
 
     def test_what_fails_before_any_case_runs_names_itself(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -250,11 +273,11 @@ class CliArgumentsTest(unittest.TestCase):
                  f"{os.path.join(tmp, 'no', 'such')} does not exist"),
                 (("--json", tmp), f"--json {tmp!r}: it is a folder; name a file"),
             ):
-                with self.subTest(args=args):
-                    proc = cli(*base, *args, cwd=tmp)
-                    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
-                    self.assertIn(fragment, proc.stderr)
-                    self.assertEqual(proc.stdout, "")  # no case ran
+                with self.subTest(args=args), mock.patch.object(sys, "path", [tmp, *sys.path]):
+                    code, out, err = main_here(*base, *args)
+                    self.assertEqual(code, 2, out + err)
+                    self.assertIn(fragment, err)
+                    self.assertEqual(out, "")  # no case ran
 
 
 class RunApiTest(unittest.TestCase):
