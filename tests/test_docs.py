@@ -201,6 +201,15 @@ class CodeBlocksTest(unittest.TestCase):
                 self.assertTrue(outcomes, f"{module} ran no test:\n{out[-3000:]}")
                 self.assertEqual([o for o in outcomes if o not in ("ok", "skipped")], [], out[-3000:])
 
+    def test_the_simulated_4096_rank_example_passes(self):
+        # issue 26's DTensor test at world size 4096 (tests/test_simulated.py
+        # leaves it to this example)
+        block = next(b for b in all_blocks() if "class RedistributeAt4096(disttest.SimulatedTestCase)" in b.code)
+        self.assertIn("world_size = 4096", block.code)
+        self.assertIn("self.mesh(16, 16, 16)", block.code)
+        out = self.results["unittest"].stderr
+        self.assertRegex(out, r"\(doc_docs_howto_scale_\d+\.RedistributeAt4096\.test_redistribute\) \.\.\. ok")
+
     def test_pytest_blocks_pass(self):
         proc = self.results["pytest"]
         self.assertIsNotNone(proc)

@@ -710,6 +710,26 @@ def pytest_run(*args: str, environ: dict[str, str] | None = None) -> subprocess.
                               cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
 
 
+def usage_error(args: tuple[str, ...], environ: dict[str, str] | None = None) -> str:
+    """The message of the usage error that the plugin's option check raises
+    for pytest's command-line ``args`` (``--opt value`` pairs) with
+    ``environ`` set; fails if it raises none."""
+    import pytest
+
+    from disttest.faults.pytest_options import configure
+
+    given = {args[i].removeprefix("--").replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
+    config = mock.Mock(spec=["getoption"])
+    config.getoption.side_effect = lambda name: given.get(name)
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+    with mock.patch.dict(os.environ, {**env, **(environ or {})}, clear=True):
+        try:
+            configure(config)
+        except pytest.UsageError as e:
+            return str(e)
+    raise AssertionError(f"{args} {environ}: no usage error")
+
+
 class DocsExampleTest(unittest.TestCase):
     def test_the_guides_example_runs_and_passes(self):
         guide = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -792,9 +812,13 @@ class PytestOptionsTest(unittest.TestCase):
             (("--disttest-repeat", "2.5"), "Invalid repeat count '2.5' from --disttest-repeat"),
         ]:
             with self.subTest(args=args):
-                proc = pytest_run(*args)
-                self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
-                self.assertIn(message, proc.stderr)
+                self.assertIn(message, usage_error(args))
+        # pytest itself ends in a usage error, exit status 4, for the error
+        # the option check raises (the cases above call it here: a pytest
+        # with torch per case cost 5 s each)
+        proc = pytest_run("--disttest-repeat", "x")
+        self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+        self.assertIn("Invalid repeat count 'x' from --disttest-repeat", proc.stderr)
 
     def test_conflicting_declarations_are_usage_errors_not_last_wins(self):
         for args, environ, message in [
@@ -809,9 +833,11 @@ class PytestOptionsTest(unittest.TestCase):
              "Invalid fault 'rank=1,action=raise' from --disttest-fault (disttest): DISTTEST_FAULT is also set, to 'rank=0,action=raise'"),
         ]:
             with self.subTest(args=args, environ=environ):
-                proc = pytest_run(*args, "-k", "nothing_matches_this", environ=environ)
-                self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
-                self.assertIn(message, proc.stderr)
+                self.assertIn(message, usage_error(args, environ))
+        proc = pytest_run("--disttest-chaos", "3", "-k", "nothing_matches_this", environ={CHAOS_ENV: "7"})
+        self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+        self.assertIn("Invalid chaos seed '3' from --disttest-chaos (disttest): DISTTEST_CHAOS is also set",
+                      proc.stderr)
 
 
 if __name__ == "__main__":

@@ -554,22 +554,9 @@ class ReportsTest(unittest.TestCase):
 
 @needs_mode
 class SimulatedTestCaseTest(unittest.TestCase):
-    def test_4096_ranks_on_a_16x16x16_mesh(self):
-        class Large(disttest.SimulatedTestCase):
-            world_size = 4096
-
-            def test_redistribute(self):
-                mesh = self.mesh(16, 16, 16)
-                x = torch.arange(2048.0).reshape(64, 32)
-                whole = self.replicated(x)
-                d = distribute_tensor(x, mesh, [Shard(0), Shard(1), Replicate()])
-                self.assertRanksEqual(d.to_local(), lambda r: whole[(r // 256) * 4:(r // 256) * 4 + 4,
-                                                                    ((r // 16) % 16) * 2:((r // 16) % 16) * 2 + 2])
-                moved = d.redistribute(mesh, [Replicate(), Shard(0), Shard(1)])
-                self.assertEqual(moved.full_tensor(), x)
-
-        result = run(Large)
-        self.assertTrue(result.wasSuccessful(), problems(result))
+    # A DTensor test at 4096 ranks on a 16x16x16 mesh (issue 26) is the
+    # first example of docs/howto/scale.rst, which tests/test_docs.py runs
+    # (12 s here: not run twice).
 
     def test_rank_and_group(self):
         seen = {}
