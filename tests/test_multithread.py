@@ -276,6 +276,40 @@ class StartTest(unittest.TestCase):
         self.assertTrue(run(self.Case("test_body")).wasSuccessful())
 
 
+class UnstoppableTest(unittest.TestCase):
+    def test_a_thread_that_cannot_be_stopped_is_waited_for_once(self):
+        # Blocked in C (a lock's acquire): disttest's RankStopped cannot reach
+        # it. The join loop's stop waits STOP_WAIT for it; the test's undo
+        # stopped again and waited as long again (a 1 s test took 5 s).
+        from disttest._runner import threads
+
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_blocked(self):
+                if self.rank == 1:
+                    gate.wait()
+
+        with mock.patch.object(threads, "STOP_WAIT", 3.0):
+            start = time.monotonic()
+            result = run(Case("test_blocked"))
+            elapsed = time.monotonic() - start
+        gate.set()
+        (_, text), = result.failures + result.errors
+        self.assertIn("rank 1/2 did not finish 'test_blocked' within 0.5s", text)
+        self.assertIn("the threads of [1] could not be stopped", text)
+        self.assertGreater(elapsed, 3.0)
+        self.assertLess(elapsed, 5.5)  # 0.5 + one STOP_WAIT, not two
+
+
 class RankThreadReuseTest(unittest.TestCase):
     """Rank threads are kept between tests (disttest._runner.thread_pool),
     unless a test left them unlike a fresh thread."""

@@ -260,7 +260,14 @@ class ThreadLauncher:
 
     def stop(self) -> None:
         """Release and end every live rank thread, bounded by
-        :data:`STOP_WAIT`; ``self.unstoppable`` lists those still running."""
+        :data:`STOP_WAIT`; ``self.unstoppable`` lists those still running.
+
+        It runs twice when the join loop stops ranks (then the test's own
+        undo): the second time it only notes which of the threads the first
+        could not stop have ended since, and waits for none of them again."""
+        if self._given_back:
+            self.unstoppable = [r for r in self.unstoppable if r not in self._done]
+            return
         self.world.abort("the test is being stopped")  # no rank moves this thread after it
         self.world.baton.joiner_resumes()
         start = time.monotonic()
@@ -295,9 +302,8 @@ class ThreadLauncher:
         self.unstoppable = [r for r in range(len(self.threads)) if r not in self._done]
         for r in self.unstoppable:
             self._workers[r].retired = True
-        if not self._given_back:  # NB: stop() runs twice when the join loop stops ranks
-            self._given_back = True
-            thread_pool.give_back([w for r, w in enumerate(self._workers) if r in self._done])
+        self._given_back = True
+        thread_pool.give_back([w for r, w in enumerate(self._workers) if r in self._done])
         if getattr(self, "_froze", False):
             self._froze = False
             gc.unfreeze()
