@@ -81,9 +81,10 @@ class FutureWork(_compat.work_base()):  # type: ignore[misc]
         future.add_done_callback(lambda _: self._done.release())
 
     def wait(self, timeout: Any = None) -> bool:
-        limit = seconds(timeout) or self._limit
+        own = seconds(timeout)
+        limit = own or self._limit
         if limit is not None and not self._opened(limit):
-            raise self._timed_out(limit, own=seconds(timeout) is not None)
+            raise self._timed_out(limit, own=own is not None)
         self._future.wait()
         return True
 

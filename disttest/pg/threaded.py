@@ -97,10 +97,11 @@ class ThreadedWork(FutureWork):
     def wait(self, timeout: Any = None) -> bool:
         world = getattr(_thread_world, "world", None)
         if world is not None and not self._future.done() and world.baton.holds():
-            limit = seconds(timeout) or self._limit
+            own = seconds(timeout)
+            limit = own or self._limit
             if not world.baton.wait_for(self._future, limit):
                 assert limit is not None  # only a limited wait ends undone
-                raise self._timed_out(limit, own=seconds(timeout) is not None)
+                raise self._timed_out(limit, own=own is not None)
         return super().wait(timeout)
 
 
