@@ -126,18 +126,6 @@ class PluginTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 4)
         self.assertIn("Invalid timeout 'soon' from --disttest-timeout", proc.stderr)
 
-    def test_what_a_world_size_marker_does_not_take_is_a_usage_error(self):
-        from disttest.pytest_plugin import MARKER_EXTRA
-
-        for marker, extra in (('2, mdoe="processes"', "mdoe="), ("2, 3", "3")):
-            with self.subTest(marker=marker), tempfile.TemporaryDirectory() as tmp:
-                with open(os.path.join(tmp, "test_marker.py"), "w") as f:
-                    f.write(f"import pytest\n@pytest.mark.world_size({marker})\ndef test_x():\n    pass\n")
-                proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_marker.py"],
-                                      cwd=tmp, capture_output=True, text=True, timeout=120)
-                self.assertEqual(proc.returncode, 4, proc.stdout[-2000:])
-                self.assertIn(MARKER_EXTRA.format(extra=extra, where="test_marker.py::test_x"), proc.stderr)
-
     def test_world_size_marker_on_methods_and_classes(self):
         proc = pytest_run("--disttest-timeout=30", "-k", "three or five")
         self.assertIn("4 passed", proc.stdout, proc.stdout[-2000:])
@@ -151,6 +139,60 @@ class PluginTest(unittest.TestCase):
         self.assertNotIn("from pytest-timeout", out)
         # ...with the stack of the rank that hangs, not pytest's selectors.py frame.
         self.assertRegex(out, r'test_plugin_suite.py", line \d+ in test_hang_in_a_rank')
+
+
+def usage_errors(files: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """pytest run on each of ``files`` (name: source) apart, all in one
+    interpreter (one ``pytest.main`` each: an interpreter with torch costs
+    4 s); the exit status and output of each."""
+    driver = textwrap.dedent("""
+        import sys
+        import pytest
+        for name in sys.argv[1:]:
+            code = pytest.main(["-q", "-p", "no:cacheprovider", name])
+            for stream in (sys.stdout, sys.stderr):
+                print(f"\\n@@@ {name} {int(code)}", file=stream, flush=True)
+    """)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, source in files.items():
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(source)
+        proc = subprocess.run([sys.executable, "-c", driver, *files], cwd=tmp, capture_output=True, text=True,
+                              timeout=300)
+    runs: dict[str, tuple[int, str]] = {}
+    for stream in (proc.stdout, proc.stderr):
+        parts = re.split(r"^@@@ (\S+) (\d+)$", stream, flags=re.M)
+        # (the text after the last run's mark is nobody's)
+        for text, name, code in zip(parts[0::3], parts[1::3], parts[2::3], strict=False):
+            runs[name] = (int(code), runs.get(name, (0, ""))[1] + text)
+    return runs
+
+
+class MarkerErrorsTest(unittest.TestCase):
+    def test_what_a_world_size_marker_does_not_take_or_a_bad_mode_is_a_usage_error(self):
+        from disttest.pytest_plugin import MARKER_EXTRA
+
+        head = "import pytest\nimport disttest\n\n"
+        cases = {
+            "test_typo.py": ('@pytest.mark.world_size(2, mdoe="processes")\ndef test_x():\n    pass\n',
+                             MARKER_EXTRA.format(extra="mdoe=", where="test_typo.py::test_x")),
+            "test_two_sizes.py": ("@pytest.mark.world_size(2, 3)\ndef test_x():\n    pass\n",
+                                  MARKER_EXTRA.format(extra="3", where="test_two_sizes.py::test_x")),
+            "test_mode.py": ("@pytest.mark.world_size(2, mode='pool')\ndef test_bad_mode(rank):\n    pass\n",
+                             "Invalid mode 'pool' from @pytest.mark.world_size on test_mode.py::test_bad_mode"),
+            "test_class_mode.py": (
+                "class T(disttest.MultiThreadedTestCase):\n    @pytest.mark.world_size(2, mode='processes')\n"
+                "    def test_method(self):\n        pass\n",
+                "Invalid mode 'processes' from @pytest.mark.world_size on test_class_mode.py::T::test_method "
+                "(disttest): mode= applies to plain test functions only"),
+        }
+        runs = usage_errors({name: head + source for name, (source, _) in cases.items()})
+        self.assertEqual(sorted(runs), sorted(cases), runs)
+        for name, (_, message) in cases.items():
+            with self.subTest(file=name):
+                code, out = runs[name]
+                self.assertEqual(code, 4, out[-2000:])
+                self.assertIn(message, out)
 
 
 class RankOutputTest(unittest.TestCase):
