@@ -732,10 +732,6 @@ class SubprocessTest(unittest.TestCase, Cases):
                 self.ours._attempt_load_from_subprocess(bad, "")
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ToleranceOverrideTest(unittest.TestCase):
     """``precision``/``rel_tol`` (set by upstream's ``@precisionOverride`` and
     ``@toleranceOverride``) raise assertEqual's tolerances as upstream's do."""
@@ -770,3 +766,7 @@ class ToleranceOverrideTest(unittest.TestCase):
                 self.assertEqual(ours, verdicts(Upstream, attr))
                 self.assertIn("pass", ours[1:])  # the override acts
                 self.assertEqual(ours[0], "fail")
+
+
+if __name__ == "__main__":
+    unittest.main()
