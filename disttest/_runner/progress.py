@@ -369,8 +369,8 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
     in a thread other than its own (a communication thread: the rank may
     still act). Each rank's record is read once; the graph is O(world),
     but for receives from any rank."""
-    nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
-    pending: dict[int, tuple[InFlight, dict[str, Any]]] = {}  # waiting, not yet settled
+    waits: list[tuple[int, str, dict[str, Any]]] = []
+    settled = False
     for rank in ranks:
         record = board.read(rank)
         if not record or record.get("state") != WAITING or "op" not in record or record.get("aside"):
@@ -381,6 +381,13 @@ def find_deadlocks(board: Board, ranks: Iterable[int], now: float) -> list[tuple
                 continue
         elif group in (RENDEZVOUS_GROUP, P2P_GROUP, WORLD_GROUP) or group.startswith(RECORDER):
             continue
+        waits.append((rank, group, record))
+        settled = settled or now - record.get("at", now) >= P2P_SETTLE
+    if not settled:
+        return []  # no cycle without a settled rank (the usual case: checked every poll)
+    nodes: dict[int, tuple[InFlight, dict[str, Any]]] = {}
+    pending: dict[int, tuple[InFlight, dict[str, Any]]] = {}  # waiting, not yet settled
+    for rank, group, record in waits:
         node = (InFlight(rank, record["op"], record["seq"], group, _unruns(record["peers"])), record)
         (pending if now - record.get("at", now) < P2P_SETTLE else nodes)[rank] = node
     edges = _wait_graph(nodes)
