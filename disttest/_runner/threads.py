@@ -267,7 +267,11 @@ class ThreadLauncher:
         could not stop have ended since, and waits for none of them again."""
         if self._given_back:
             self.unstoppable = [r for r in self.unstoppable if r not in self._done]
-            return
+        else:
+            self._stop_threads()
+        self._put_back()
+
+    def _stop_threads(self) -> None:
         self.world.abort("the test is being stopped")  # no rank moves this thread after it
         self.world.baton.joiner_resumes()
         start = time.monotonic()
@@ -304,6 +308,9 @@ class ThreadLauncher:
             self._workers[r].retired = True
         self._given_back = True
         thread_pool.give_back([w for r, w in enumerate(self._workers) if r in self._done])
+
+    def _put_back(self) -> None:
+        """What the run changed for the process (idempotent)."""
         if getattr(self, "_froze", False):
             self._froze = False
             gc.unfreeze()
