@@ -319,6 +319,20 @@ class Behaviours:
         else:
             dist.broadcast(t, src=0)
 
+    def test_collectives_differ_under_futures(self):
+        # The same, each rank waiting on its call's future, not its Work.
+        self.init()
+        t = torch.ones(2)
+        if self.rank == 0:
+            dist.all_reduce(t, async_op=True).get_future().wait()
+        else:
+            dist.broadcast(t, src=0, async_op=True).get_future().wait()
+
+    def test_async_roots_differ(self):
+        # Broadcast #1 from each rank itself, each waited on through its Work.
+        self.init()
+        dist.broadcast(torch.ones(2), src=self.rank, async_op=True).wait()
+
     def test_wide_cycle_of_waits(self):
         # 0 waits for 1's send, 1 for 2's, 2 in a barrier that 0 and 1 never
         # reach; 3 waits in the barrier too (a consequence, not in the cycle).

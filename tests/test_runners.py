@@ -237,16 +237,35 @@ class BehaviourTest(unittest.TestCase):
 
     @_settling_sooner
     def test_ranks_in_different_collectives_end_the_test_promptly(self):
-        for sub, result, elapsed in self.each("test_collectives_differ"):
+        # (under futures: a wait on a call's future is a wait in the call)
+        for name in ("test_collectives_differ", "test_collectives_differ_under_futures"):
+            for sub, result, elapsed in self.each(name):
+                with sub:
+                    text = self.only(result.errors)
+                    if sub.runner is cases.ThreadRunner:  # the threaded group compares the calls itself
+                        self.assertIn("collective #1 on group 0 does not match across ranks (disttest): rank 0 "
+                                      "called all_reduce, rank 1 called broadcast", text)
+                    else:
+                        self.assertIn(f"'{name}' errored (disttest): deadlock: ranks 0, 1/2 wait for each other in "
+                                      "calls that cannot match: rank 0/2 in all_reduce #1 of the default group, "
+                                      "rank 1/2 in broadcast #1 of the default group from rank 0\n", text)
+                    self.assertNotIn("timed out", text)
+                    self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
+
+    @_settling_sooner
+    def test_asynchronous_broadcasts_from_different_roots_end_the_test_promptly(self):
+        # An asynchronous call keeps its root for the wait on its Work.
+        for sub, result, elapsed in self.each("test_async_roots_differ"):
             with sub:
                 text = self.only(result.errors)
-                if sub.runner is cases.ThreadRunner:  # the threaded group compares the calls itself
-                    self.assertIn("collective #1 on group 0 does not match across ranks (disttest): rank 0 called "
-                                  "all_reduce, rank 1 called broadcast", text)
+                if sub.runner is cases.ThreadRunner:
+                    self.assertIn("broadcast #1 on group 0: ranks pass different src (disttest): rank 0 passed "
+                                  "src=0, rank 1 passed src=1", text)
                 else:
-                    self.assertIn("'test_collectives_differ' errored (disttest): deadlock: ranks 0, 1/2 wait for "
-                                  "each other in calls that cannot match: rank 0/2 in all_reduce #1 of the default "
-                                  "group, rank 1/2 in broadcast #1 of the default group from rank 0\n", text)
+                    self.assertIn("'test_async_roots_differ' errored (disttest): deadlock: ranks 0, 1/2 wait for "
+                                  "each other in calls that cannot match: rank 0/2 in broadcast #1 of the default "
+                                  "group from rank 0, rank 1/2 in broadcast #1 of the default group from rank 1\n",
+                                  text)
                 self.assertNotIn("timed out", text)
                 self.assertLess(elapsed, 15, "reported at the timeout (30 s), not when found")
 

@@ -5,7 +5,7 @@ process groups over torchcomms."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from disttest._compat.versions import missing_feature
 
@@ -15,6 +15,7 @@ __all__ = [
     "backend_creator",
     "ensure_fake_backend",
     "fake_process_group",
+    "future_class",
     "install_fake_backend",
     "register_backend",
     "register_python_group_backend",
@@ -205,6 +206,15 @@ def work_base() -> type:
     import torch.distributed as dist
 
     return dist._Work
+
+
+def future_class() -> type:
+    """The class of the futures c10d's ``Work.get_future`` returns
+    (``torch._C.Future``; ``torch.futures.Future`` is a Python subclass of
+    it, and ``get_future`` returns the base)."""
+    import torch
+
+    return cast(type, torch._C.Future)
 
 
 def use_torchcomms(enabled: bool) -> None:

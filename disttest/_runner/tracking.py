@@ -324,18 +324,25 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 group = p2p_key(arrow, ANY if peer is None else str(peer), get_tag(args, kwargs) if get_tag else 0)
                 ranks = ranks if peer is None else [peer]
             waits = name not in _ASYNC_ONLY and not get_async(args, kwargs)
-            extra = None
-            if waits:  # (what the deadlock judgement needs of a call that blocks)
-                pg = get_group(args, kwargs)
+            # What the deadlock judgement needs of a call that blocks, or
+            # of an asynchronous one once a wait on it does (its root here,
+            # its limit when it is remembered).
+            extra: dict[str, Any] = {}
+            if waits:
                 own = get_timeout(args, kwargs)
-                extra = {"limit": tracker.limit(dist, pg) if own is None else _seconds(own)}
-                # (The threaded group's broadcast completes once every rank joined it.)
-                if get_src is not None and get_group_src is not None and not tracker.threads:
-                    extra["root"] = _global_rank(dist, pg, get_src(args, kwargs), get_group_src(args, kwargs))
+                extra["limit"] = tracker.limit(dist, get_group(args, kwargs)) if own is None else _seconds(own)
+            # (The threaded group's broadcast completes once every rank joined it.)
+            if get_src is not None and get_group_src is not None and not tracker.threads:
+                extra["root"] = _global_rank(dist, get_group(args, kwargs), get_src(args, kwargs),
+                                             get_group_src(args, kwargs))
             tracker.enter(name, group, ranks, waits, posted, extra)
         except Exception:  # never let bookkeeping break the user's call
             return func(*args, **kwargs)
-        call = None if waits else {k: tracker.record.get(k) for k in ("op", "seq", "group", "peers")}
+        call = None
+        if not waits:
+            call = {k: tracker.record.get(k) for k in ("op", "seq", "group", "peers")}
+            if "root" in tracker.record:  # (a broadcast from another root cannot match it)
+                call["root"] = tracker.record["root"]
         local.depth = depth + 1
         failed = True
         try:
@@ -417,6 +424,43 @@ def _waiting(original: Callable[..., Any]) -> Callable[..., Any]:
     return wait
 
 
+def _futures(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Work.get_future`` noting that the future is the asynchronous call
+    the Work came from: a wait on it (``all_reduce(async_op=True)
+    .get_future().wait()``) is recorded as waiting in that call, as a wait
+    on the Work is (the future's ``wait`` is wrapped by :func:`_waiting`)."""
+
+    # NB: named ``get_future``, first argument ``self``: see _waiting (c10d's
+    # get_future is virtual too, and a Python subclass's trampoline looks
+    # the name up on the class).
+    @functools.wraps(original)
+    def get_future(self: Any, *args: Any, **kwargs: Any) -> Any:
+        future = original(self, *args, **kwargs)
+        tracker = _current()
+        if tracker is not None and tracker.pending:
+            try:
+                call = tracker.pending.get(self)
+                if call is not None:
+                    tracker.remember(future, call)
+            except Exception:  # noqa: BLE001,S110 (never let bookkeeping break the user's call)
+                pass
+        return future
+
+    get_future.__disttest_tracked__ = True  # type: ignore[attr-defined]
+    return get_future
+
+
+def _future_wrappers() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+    """(class, method, wrapper maker) of what tracks a wait on a collective's
+    future: c10d's ``Work.get_future`` and torch's ``Future.wait`` (a Python
+    subclass of Work that defines its own ``get_future`` goes untracked)."""
+    import torch.distributed as dist
+
+    from disttest import _compat
+
+    return [(dist.distributed_c10d.Work, "get_future", _futures), (_compat.future_class(), "wait", _waiting)]
+
+
 _found_classes: list[Any] = []  # (ids of Work's direct subclasses, weak references to the classes walked)
 
 
@@ -455,6 +499,8 @@ def _work_waits() -> dict[type, Any]:
 _installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
 _waits: list[tuple[type, Any, Any]] = []  # (Work class, its wait, the wrapper installed)
 _wait_wrappers: weakref.WeakKeyDictionary[type, tuple[Any, Any]] = weakref.WeakKeyDictionary()  # -> (wait, wrapper)
+_futures_installed: list[tuple[type, str, Any, Any]] = []  # (class, name, original, the wrapper installed)
+_future_made: dict[tuple[type, str], tuple[Any, Any]] = {}  # -> (original, wrapper), made once per original
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 _plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
@@ -481,6 +527,15 @@ def install_tracking() -> Callable[[], None]:
                 made = _wait_wrappers[cls] = (wait, _waiting(wait))
             setattr(cls, "wait", made[1])  # noqa: B010 (a class attribute, restored by the undo)
             _waits.append((cls, wait, made[1]))
+        for cls, name, make in _future_wrappers():
+            original = vars(cls).get(name)
+            if original is None or getattr(original, "__disttest_tracked__", False):
+                continue
+            made = _future_made.get((cls, name))
+            if made is None or made[0] is not original:
+                made = _future_made[(cls, name)] = (original, make(original))
+            setattr(cls, name, made[1])
+            _futures_installed.append((cls, name, original, made[1]))
     done = [False]
 
     def undo() -> None:
@@ -502,6 +557,10 @@ def install_tracking() -> Callable[[], None]:
                 cls, wait, wrapper = _waits.pop()
                 if vars(cls).get("wait") is wrapper:
                     setattr(cls, "wait", wait)  # noqa: B010
+            while _futures_installed:
+                cls, name, original, wrapper = _futures_installed.pop()
+                if vars(cls).get(name) is wrapper:  # not if someone replaced it since
+                    setattr(cls, name, original)
 
     return undo
 
