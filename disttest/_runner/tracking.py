@@ -450,7 +450,7 @@ def _futures(original: Callable[..., Any]) -> Callable[..., Any]:
     return get_future
 
 
-def _future_wrappers() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+def _future_wrappers() -> list[tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """(class, method, wrapper maker) of what tracks a wait on a collective's
     future: c10d's ``Work.get_future`` and torch's ``Future.wait`` (a Python
     subclass of Work that defines its own ``get_future`` goes untracked)."""
@@ -497,10 +497,12 @@ def _work_waits() -> dict[type, Any]:
 
 
 _installed: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (module, wrappers, originals)
-_waits: list[tuple[type, Any, Any]] = []  # (Work class, its wait, the wrapper installed)
-_wait_wrappers: weakref.WeakKeyDictionary[type, tuple[Any, Any]] = weakref.WeakKeyDictionary()  # -> (wait, wrapper)
-_futures_installed: list[tuple[type, str, Any, Any]] = []  # (class, name, original, the wrapper installed)
-_future_made: dict[tuple[type, str], tuple[Any, Any]] = {}  # -> (original, wrapper), made once per original
+#: The methods wrapped on classes (each Work class's ``wait``, ``get_future``,
+#: the future's ``wait``): (class, name, original, the wrapper installed).
+_patched: list[tuple[type, str, Any, Any]] = []
+#: class -> {name: (original, wrapper)}: a wrapper is made once per original
+#: (a threaded test installs every time).
+_method_wrappers: weakref.WeakKeyDictionary[type, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
 _users = [0]
 _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (c10d's function, its wrapper)
 _plans: dict[int, tuple[Any, tuple[dict[str, Any], dict[str, Any]]]] = {}  # id(module) -> (key, plan)
@@ -521,21 +523,18 @@ def install_tracking() -> Callable[[], None]:
         for module, (wrappers, originals) in plans:
             vars(module).update(wrappers)
             _installed.append((module, wrappers, originals))
-        for cls, wait in _work_waits().items():
-            made = _wait_wrappers.get(cls)
-            if made is None or made[0] is not wait:  # (made once per class: a threaded test installs every time)
-                made = _wait_wrappers[cls] = (wait, _waiting(wait))
-            setattr(cls, "wait", made[1])  # noqa: B010 (a class attribute, restored by the undo)
-            _waits.append((cls, wait, made[1]))
+        methods: list[tuple[type, str, Any, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
+            (cls, "wait", wait, _waiting) for cls, wait in _work_waits().items()]
         for cls, name, make in _future_wrappers():
             original = vars(cls).get(name)
-            if original is None or getattr(original, "__disttest_tracked__", False):
-                continue
-            made = _future_made.get((cls, name))
+            if original is not None and not getattr(original, "__disttest_tracked__", False):
+                methods.append((cls, name, original, make))
+        for cls, name, original, make in methods:
+            made = _method_wrappers.setdefault(cls, {}).get(name)
             if made is None or made[0] is not original:
-                made = _future_made[(cls, name)] = (original, make(original))
-            setattr(cls, name, made[1])
-            _futures_installed.append((cls, name, original, made[1]))
+                made = _method_wrappers[cls][name] = (original, make(original))
+            setattr(cls, name, made[1])  # (a class attribute, restored by the undo)
+            _patched.append((cls, name, original, made[1]))
     done = [False]
 
     def undo() -> None:
@@ -553,12 +552,8 @@ def install_tracking() -> Callable[[], None]:
                 for name, tracked in wrappers.items():
                     if namespace.get(name) is tracked:  # not if someone replaced it since
                         setattr(module, name, originals[name])
-            while _waits:
-                cls, wait, wrapper = _waits.pop()
-                if vars(cls).get("wait") is wrapper:
-                    setattr(cls, "wait", wait)  # noqa: B010
-            while _futures_installed:
-                cls, name, original, wrapper = _futures_installed.pop()
+            while _patched:
+                cls, name, original, wrapper = _patched.pop()
                 if vars(cls).get(name) is wrapper:  # not if someone replaced it since
                     setattr(cls, name, original)
 
