@@ -37,6 +37,8 @@ __all__ = ["RankStopped", "ThreadLauncher", "format_thread_stack"]
 
 STOP_WAIT = 2.0  # seconds for stopped threads to end
 RAISE_DELAY_PER_RANK = 0.002  # and per rank, before and while disttest raises into them
+#: The collector's threshold for a full pass while rank threads run: never.
+NO_FULL_PASS = 2**31 - 1
 KEPT = 4000  # characters of each rank thread's output kept for the report
 _DONE = ExitStatus(code=0)  # a rank thread's "exit": its test ended
 
@@ -121,13 +123,13 @@ class ThreadLauncher:
             import torch.distributed.tensor  # noqa: F401
 
         self._untrack = install_tracking()
-        # The collector leaves what existed before the ranks (torch's objects,
-        # the suite's) alone while they run: with a thousand ranks its full
-        # passes over them took a fifth of the test. Not when the process
-        # froze objects itself (unfreezing would undo that).
-        self._froze = gc.isenabled() and gc.get_freeze_count() == 0
-        if self._froze:
-            gc.freeze()
+        # The collector makes no full pass while the ranks run: its passes
+        # over what existed before them (torch's objects, the suite's) took a
+        # fifth of a thousand-rank test. NB: not by freezing those objects:
+        # asking whether the process froze some itself (gc.get_freeze_count)
+        # walks all that it froze, 27 ms a test with torch's.
+        self._thresholds: tuple[int, int, int] | None = gc.get_threshold()
+        gc.set_threshold(*gc.get_threshold()[:2], NO_FULL_PASS)
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
         sys.stdout = _Tee(sys.stdout, self._idents, self._kept)
@@ -311,9 +313,11 @@ class ThreadLauncher:
 
     def _put_back(self) -> None:
         """What the run changed for the process (idempotent)."""
-        if getattr(self, "_froze", False):
-            self._froze = False
-            gc.unfreeze()
+        thresholds = getattr(self, "_thresholds", None)
+        if thresholds is not None:
+            self._thresholds = None
+            if gc.get_threshold() == (*thresholds[:2], NO_FULL_PASS):  # (unless the test set its own)
+                gc.set_threshold(*thresholds)
         untrack = getattr(self, "_untrack", None)
         if untrack is not None:
             untrack()
