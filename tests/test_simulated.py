@@ -81,6 +81,9 @@ def workload(case) -> dict:
     out["ints"] = case.rank * 3 + 1
     # ranks whose shards share a shape but not strides
     out["strides"] = list(case.mode.rank_map(lambda r: torch.zeros(2, 3) if r % 2 else torch.zeros(3, 2).t()).stride())
+    # metadata asked of a LocalTensor whose ranks differ: offsets, sizes, counts
+    ragged = case.mode.rank_map(lambda r: torch.arange(8.0)[r % 3:r % 3 + 2 + r % 2])
+    out["offset"], out["size"], out["numel"] = ragged.storage_offset(), list(ragged.size()), ragged.numel()
     # upstream leaves the generator at the last rank's state after every op,
     # also one that draws nothing: a draw outside the mode sees that
     with case.mode.disable():
@@ -88,6 +91,10 @@ def workload(case) -> dict:
     local * 2
     with case.mode.disable():
         out["outside"] = torch.rand(2)
+        torch.rand(5)
+    ragged.stride()  # (a metadata op, too)
+    with case.mode.disable():
+        out["outside_metadata"] = torch.rand(2)
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():  # LocalTensor's own dispatch enters a mode per op
@@ -372,6 +379,31 @@ class EachPartIsInEffectTest(unittest.TestCase):
 
         counts = self.count("dispatch", lt.pytree, "tree_flatten", per_rank_op)
         self.assertEqual(counts[False] - counts[True], 16)
+
+    def test_metadata_asks_each_ranks_tensor_not_the_dispatcher(self):
+        asked: list[int] = []
+        real = torch.Tensor.stride
+
+        def stride(t, *args):  # a function: it binds as the method does
+            asked.append(1)
+            return real(t, *args)
+
+        counts = {}
+        for on in (True, False):
+            class Strides(disttest.SimulatedTestCase):
+                world_size = 16
+                speedups = ("metadata",) if on else ()
+
+                def test_it(self, on=on):
+                    t = self.mode.rank_map(lambda r: torch.zeros(2, 3 + r % 2))
+                    asked.clear()
+                    with mock.patch.object(torch.Tensor, "stride", stride):
+                        self.assertEqual(per_rank(t.stride()[0]), [(r, 3 + r % 2) for r in range(16)])
+                    counts[on] = len(asked)
+
+            result = run(Strides)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertEqual(counts[True] - counts[False], 16, counts)  # once per rank, only with the part
 
     def test_enter_shares_one_state_among_the_ranks(self):
         shared = {}
