@@ -288,6 +288,23 @@ class Behaviours:
         self.doCleanups()
         self.assertEqual(done, [1])
 
+    def test_cleanup_in_rank_1_fails(self):
+        self.init()
+        ran = []
+        self.addCleanup(lambda: ran == ["second"] or self.fail(f"the cleanups ran in the wrong order: {ran}"))
+        self.addCleanup(ran.append, "second")
+        if self.rank == 1:
+            def fails() -> None:
+                self.fail("rank 1's cleanup fails")
+
+            self.addCleanup(fails)
+        dist.all_reduce(torch.ones(2))
+
+    def test_fails_then_cleanup_fails(self):
+        self.init()
+        self.addCleanup(self.fail, "the cleanup fails too")
+        self.fail(f"rank {self.rank}'s test fails")
+
     def test_p2p_tags_differ(self):
         self.init()
         t = torch.ones(2)

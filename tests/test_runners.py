@@ -179,6 +179,26 @@ class BehaviourTest(unittest.TestCase):
             with sub:
                 self.assertEqual(result.errors + result.failures, [])
 
+    def test_cleanups_a_rank_registers_run_in_the_rank(self):
+        # All of them, last first, also after one that fails; the failure is
+        # the rank's, in phase cleanup (a failing cleanup passed silently in
+        # fresh processes and threads: their ranks never ran cleanups).
+        for sub, result, _ in self.each("test_cleanup_in_rank_1_fails"):
+            with sub:
+                text = self.only(result.failures)
+                self.assertIn("'test_cleanup_in_rank_1_fails' failed (disttest): rank 1/2 raised AssertionError "
+                              "in cleanup\n", text)
+                self.assertIn("rank 1/2 in cleanup: AssertionError: rank 1's cleanup fails\n", text)
+                self.assertIn("in fails\n", text)  # the cleanup's own frame
+                self.assertNotIn("disttest/", text)
+                self.assertNotIn("wrong order", text)
+        for sub, result, _ in self.each("test_fails_then_cleanup_fails"):
+            with sub:
+                text = self.only(result.failures)
+                self.assertIn("ranks 0, 1/2 raised AssertionError\n", text)
+                self.assertIn("rank 1/2: AssertionError: rank 1's test fails\n(then also raised in cleanup: "
+                              "AssertionError)\n", text)
+
     @_settling_sooner
     def test_p2p_calls_that_cannot_match_end_the_test_promptly(self):
         # The threaded group's send is buffered (as a small gloo send may be):

@@ -186,6 +186,47 @@ def _format(exc: BaseException) -> str:
 
 
 PHASE_ATTR = "__disttest_phase__"
+#: A rank's outcome's detail when it raised again after its first error.
+ALSO = "then also raised in {later}"
+
+
+#: Set on a rank's exception: what the rank also raised after it (a
+#: cleanup's error after the test's), for the report's ``then also raised in``.
+ALSO_ATTR = "__disttest_also__"
+
+
+def run_cleanups(case: Any) -> BaseException | None:
+    """In a rank: run the cleanups ``case`` registered there (``addCleanup``),
+    last first, as unittest runs them after ``tearDown``, each whatever the
+    ones before it raised; return the first error, marked as raised in phase
+    ``cleanup`` (None if none)."""
+    first: BaseException | None = None
+    cleanups = getattr(case, "_cleanups", [])  # (unittest's own list)
+    while cleanups:
+        function, args, kwargs = cleanups.pop()
+        try:
+            function(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 (every cleanup runs; the first error is the rank's)
+            if first is None:
+                _mark(e, PHASE_ATTR, "cleanup")
+                first = e
+    return first
+
+
+def after_cleanups(exc: BaseException | None, later: BaseException | None) -> BaseException | None:
+    """What a rank reports: the test's error ``exc``, noting that a cleanup
+    raised ``later`` too; else the cleanup's error."""
+    if exc is None:
+        return later
+    if later is not None:
+        _mark(exc, ALSO_ATTR, [f"cleanup: {type(later).__qualname__}"])
+    return exc
+
+
+def _mark(exc: BaseException, attr: str, value: Any) -> None:
+    if not hasattr(exc, attr):
+        with contextlib.suppress(AttributeError, TypeError):  # (an exception class with __slots__)
+            setattr(exc, attr, value)
 
 
 @contextlib.contextmanager
@@ -211,6 +252,9 @@ def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
     outcome = _classify(rank, exc)
     outcome.at = time.time()
     outcome.phase = getattr(exc, PHASE_ATTR, "") if exc is not None else ""
+    also = getattr(exc, ALSO_ATTR, None) if exc is not None else None
+    if also and not outcome.detail:
+        outcome.detail = ALSO.format(later=", ".join(also))
     return outcome
 
 
@@ -389,7 +433,7 @@ class PhaseResult(unittest.TestResult):
             outcome.phase = phase
             later = [f"{p}: {type(e).__qualname__}" for p, e in self._errors[1:]]
             if later:
-                outcome.detail = "then also raised in " + ", ".join(later)
+                outcome.detail = ALSO.format(later=", ".join(later))
             return outcome
         if self._skip is not None:
             return outcome_from_exception(self.rank, unittest.SkipTest(self._skip))

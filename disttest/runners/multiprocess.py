@@ -30,7 +30,14 @@ from disttest._runner import cuda_fork, settings, zygote
 from disttest._runner import rank as rank_mod
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
-from disttest._runner.outcome import Kind, Outcome, outcome_from_exception, subtests_named
+from disttest._runner.outcome import (
+    Kind,
+    Outcome,
+    after_cleanups,
+    outcome_from_exception,
+    run_cleanups,
+    subtests_named,
+)
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
 from disttest._runner.verdict import judge
 from disttest._runner.verdict import who as verdict_who
@@ -305,7 +312,8 @@ class MultiProcessTestCase(RankDispatch):
         self.run_test(test_name, parent_pipe)
 
     def run_test(self, test_name: str, parent_pipe: Any = None) -> None:
-        """In the rank: seed, run the test body, record its outcome.
+        """In the rank: seed, run the test body and the cleanups it registered
+        in the rank, record its outcome.
 
         A failing or skipped body ends the rank here (as upstream, whose
         ``_run`` overrides rely on it); after a passing body the default group
@@ -321,6 +329,7 @@ class MultiProcessTestCase(RankDispatch):
                 getattr(self, test_name)()
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
+        exc = after_cleanups(exc, run_cleanups(self))
         outcome: Outcome = outcome_from_exception(self.rank, exc)
         # While the group exists: peers judge by it.
         rank_mod.publish_progress(passed=outcome.kind is Kind.PASSED)

@@ -29,7 +29,14 @@ from disttest import _compat
 from disttest._runner import rank as rank_mod
 from disttest._runner import settings, thread_pool
 from disttest._runner.join import join
-from disttest._runner.outcome import Kind, Outcome, in_phase, subtests_named
+from disttest._runner.outcome import (
+    Kind,
+    Outcome,
+    after_cleanups,
+    in_phase,
+    run_cleanups,
+    subtests_named,
+)
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
@@ -331,20 +338,29 @@ class MultiThreadedTestCase(RankDispatch):
 
     def run_test_with_threaded_pg(self, test_name: str, rank: int, world_size: int) -> None:
         """In a rank thread: init the default group, then perThreadSetUp, the
-        test, perThreadTearDown; the group is destroyed whatever happens."""
+        test, perThreadTearDown and the cleanups the rank registered; the
+        group is destroyed whatever happens."""
         from disttest.pg.threaded import _current_world
 
         dist.init_process_group(backend=BACKEND, rank=rank, world_size=world_size,
                                 store=_current_world().store)
         try:
-            with in_phase("perThreadSetUp"):
-                self.perThreadSetUp()
+            exc: BaseException | None = None
             try:
-                with armed(type(self), test_name, rank), subtests_named(self):
-                    getattr(self, test_name)()
-            finally:
-                with in_phase("perThreadTearDown"):
-                    self.perThreadTearDown()
+                with in_phase("perThreadSetUp"):
+                    self.perThreadSetUp()
+                try:
+                    with armed(type(self), test_name, rank), subtests_named(self):
+                        getattr(self, test_name)()
+                finally:
+                    with in_phase("perThreadTearDown"):
+                        self.perThreadTearDown()
+            except BaseException as e:  # noqa: BLE001 (raised below, after the cleanups)
+                exc = e
+            # (also after a failed perThreadSetUp, as unittest's after setUp)
+            exc = after_cleanups(exc, run_cleanups(self))
+            if exc is not None:
+                raise exc
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
