@@ -34,6 +34,15 @@ class ClassifyTest(unittest.TestCase):
         self.assertIn("rank 1/2 was killed by SIGKILL", str(e))
         self.assertIn("rank 0/2 raised AssertionError", str(e))
 
+    def test_ranks_that_ended_differently_are_not_one_group(self):
+        # Both read "was killed by SIGKILL" when the exit was not in the key.
+        e = raised([Outcome(0, Kind.CRASHED, exit=ExitStatus(signal=9)),
+                    Outcome(1, Kind.CRASHED, exit=ExitStatus(code=7)),
+                    Outcome(2, Kind.CRASHED, exit=ExitStatus(signal=9))])
+        self.assertIn("errored (disttest): ranks 0, 2/3 was killed by SIGKILL; rank 1/3 exited with code 7\n",
+                      str(e))
+        self.assertIn("\nrank 1/3 exited with code 7 before finishing 'test_x'", str(e))
+
     def test_skip_wins_over_desync_it_caused(self):
         e = raised([Outcome(0, Kind.SKIPPED, message="no gpu"),
                     Outcome(1, Kind.DESYNC, detail="rank 0/2 finished; {who} {waits} in x")])

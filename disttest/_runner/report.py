@@ -276,7 +276,7 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
             key: tuple[str, ...] = (o.kind.value, o.detail)
         elif o.kind.is_cause or o.kind is Kind.STOPPED:
             key = (o.kind.value, o.exc_type, *(_own(text, own) for text in (o.message, o.traceback, o.detail)),
-                   o.stacks, o.phase)
+                   o.stacks, o.phase, o.exit.describe() if o.exit else "")  # (how a crashed rank ended)
         else:
             continue
         groups.setdefault(key, []).append(o)
