@@ -288,6 +288,12 @@ class Behaviours:
         self.doCleanups()
         self.assertEqual(done, [1])
 
+    def test_os_exit_with_a_skip_code_in_rank_1(self):
+        self.init()
+        if self.rank == 1:
+            os._exit(disttest.TEST_SKIPS["multi-gpu-2"].exit_code)  # as upstream's ranks may end
+        dist.all_reduce(torch.ones(2))  # (waits for rank 1, which is gone)
+
     def test_cleanup_in_rank_1_fails(self):
         self.init()
         ran = []

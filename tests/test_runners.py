@@ -350,6 +350,14 @@ class BehaviourTest(unittest.TestCase):
                 self.assertIn('raise HostileAssertion("unprintable")', text)  # the user's line
                 self.assertLess(elapsed, 10)
 
+    def test_a_rank_that_exits_with_a_skip_code_skips_the_test(self):
+        # Upstream's parent reads a rank's exit code: os._exit(77) is a skip
+        # there, as sys.exit(77) is (it was "rank 1/2 exited with code 77").
+        for sub, result, _ in self.each("test_os_exit_with_a_skip_code_in_rank_1", cases.PROCESS_RUNNERS):
+            with sub:
+                self.assertEqual(result.errors + result.failures, [])
+                self.assertEqual([reason for _, reason in result.skipped], ["Need at least 2 CUDA devices"])
+
     def test_a_segfault_shows_the_crash_site_first(self):
         for method in ("zygote", "fork"):
             with mock.patch.dict(os.environ, {START_METHOD_ENV: method}):

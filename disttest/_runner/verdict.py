@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import RECORDER, InFlight
 from disttest._runner.progress import _runs as runs_of
+from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
@@ -73,6 +74,11 @@ def ended(rank: int, reported: Outcome | None, status: ExitStatus, output: str =
     known). A signal after a report is a crash (the report may be a pass,
     but the rank did not leave cleanly)."""
     if reported is None:
+        # An exit with a TEST_SKIPS code is upstream's skip, by os._exit too
+        # (its parent reads the exit code, not a report).
+        skip = skip_for_exit_code(status.code) if status.signal is None else None
+        if skip is not None:
+            return Outcome(rank, Kind.SKIPPED, message=skip.message, exit=status, output_tail=output)
         return Outcome(rank, Kind.CRASHED, exit=status, stacks=site, output_tail=output)
     if status.signal is not None and reported.kind is not Kind.CRASHED:
         return dataclasses.replace(reported, exit=status, kind=Kind.CRASHED,
