@@ -74,9 +74,13 @@ class Processes(DTensorTestBase):
     def test_nccl(self):
         raise AssertionError("a rank started on a host without enough GPUs")
 
-    @with_comms(backend="no-such-backend")
-    def test_bad_backend(self):
-        raise AssertionError("unreachable")
+    @with_comms(backend="mpi")
+    def test_mpi(self):
+        raise AssertionError("a rank started on a host without MPI")
+
+    @with_comms(backend=" GLOO ")
+    def test_gloo_as_torch_reads_it(self):
+        self.assertEqual(dist.get_backend(), "gloo")
 
     @with_comms
     def test_transformer_parallel_matches(self):

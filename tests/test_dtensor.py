@@ -129,11 +129,24 @@ class ProcessesTest(unittest.TestCase):
             result = run(case)
         self.assertEqual(result.skipped, [(case, TEST_SKIPS["multi-gpu-2"].message)])
 
-    def test_unknown_backend_is_named(self):
-        result = run(cases.Processes("test_bad_backend"))
-        self.assertEqual(len(result.errors), 1, result.failures)
-        self.assertIn("'no-such-backend'", result.errors[0][1])
-        self.assertIn("with_comms(backend=...)", result.errors[0][1])
+    def test_unknown_backend_is_named_where_the_decorator_is_written(self):
+        # (It was checked in each rank: one error per rank, four processes started.)
+        for bad in ("no-such-backend", "threaded", " "):
+            with self.subTest(bad), self.assertRaisesRegex(
+                    ConfigError, rf"Invalid backend {bad!r} from with_comms\(backend=\.\.\.\)"):
+                dt.with_comms(backend=bad)
+
+    def test_backend_as_torch_reads_it(self):
+        result = run(cases.Processes("test_gloo_as_torch_reads_it"))
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_a_backend_the_host_lacks_skips_in_the_parent(self):
+        if dist.is_mpi_available():
+            self.skipTest("this torch has MPI")
+        case = cases.Processes("test_mpi")
+        with mock.patch.object(case, "_start_processes", side_effect=AssertionError("ranks started")):
+            result = run(case)
+        self.assertEqual(result.skipped, [(case, "c10d was not compiled with the MPI backend")])
 
 
 class SkipTest(unittest.TestCase):

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from disttest import _compat
+from disttest.bases.backend import backend_available
 from disttest.config import ConfigError
 from disttest.runners.continuous import MultiProcContinousTest
 from disttest.runners.multiprocess import MultiProcessTestCase
@@ -215,16 +216,36 @@ def with_comms(eager_init: Any = False, backend: str | None = None) -> Any:
     runs first; a passing test ends with ``destroy_pg()`` (a barrier, then
     the group's destruction), a failing one destroys the group at once. On a
     base without ``init_pg`` (``DTensorOpTestBase``, the pool) the test runs
-    unchanged. A backend that needs more accelerators than the host has skips
-    the test in the parent, before any rank starts.
+    unchanged. A backend that needs more accelerators than the host has,
+    or one this torch was built without (``mpi``, ``ucc``), skips the test in
+    the parent, before any rank starts. ``backend`` is read as c10d reads it
+    (``"GLOO"`` is gloo); a name that is no backend is a ``ConfigError`` where
+    the decorator is written.
     """
     if callable(eager_init):
         return _with_comms(eager_init, False, None)
     if not isinstance(eager_init, bool):
         raise ConfigError("eager_init", eager_init, "with_comms(eager_init=...)", "expected True or False")
-    if backend is not None and (not isinstance(backend, str) or not backend):
-        raise ConfigError("backend", backend, "with_comms(backend=...)", "expected a backend name")
+    if backend is not None:
+        backend = _backend_name(backend)
     return functools.partial(_with_comms, eager_init=eager_init, backend=backend)
+
+
+#: Process groups whose backend this host may lack: skipped in the parent
+#: with the reason, as ``requires_mpi()`` does (no rank starts to fail).
+_HOST_BACKENDS = {"mpi": "MPI", "ucc": "UCC"}
+
+
+def _backend_name(backend: Any) -> str:
+    """``with_comms``' backend as c10d reads it (case and blanks aside),
+    checked where the decorator is written: a name of
+    ``SUPPORTED_BACKENDS`` or a device map (``cpu:gloo,cuda:nccl``, checked
+    against the class's device in the rank)."""
+    name = backend.strip().lower() if isinstance(backend, str) else ""
+    if not name or (name not in SUPPORTED_BACKENDS and ":" not in name):
+        raise ConfigError("backend", backend, "with_comms(backend=...)",
+                          f"expected one of {list(SUPPORTED_BACKENDS)} or a device map such as 'cpu:gloo,cuda:nccl'")
+    return name
 
 
 def _with_comms(func: Callable[..., Any], eager_init: bool, backend: str | None) -> Callable[..., Any]:
@@ -251,6 +272,8 @@ def _with_comms(func: Callable[..., Any], eager_init: bool, backend: str | None)
         name = backend if backend is not None else getattr(owner, "backend", "")
         if isinstance(name, str) and _backend_needs_devices(name) and accelerator_count() < owner.world_size:
             return _gpu_skip(owner.world_size)
+        if name in _HOST_BACKENDS and not backend_available(name):
+            return TestSkip(72, f"c10d was not compiled with the {_HOST_BACKENDS[name]} backend")
         return None
 
     checks = getattr(func, "__disttest_skip_checks__", ())
