@@ -21,6 +21,7 @@ __unittest = True
 
 __all__ = [
     "DEFAULT_WORLD_SIZE",
+    "MAX_WORLD_SIZE",
     "TIMEOUT_ENV_VARS",
     "TIMEOUT_FALLBACK",
     "TIMEOUT_OVERRIDE",
@@ -97,15 +98,22 @@ def parse_timeout(value: object, where: str, text: bool = False) -> float:
     return int(seconds) if seconds.is_integer() else seconds
 
 
+#: The largest world disttest starts (65536 ranks; a simulated world too):
+#: beyond it sizes overflowed deep inside (a socket's backlog, the progress
+#: board) instead of being refused.
+MAX_WORLD_SIZE = 1 << 16
+
+
 def parse_world_size(value: object, where: str, text: bool = False) -> int:
-    """Return ``value`` as a world size (an integer >= 1).
+    """Return ``value`` as a world size (an integer from 1 to
+    :data:`MAX_WORLD_SIZE`).
 
     ``text``: the value comes from text (an environment variable, a command
     line), so a string of digits is read as a number; elsewhere a string is
     an error (``world_size = "2"`` in a class). Raises :class:`ConfigError`
     naming ``value`` and ``where`` otherwise.
     """
-    why = "expected an integer >= 1"
+    why = f"expected an integer from 1 to {MAX_WORLD_SIZE}"
     if isinstance(value, bool) or (isinstance(value, str) and not text):
         raise ConfigError("world size", value, where, why)
     if isinstance(value, str):
@@ -117,7 +125,7 @@ def parse_world_size(value: object, where: str, text: bool = False) -> int:
         number = operator.index(value)  # type: ignore[arg-type]  # an int, or numpy's int64
     except TypeError:
         raise ConfigError("world size", value, where, why) from None
-    if number < 1:
+    if not 1 <= number <= MAX_WORLD_SIZE:
         raise ConfigError("world size", value, where, why)
     return number
 

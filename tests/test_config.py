@@ -10,6 +10,7 @@ from unittest import mock
 
 import disttest
 from disttest.config import (
+    MAX_WORLD_SIZE,
     ConfigError,
     default_timeout,
     get_timeout,
@@ -79,6 +80,37 @@ class WorldSizeTest(unittest.TestCase):
             with self.subTest(bad=bad), self.assertRaises(ConfigError) as ctx:
                 parse_world_size(bad, "environment variable WORLD_SIZE", text=True)
             self.assertIn("environment variable WORLD_SIZE", str(ctx.exception))
+
+    def test_a_world_too_large_is_named_not_an_overflow(self):
+        # (10**30 ranks overflowed a socket's backlog, or the progress board's index.)
+        self.assertEqual(parse_world_size(MAX_WORLD_SIZE, "x"), MAX_WORLD_SIZE)
+        for bad in (MAX_WORLD_SIZE + 1, 10**30):
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    ConfigError, rf"^Invalid world size {bad} from Suite.world_size \(disttest\): "
+                                 rf"expected an integer from 1 to {MAX_WORLD_SIZE}"):
+                parse_world_size(bad, "Suite.world_size")
+
+    def test_each_runner_refuses_a_world_too_large_before_starting(self):
+        for base in (disttest.MultiProcessTestCase, disttest.MultiThreadedTestCase, disttest.MultiProcContinousTest):
+            class Huge(base):
+                world_size = 10**30
+
+                def setUp(self):
+                    super().setUp()
+                    if hasattr(self, "_spawn_processes"):
+                        self._spawn_processes()
+                    elif hasattr(self, "_spawn_threads"):
+                        self._spawn_threads()
+
+                def test_it(self):
+                    raise AssertionError("ran")
+
+            result = unittest.TestResult()
+            Huge("test_it").run(result)
+            with self.subTest(base=base.__name__):
+                self.assertEqual(len(result.errors), 1, result.failures)
+                self.assertIn("Invalid world size 1000000000000000000000000000000 from Huge.world_size",
+                              result.errors[0][1])
 
     def test_a_string_outside_text_settings_is_an_error(self):
         with self.assertRaises(ConfigError) as ctx:
