@@ -172,9 +172,15 @@ class RewriteTest(unittest.TestCase):
         new = b"from disttest import MultiProcessTestCase  # c"
         for before in (b"import os\r\n" + line + b"\r\nx = 1\r\n",
                        b"\xef\xbb\xbf" + line + b"\n",
-                       b"# -*- coding: latin-1 -*-\n" + line + b'\ns = "caf\xe9"\n'):
-            with self.subTest(before=before[:12]):
+                       b"# -*- coding: latin-1 -*-\n" + line + b'\ns = "caf\xe9"\n',
+                       # (libcst drops the last CR of a file whose lines end in CR alone)
+                       b"import os\r" + line + b"\rx = 1\r",
+                       b"import os\r" + line + b"\rx = 1"):
+            with self.subTest(before=before[:12], end=before[-2:]):
                 self.assertEqual(rewrite(before, offers).data, before.replace(line, new))
+                if before.startswith(b"import os\r"):  # (and as text)
+                    text = before.decode()
+                    self.assertEqual(rewrite(text, offers).source, text.replace(line.decode(), new.decode()))
 
     def test_everything_else_is_left_byte_for_byte(self):
         source = textwrap.dedent("""
@@ -331,6 +337,27 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 1)
         self.assertIn("test_broken.py: not migrated: SyntaxError at line 1: '(' was never closed", proc.stderr)
         self.assertIn("test_sum.py: changed", proc.stdout)  # the others still are
+
+    def test_a_file_that_is_no_text_or_no_file_is_named_so(self):
+        fifo = os.path.join(self.folder, "test_fifo.py")
+        os.mkfifo(fifo)
+        proc = self.command(fifo)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("not a regular file or folder: ", proc.stderr)  # (it said "no such file")
+        os.unlink(fifo)
+        for name, data in (("test_nul.py", b"from torch.testing._internal.common_distributed import *\x00\n"),
+                           ("test_cookie.py", b"# -*- coding: bogus -*-\n"
+                                              b"from torch.testing._internal.common_distributed import *\n")):
+            path = os.path.join(self.folder, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            proc = self.command(path)
+            with self.subTest(name):
+                self.assertEqual(proc.returncode, 1)
+                self.assertIn(f"{name}: not migrated: SyntaxError: ", proc.stderr)  # (no "at line None" or 0)
+                self.assertNotIn("at line", proc.stderr)
+                with open(path, "rb") as f:
+                    self.assertEqual(f.read(), data)
 
     def test_check_with_diff_fails_and_findings_are_file_line(self):
         proc = self.command("--check", "--diff", self.path)

@@ -45,6 +45,8 @@ def _files(paths: list[str], parser: argparse.ArgumentParser) -> Iterator[str]:
                           and os.path.isfile(os.path.join(folder, n))]  # NB: not a FIFO: reading it waits forever
         elif os.path.isfile(path):
             found = [path]
+        elif os.path.exists(path):  # a FIFO, a device: reading it could wait forever
+            parser.error(f"not a regular file or folder: {path!r} (from the command line)")
         else:
             parser.error(f"no such file or folder: {path!r} (from the command line)")
         for file in found:
@@ -61,8 +63,11 @@ def _why_not_parsed(path: str, data: bytes, error: Exception) -> str:
     try:
         compile(data, path, "exec", dont_inherit=True, flags=ast.PyCF_ONLY_AST)
     except SyntaxError as e:
-        return f"SyntaxError at line {e.lineno}: {e.msg}"
-    except (ValueError, RecursionError, MemoryError):
+        # (no line: the bytes themselves, a coding cookie that names no codec)
+        return f"SyntaxError at line {e.lineno}: {e.msg}" if e.lineno else f"SyntaxError: {e.msg}"
+    except ValueError as e:  # NUL bytes: a binary file, UTF-16 text
+        return f"{e} (a binary file, or text in an encoding such as UTF-16)"
+    except (RecursionError, MemoryError):
         pass
     text = str(error)
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

@@ -472,7 +472,13 @@ def rewrite(source: str | bytes, offers: Lookup) -> Result:
     rewriter = _Rewriter(offers, attributes, unbound_names)
     # (no copy of the tree: nothing changes it, and a copy costs a fifth of the run)
     new = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True).visit(rewriter)
-    return Result(new.code, tuple(sorted(rewriter.changes, key=lambda c: c.line)), new.bytes, new.encoding)
+    code, data = new.code, new.bytes
+    # NB: libcst drops the last line ending of a file whose lines end in a
+    # CR alone (its module has no trailing newline then): put it back.
+    if (source.endswith(b"\r") if isinstance(source, bytes) else source.endswith("\r")) and not code.endswith("\r"):
+        code += "\r"
+        data += "\r".encode(new.encoding)
+    return Result(code, tuple(sorted(rewriter.changes, key=lambda c: c.line)), data, new.encoding)
 
 
 def _nothing_upstream(source: str | bytes) -> bool:
