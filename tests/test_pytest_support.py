@@ -359,6 +359,13 @@ class GpuMarkerTest(unittest.TestCase):
             with self.subTest(bad=bad), self.assertRaises(ConfigError) as caught:
                 gpu_count((bad,), {}, "@pytest.mark.gpu on t")
             self.assertIn("@pytest.mark.gpu on t", str(caught.exception))
+        # anything else given is refused, not read as one GPU (a typo ran on a host with one)
+        for args, kwargs, named in (((), {"cuont": 4}, "'cuont='"), ((2, 3), {}, "'3'"),
+                                    ((2,), {"count": 3}, "'2'")):
+            with self.subTest(args=args, kwargs=kwargs), self.assertRaises(ConfigError) as caught:
+                gpu_count(args, kwargs, "@pytest.mark.gpu on t")
+            self.assertIn(f"Invalid gpu marker {named} from @pytest.mark.gpu on t (disttest): takes one count",
+                          str(caught.exception))
 
     MARKED = textwrap.dedent("""
         import unittest

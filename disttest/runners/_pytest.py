@@ -90,7 +90,12 @@ def header_line(environ: Mapping[str, str] | None = None) -> str:
 
 
 def gpu_count(marker_args: Sequence[Any], marker_kwargs: Mapping[str, Any], where: str) -> int:
-    """The GPUs a ``gpu`` marker asks for (``gpu``, ``gpu(2)``, ``gpu(count=2)``), checked."""
+    """The GPUs a ``gpu`` marker asks for (``gpu``, ``gpu(2)``, ``gpu(count=2)``),
+    checked: anything else given to it (``gpu(cuont=4)``, two counts) is an error."""
+    extra = [repr(a) for a in marker_args[1 if "count" not in marker_kwargs else 0:]]
+    extra += [f"{k}=" for k in marker_kwargs if k != "count"]
+    if extra:
+        raise ConfigError("gpu marker", ", ".join(extra), where, "takes one count (gpu(2) or gpu(count=2))")
     raw = marker_kwargs.get("count", marker_args[0] if marker_args else 1)
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         raise ConfigError("GPU count", raw, where, "expected a whole number of at least 1")
