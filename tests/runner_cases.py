@@ -207,6 +207,15 @@ class Behaviours:
         if self.rank == 1:
             started(subprocess.Popen(["sleep", LEFT_SLEEP], start_new_session=True))
 
+    def test_leave_a_daemon_running(self):
+        self.init()
+        if self.rank == 1:  # a double fork: the daemon's parent exits at once, and init would adopt it
+            code = f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    os.execvp('sleep', ['sleep', {LEFT_SLEEP!r}])"
+            subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+            deadline = time.monotonic() + 5
+            while not sleeps_left() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
     def test_leave_a_process_running_and_fail(self):
         self.init()
         if self.rank == 1:

@@ -408,6 +408,22 @@ class BehaviourTest(unittest.TestCase):
                 self.assertTrue(any(f"sleep {cases.LEFT_SLEEP}" in str(w.message) for w in seen),
                                 [str(w.message) for w in seen])
 
+    def test_a_daemon_a_rank_leaves_running_is_killed(self):
+        # A thread rank's daemon went to init, outliving the test process
+        # (and a pipe on its output never closed).
+        for runner in cases.RUNNERS:
+            with self.subTest(runner=runner.__name__), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                result, _ = run(runner, "test_leave_a_daemon_running")
+                self.assertEqual(cases.sleeps_left(), [])
+                if runner is cases.ThreadRunner:
+                    self.assertTrue(result.wasSuccessful(), result.errors)
+                    self.assertTrue(any(f"sleep {cases.LEFT_SLEEP}" in str(w.message) for w in seen),
+                                    [str(w.message) for w in seen])
+                else:
+                    self.assertIn(f"sleep {cases.LEFT_SLEEP}", str(result.errors + result.failures) +
+                                  str([str(w.message) for w in seen]))
+
     def test_multiprocessings_resource_tracker_is_not_left_running(self):
         # It is the rank's, for the rank's life (a pool worker's next test
         # would start another, warning): not killed and named after a test.

@@ -26,6 +26,7 @@ import importlib.util
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -42,6 +43,7 @@ __all__ = ["RankSpec", "current", "paths", "process_helpers", "record_test_outco
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 STACK_SIGNAL = signal.SIGUSR1
 TEST_ERROR_EXIT_CODE = 10
 #: Seconds at most a fresh-process rank stays after answering, unless the
@@ -177,6 +179,21 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         _libc().prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def child_subreaper_for_now() -> Callable[[], None]:
+    """Make this process the parent of its orphaned descendants (Linux), as
+    :func:`set_child_subreaper` does, until the returned undo puts back what
+    it was: for a test whose ranks are threads of the test process, whose
+    daemons (a double fork) would else go to init."""
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    libc = _libc()
+    was = ctypes.c_int(0)
+    if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was)) != 0:
+        return lambda: None
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    return lambda: libc.prctl(PR_SET_CHILD_SUBREAPER, was.value)
 
 
 def set_child_subreaper() -> None:

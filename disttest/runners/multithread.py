@@ -296,6 +296,9 @@ class MultiThreadedTestCase(RankDispatch):
         self.addCleanup(lambda: check_left_running(before, self._current_test_name))
         # Processes the test starts are the test process's children: those
         # still running at its end are killed (also if it is interrupted).
+        # Its daemons too (a double fork): they come to the test process
+        # while the test runs, not to init.
+        self.addCleanup(rank_mod.child_subreaper_for_now())
         children = rank_mod._descendants()
         token = janitor.register(lambda: rank_mod.kill_descendants(keep=children | janitor.reaper_pids()))
         self.addCleanup(self._kill_left_processes, children, token)
