@@ -133,6 +133,21 @@ class BoardTest(unittest.TestCase):
         peer_done(now - 4)
         self.assertEqual(find_desync(board, [0], [1]), [])
 
+    def test_a_collective_that_raised_is_not_waited_in(self):
+        # It stays pending in the recorder (gloo's all_reduce of another size
+        # raises on one rank): that rank reports its error; it does not wait.
+        import time
+
+        board = self.board(2)
+        now = time.time()
+        failed = {"op": "all_reduce", "seq": 1, "group": "default", "peers": [[0, 2]], "counts": {"default": 1},
+                  "state": progress.FAILED, "fr_at": [now - 2, now]}
+        board.write(0, {**failed, "fr": {"default": [1, 0, "all_reduce", None]}})
+        self.assertIsNone(board.in_flight(0))
+        # A later collective the recorder saw (issued from C++ after the error) is waited in.
+        board.write(0, {**failed, "fr": {"default": [2, 1, "all_reduce", None]}})
+        self.assertEqual((board.in_flight(0).op, board.in_flight(0).seq), ("all_reduce", 2))
+
     def test_threads_of_one_rank_count_their_own_depth(self):
         tracker = tracking._Tracker(self.board(2), 0)
         tracker.depth += 1

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, comm_site, outcome_from_exception
 from disttest._runner.progress import InFlight
+from disttest._runner.report import RankError, raise_for_outcomes
 from disttest._runner.verdict import Status, ended, explain, judge, reclassified
 
 
@@ -135,9 +136,21 @@ class ExplainTest(unittest.TestCase):
         self.assertIn("after rank 1/3 had failed", out[2].detail)
 
     def test_peer_lost_errors_alone_after_a_peer_finished_are_a_desync(self):
+        # Not "a collective its peer never entered": the board did not say so
+        # (gloo completes an all_reduce on the rank whose tensor is smaller).
         out = explain({0: o(0, Kind.PASSED), 1: comm(1)}, 2, {}, {})
         self.assertEqual(out[1].kind, Kind.DESYNC)
-        self.assertEqual(out[1].detail, "rank 0/2 finished; {who} {waits} in DTensor.full_tensor")
+        self.assertEqual(out[1].detail, "rank 0/2 finished; {who} {waits} in DTensor.full_tensor, which lost its "
+                                        "peer: the peer never entered it, or their calls differ (a size, a dtype, "
+                                        "the operation)")
+        try:
+            raise_for_outcomes("test_x", 2, 30, list(out.values()))
+        except RankError as e:
+            self.assertIn("\ndesync: rank 0/2 finished; rank 1/2 waits in DTensor.full_tensor, which lost its peer: "
+                          "the peer never entered it, or their calls differ (a size, a dtype, the operation)", str(e))
+            self.assertNotIn("a collective its peer never entered", str(e))
+        else:
+            self.fail("no report")
 
     def test_communication_errors_alone_stay_causes(self):
         out = explain({0: comm(0), 1: comm(1)}, 2, {}, {})

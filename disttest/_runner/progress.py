@@ -175,7 +175,14 @@ class _Reads:
             return None
         state = record.get("state", IDLE)
         if state == IDLE or (state == FAILED and not include_failed) or "op" not in record:
-            return _recorded_flight(rank, record, self.world_size, ended=include_failed)
+            flight = _recorded_flight(rank, record, self.world_size, ended=include_failed)
+            # A collective that raised stays pending in the recorder (gloo's
+            # all_reduce of another size): the rank does not wait in it, it
+            # reports its error.
+            if flight is not None and state == FAILED and (flight.op, flight.seq, flight.group) == (
+                    record.get("op"), record.get("seq"), RECORDER + str(record.get("group"))):
+                return None
+            return flight
         return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
 
     def counts(self, rank: int) -> dict[str, int] | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
-from disttest._runner.verdict import RANK, Status, Verdict, judge
+from disttest._runner.verdict import CALLS_DIFFER, RANK, Status, Verdict, judge
 from disttest._runner.verdict import who as _who
 
 __unittest = True
@@ -116,6 +116,8 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
         return TIMED_OUT.format(who=who, test=test, timeout=timeout)
     if o.kind is Kind.DESYNC:
+        if o.detail.endswith(CALLS_DIFFER):  # (it says what the collective is to its peer)
+            return "desync: " + _fill(o.detail, who)
         return DESYNC.format(detail=_fill(o.detail, who))
     if o.kind is Kind.DEADLOCK:
         return DEADLOCK.format(detail=_fill(o.detail, who))

@@ -22,13 +22,18 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "explain",
+__all__ = ["CALLS_DIFFER", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "explain",
            "judge", "reclassified", "who"]
 
 HARD = (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DEADLOCK)
 RANK = "rank {rank}/{world}"
 RANKS = "ranks {ranks}/{world}"
 DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
+#: A desync known only from the error a rank got when its peer went away
+#: (the board does not say the peer never entered the collective: gloo
+#: completes an all_reduce on the rank whose tensor is the smaller).
+CALLS_DIFFER = "which lost its peer: the peer never entered it, or their calls differ (a size, a dtype, the operation)"
+DESYNC_LOST_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}, " + CALLS_DIFFER
 CONSEQUENCE = "rank {rank}/{world} failed in {what} after {peers} had {how}"
 #: Ranks that wait for each other in a cycle of calls that cannot match
 #: (point-to-point calls, or a collective a peer never entered).
@@ -144,7 +149,7 @@ def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, t
         finished = sorted(r for r, o in out.items() if o.kind is Kind.PASSED)
         if not causes and finished:
             for r in lost:
-                out[r] = reclassified(out[r], Kind.DESYNC, DESYNC_DETAIL.format(
+                out[r] = reclassified(out[r], Kind.DESYNC, DESYNC_LOST_DETAIL.format(
                     peer=finished[0], world=world, what=_what(out[r], flights.get(r))))
     if effects:
         how = "skipped" if all(out[c].kind is Kind.SKIPPED for c in causes) else "failed"
