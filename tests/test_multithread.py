@@ -217,6 +217,32 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
 
 
+class HugeErrorTest(unittest.TestCase):
+    def test_a_huge_error_is_capped_and_not_written_whole_to_the_terminal(self):
+        # A rank process writes it whole to its log (DISTTEST_KEEP_LOGS); a
+        # rank thread's stderr is the test process's: a megabyte there.
+        class Huge(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_it(self):
+                if self.rank == 1:
+                    raise ValueError("Z" * 1_000_000)
+
+        import io
+
+        stderr = io.StringIO()
+        with mock.patch.object(sys, "__stderr__", stderr):
+            result = run(Huge("test_it"))
+        [(_, text)] = result.errors
+        self.assertIn("characters cut by disttest", text)
+        self.assertLess(len(text), 100_000)
+        self.assertNotIn("Z" * 30_000, stderr.getvalue())
+
+
 class StartTest(unittest.TestCase):
     """Starting the ranks: held to the test's limit, and undone when it fails."""
 

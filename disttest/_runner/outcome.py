@@ -376,9 +376,13 @@ def comm_site(exc: BaseException) -> str:
 
 def _keep_whole(text: str) -> None:
     """Write an over-long traceback whole to this rank's stderr (its log in
-    a rank process), for DISTTEST_KEEP_LOGS."""
+    a rank process), for DISTTEST_KEEP_LOGS. Not from a rank thread: its
+    stderr is the test process's (a megabyte on the user's terminal)."""
     import sys
+    import threading
 
+    if threading.current_thread() is not threading.main_thread():
+        return
     try:
         sys.__stderr__.write(text)  # type: ignore[union-attr]
         sys.__stderr__.flush()  # type: ignore[union-attr]
