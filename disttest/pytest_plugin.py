@@ -36,7 +36,7 @@ from disttest.config import ConfigError, parse_timeout, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
-from disttest.runners.modes import FORCED_MODES, MODE_ENV
+from disttest.runners.modes import FORCED_MODES, MODE_ENV, forced_mode
 
 __all__ = [
     "pytest_addoption",
@@ -100,6 +100,11 @@ def pytest_configure(config: Any) -> None:
     mode = config.getoption("disttest_mode")
     if mode is not None:
         os.environ[MODE_ENV] = mode
+    else:
+        try:  # a bad DISTTEST_MODE: a usage error now, not an error collecting each file that uses it
+            forced_mode()
+        except ConfigError as e:
+            raise pytest.UsageError(str(e)) from None
     output = config.getoption("disttest_output")
     if output is not None or not os.environ.get(settings.OUTPUT_ENV):
         os.environ[settings.OUTPUT_ENV] = output or "stream"

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+from unittest import mock
 
 import pytest
 
@@ -193,6 +194,21 @@ class MarkerErrorsTest(unittest.TestCase):
                 code, out = runs[name]
                 self.assertEqual(code, 4, out[-2000:])
                 self.assertIn(message, out)
+
+
+class ModeVariableTest(unittest.TestCase):
+    def test_a_bad_disttest_mode_is_a_usage_error(self):
+        # (It was an error collecting each file that uses run_in, with disttest's frames.)
+        import pytest
+
+        from disttest import pytest_plugin
+
+        config = mock.Mock(spec=["getoption", "addinivalue_line"])
+        config.getoption.return_value = None
+        with mock.patch.dict(os.environ, {"DISTTEST_MODE": "bogus"}), \
+                self.assertRaisesRegex(pytest.UsageError, r"^Invalid mode 'bogus' from environment variable "
+                                                          r"DISTTEST_MODE \(disttest\): expected one of"):
+            pytest_plugin.pytest_configure(config)
 
 
 class RankOutputTest(unittest.TestCase):
