@@ -97,6 +97,14 @@ class RewriteTest(unittest.TestCase):
         self.assertTrue(out.startswith(star))
         self.assertEqual(changes, ["* from common_distributed kept (the file uses TEST_WITH_ROCM, which disttest "
                                    "lacks; import the names it uses one by one; upstream's is used)"])
+        # Nor when disttest's star would rebind a name the file keeps from
+        # upstream above it (the report said upstream's TestCase was used).
+        kept = "from torch.testing._internal.common_utils import TestCase\n"
+        out, changes = migrated(kept + star + "x = MultiProcessTestCase, TestCase\n")
+        self.assertTrue(out.startswith(kept + star))
+        self.assertEqual(changes[-1], "* from common_distributed kept (disttest's would rebind TestCase, which the "
+                                      "file keeps from upstream above it; import the names it uses one by one; "
+                                      "upstream's is used)")
 
     def test_comments_inside_a_parenthesised_import_stay(self):
         source = textwrap.dedent("""

@@ -315,6 +315,16 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             self.changes.append(Change("kept", line, upstream, "*", why=f"the file uses {shown}, which {home} "
                                        "lacks; import the names it uses one by one"))
             return updated
+        # A name an earlier import kept from upstream, which disttest's star
+        # would rebind to disttest's (the file's TestCase from common_utils):
+        # the report would say upstream's is used, and it would not be.
+        rebound = sorted({c.name for c in self.changes
+                          if c.kind == "kept" and c.name != "*" and c.line < line and self.offers(home, c.name)})
+        if rebound:
+            shown = ", ".join(rebound[:3]) + (" ..." if len(rebound) > 3 else "")
+            self.changes.append(Change("kept", line, upstream, "*", why=f"{home}'s would rebind {shown}, which the "
+                                       "file keeps from upstream above it; import the names it uses one by one"))
+            return updated
         self.changes.append(Change("moved", line, upstream, "*", home))
         return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
 
