@@ -125,6 +125,8 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
     return _faults_pytest.runtest_protocol(item, nextitem)
 
 
+#: Two ``world_size`` markers that differ on one test (pytest would use one of them).
+MARKERS_TWICE = "@pytest.mark.world_size given twice, {markers}, on {where} (disttest): keep one"
 #: A ``world_size`` marker given what it does not take (a typo would be ignored).
 MARKER_EXTRA = "@pytest.mark.world_size takes one number and mode=, not {extra}, on {where} (disttest)"
 
@@ -137,6 +139,10 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             continue
         if not marker.args:
             raise pytest.UsageError(f"@pytest.mark.world_size needs a number, on {item.nodeid} (disttest)")
+        own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
+        if len({(m.args, tuple(sorted(m.kwargs.items()))) for m in own}) > 1:  # (one of them was silently used)
+            raise pytest.UsageError(MARKERS_TWICE.format(
+                markers=", ".join(f"world_size{m.args}" for m in own), where=item.nodeid))
         extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]
         if extra:
             raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))

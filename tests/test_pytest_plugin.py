@@ -171,7 +171,7 @@ def usage_errors(files: dict[str, str]) -> dict[str, tuple[int, str]]:
 
 class MarkerErrorsTest(unittest.TestCase):
     def test_what_a_world_size_marker_does_not_take_or_a_bad_mode_is_a_usage_error(self):
-        from disttest.pytest_plugin import MARKER_EXTRA
+        from disttest.pytest_plugin import MARKER_EXTRA, MARKERS_TWICE
 
         head = "import pytest\nimport disttest\n\n"
         cases = {
@@ -179,6 +179,9 @@ class MarkerErrorsTest(unittest.TestCase):
                              MARKER_EXTRA.format(extra="mdoe=", where="test_typo.py::test_x")),
             "test_two_sizes.py": ("@pytest.mark.world_size(2, 3)\ndef test_x():\n    pass\n",
                                   MARKER_EXTRA.format(extra="3", where="test_two_sizes.py::test_x")),
+            "test_twice.py": ("@pytest.mark.world_size(2)\n@pytest.mark.world_size(3)\ndef test_x():\n    pass\n",
+                              MARKERS_TWICE.format(markers="world_size(3,), world_size(2,)",
+                                                   where="test_twice.py::test_x")),
             "test_mode.py": ("@pytest.mark.world_size(2, mode='pool')\ndef test_bad_mode(rank):\n    pass\n",
                              "Invalid mode 'pool' from @pytest.mark.world_size on test_mode.py::test_bad_mode"),
             "test_class_mode.py": (
