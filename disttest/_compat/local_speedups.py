@@ -189,9 +189,6 @@ def _metadata_reads() -> dict[Any, Callable[[Any], Any]]:
     }
 
 
-_METADATA: dict[Any, Callable[[Any], Any]] = {}  # filled on install (no torch at import)
-
-
 def _read_each_rank(read: Callable[[Any], Any], ranks: Any, args: Any, kwargs: Any,
                     local_tensor: Any) -> dict[int, Any] | None:
     """Each rank's answer to a metadata op on one LocalTensor, in rank
@@ -228,13 +225,14 @@ def _fast_for_each_rank(upstream: Callable[..., Any], fast_rng: bool, fast_args:
 
     lt = _local_tensor()
     LocalTensor, LocalIntNode = lt.LocalTensor, lt.LocalIntNode
+    reads = _metadata_reads() if fast_metadata else {}
 
     def run(func: Any, ranks: Any, args: Any, kwargs: Any, *, alias: bool = True) -> Any:
         lm = lt.enabled_local_tensor_mode()
         states = lm._per_rank_rng_states if lm is not None else {}
         per_rank_rng = len(states) > 0
         skip_rng = fast_rng and _draws_no_random_numbers(func) and (not per_rank_rng or states.keys() >= ranks)
-        read = _METADATA.get(func) if fast_metadata else None
+        read = reads.get(func)
         if read is not None and (not per_rank_rng or states.keys() >= ranks):
             answers = _read_each_rank(read, ranks, args, kwargs, LocalTensor)
             if answers is not None:
@@ -446,8 +444,6 @@ def install_local_tensor_speedups(parts: Any = LOCAL_TENSOR_SPEEDUPS) -> Callabl
     if "coordinates" in usable:
         replace(lt._LocalDeviceMesh, "get_coordinate", staticmethod(_closed_form_coordinate))
     if usable & {"rng", "args", "metadata"}:
-        if not _METADATA:
-            _METADATA.update(_metadata_reads())
         replace(lt, "_for_each_rank_run_func",
                 _fast_for_each_rank(lt._for_each_rank_run_func, "rng" in usable, "args" in usable,
                                     "metadata" in usable))

@@ -195,31 +195,27 @@ ALSO = "then also raised in {later}"
 ALSO_ATTR = "__disttest_also__"
 
 
-def run_cleanups(case: Any) -> BaseException | None:
-    """In a rank: run the cleanups ``case`` registered there (``addCleanup``),
-    last first, as unittest runs them after ``tearDown``, each whatever the
-    ones before it raised; return the first error, marked as raised in phase
-    ``cleanup`` (None if none)."""
-    first: BaseException | None = None
+def after_cleanups(case: Any, exc: BaseException | None) -> BaseException | None:
+    """In a rank, after its test ended with ``exc`` (None: it passed): run
+    the cleanups ``case`` registered there (``addCleanup``), last first, as
+    unittest runs them after ``tearDown``, each whatever the ones before it
+    raised; return what the rank reports: ``exc``, noting that a cleanup
+    raised too, else the first cleanup's error, marked as raised in phase
+    ``cleanup``."""
+    later: BaseException | None = None
     cleanups = getattr(case, "_cleanups", [])  # (unittest's own list)
     while cleanups:
         function, args, kwargs = cleanups.pop()
         try:
             function(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 (every cleanup runs; the first error is the rank's)
-            if first is None:
-                _mark(e, PHASE_ATTR, "cleanup")
-                first = e
-    return first
-
-
-def after_cleanups(exc: BaseException | None, later: BaseException | None) -> BaseException | None:
-    """What a rank reports: the test's error ``exc``, noting that a cleanup
-    raised ``later`` too; else the cleanup's error."""
+            later = later or e
+    if later is None:
+        return exc
     if exc is None:
+        _mark(later, PHASE_ATTR, "cleanup")
         return later
-    if later is not None:
-        _mark(exc, ALSO_ATTR, [f"cleanup: {type(later).__qualname__}"])
+    _mark(exc, ALSO_ATTR, [f"cleanup: {type(later).__qualname__}"])
     return exc
 
 

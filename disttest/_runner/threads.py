@@ -128,8 +128,9 @@ class ThreadLauncher:
         # fifth of a thousand-rank test. NB: not by freezing those objects:
         # asking whether the process froze some itself (gc.get_freeze_count)
         # walks all that it froze, 27 ms a test with torch's.
-        self._thresholds: tuple[int, int, int] | None = gc.get_threshold()
-        gc.set_threshold(*gc.get_threshold()[:2], NO_FULL_PASS)
+        thresholds = gc.get_threshold()
+        self._thresholds: tuple[int, int, int] | None = thresholds
+        gc.set_threshold(*thresholds[:2], NO_FULL_PASS)
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
         sys.stdout = _Tee(sys.stdout, self._idents, self._kept)

@@ -35,7 +35,6 @@ from disttest._runner.outcome import (
     Outcome,
     after_cleanups,
     outcome_from_exception,
-    run_cleanups,
     subtests_named,
 )
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
@@ -329,7 +328,7 @@ class MultiProcessTestCase(RankDispatch):
                 getattr(self, test_name)()
         except BaseException as e:  # noqa: BLE001 (everything is reported)
             exc = e
-        exc = after_cleanups(exc, run_cleanups(self))
+        exc = after_cleanups(self, exc)
         outcome: Outcome = outcome_from_exception(self.rank, exc)
         # While the group exists: peers judge by it.
         rank_mod.publish_progress(passed=outcome.kind is Kind.PASSED)

@@ -34,7 +34,6 @@ from disttest._runner.outcome import (
     Outcome,
     after_cleanups,
     in_phase,
-    run_cleanups,
     subtests_named,
 )
 from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
@@ -361,7 +360,7 @@ class MultiThreadedTestCase(RankDispatch):
             except BaseException as e:  # noqa: BLE001 (raised below, after the cleanups)
                 exc = e
             # (also after a failed perThreadSetUp, as unittest's after setUp)
-            exc = after_cleanups(exc, run_cleanups(self))
+            exc = after_cleanups(self, exc)
             if exc is not None:
                 raise exc
         finally:
