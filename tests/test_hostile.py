@@ -123,6 +123,15 @@ class InterruptTest(unittest.TestCase):
     def test_sigkill_pool(self):
         self.interrupt("PoolWaits", signal.SIGKILL)
 
+    def test_sigkill_threads(self):
+        # What a rank thread started (in a session of its own) was left to
+        # init: the ranks' environment, the test process's, lacked the token
+        # by which the reaper finds it.
+        self.interrupt("ThreadWaits", signal.SIGKILL)
+
+    def test_sigint_threads(self):
+        self.interrupt("ThreadWaits", signal.SIGINT)
+
     def test_pytest_timeout_thread_method(self):
         # pytest-timeout's thread method ends the test process with os._exit:
         # no atexit, no cleanups.

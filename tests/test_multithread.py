@@ -4,6 +4,7 @@ the decorator's skip and failure types, upstream's hook names."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -12,12 +13,14 @@ import warnings
 from datetime import timedelta
 from unittest import mock
 
+import runner_cases as cases
 import torch
 import torch.distributed as dist
 
 import disttest
 from disttest import RankFailure, _compat, spawn_threads_and_init_comms
 from disttest.pg import _baton
+from disttest.support import janitor
 
 
 def run(case: unittest.TestCase) -> unittest.TestResult:
@@ -642,6 +645,28 @@ class DecoratorTest(unittest.TestCase):
         self.assertIsInstance(ctx.exception, AssertionError)
         self.assertIsInstance(ctx.exception, RankFailure)
         self.assertIn("rank 1/2: ValueError: bad rank", str(ctx.exception))
+
+    def test_processes_a_rank_leaves_running_are_killed_and_named(self):
+        # They outlived the function (only MultiThreadedTestCase killed them);
+        # and they carry the janitor's token, so that its reaper kills them
+        # if the test process is killed outright (test_hostile).
+        seen_token = []
+
+        @spawn_threads_and_init_comms(world_size=2)
+        def body(self):
+            if dist.get_rank() == 1:
+                seen_token.append(os.environ.get(janitor.TOKEN_ENV))
+                cases.started(subprocess.Popen(["sleep", cases.LEFT_SLEEP], start_new_session=True))
+
+        before = os.environ.get(janitor.TOKEN_ENV)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            body(self)
+        self.assertEqual(cases.sleeps_left(), [])
+        self.assertTrue(any(f"sleep {cases.LEFT_SLEEP}" in str(w.message) and "left processes running" in
+                            str(w.message) for w in seen), [str(w.message) for w in seen])
+        self.assertIsNotNone(seen_token[0])
+        self.assertEqual(os.environ.get(janitor.TOKEN_ENV), before)
 
     def test_bad_arguments_are_named(self):
         with self.assertRaisesRegex(disttest.ConfigError, r"spawn_threads_and_init_comms\(world_size=...\)"):

@@ -150,6 +150,36 @@ class _ThreadRun:
                             timeout, outcomes)
 
 
+def _hold_rank_processes(test: str) -> Callable[[], None]:
+    """Keep the processes that ``test``'s rank threads start from outliving
+    it; return what ends the hold, killing those still running (a warning
+    names them).
+
+    They are the test process's children, so a rank process's parent-death
+    signal is not theirs. Those still running at the test's end are killed,
+    also if the test process is interrupted (SIGTERM, Ctrl-C). Daemons (a
+    double fork) come to the test process while the test runs, not to init.
+    If the test process is killed outright (SIGKILL), the janitor's reaper
+    kills what carries its token in the environment, as it does for what
+    rank processes start: the ranks' environment is the test process's, so
+    the token is set there for the test.
+    """
+    undo_subreaper = rank_mod.child_subreaper_for_now()
+    children = rank_mod._descendants()
+    token = janitor.register(lambda: rank_mod.kill_descendants(keep=children | janitor.reaper_pids()))
+    environ = set_environ(janitor.rank_environ())
+    def release() -> None:
+        set_environ(environ)
+        janitor.unregister(token)
+        killed = rank_mod.kill_descendants(keep=children | janitor.reaper_pids())
+        undo_subreaper()
+        if killed:
+            warnings.warn(f"{test!r} (disttest): the test left processes running; "
+                          f"disttest killed them: {'; '.join(killed)}", stacklevel=2)
+
+    return release
+
+
 def _process_state() -> Callable[[], None]:
     """Note what a rank thread can change for the whole process (a rank
     process would take it with it): torch's default dtype, intra-op thread
@@ -293,22 +323,8 @@ class MultiThreadedTestCase(RankDispatch):
         self.threads: list[Any] = []
         before = set(threading.enumerate())
         self.addCleanup(lambda: check_left_running(before, self._current_test_name))
-        # Processes the test starts are the test process's children: those
-        # still running at its end are killed (also if it is interrupted).
-        # Its daemons too (a double fork): they come to the test process
-        # while the test runs, not to init.
-        self.addCleanup(rank_mod.child_subreaper_for_now())
-        children = rank_mod._descendants()
-        token = janitor.register(lambda: rank_mod.kill_descendants(keep=children | janitor.reaper_pids()))
-        self.addCleanup(self._kill_left_processes, children, token)
+        self.addCleanup(_hold_rank_processes(self._current_test_name))
         self.addCleanup(self._cleanup_threads)
-
-    def _kill_left_processes(self, before: frozenset[int], token: int) -> None:
-        janitor.unregister(token)
-        killed = rank_mod.kill_descendants(keep=before | janitor.reaper_pids())
-        if killed:
-            warnings.warn(f"{self._current_test_name!r} (disttest): the test left processes running; "
-                          f"disttest killed them: {'; '.join(killed)}", stacklevel=2)
 
     def _cleanup_threads(self) -> None:
         if self._run_state is not None:
@@ -446,6 +462,7 @@ def threads_test(func: Callable[..., Any], size: int, limit: float | None, alway
         before = set(threading.enumerate())
         seconds = limit if limit is not None else get_timeout(test)
         restore = _process_state()  # what the ranks change for the whole process ends with them
+        release = _hold_rank_processes(test)
         try:
             run = _ThreadRun(size, body, test, seconds, owner=owner)
             outcomes = run.join(seconds)
@@ -454,6 +471,7 @@ def threads_test(func: Callable[..., Any], size: int, limit: float | None, alway
             finally:
                 check_left_running(before, test)
         finally:
+            release()
             restore()
 
     setattr(wrapper, SPAWNS, True)  # a fault declared above it is read by it
