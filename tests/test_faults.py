@@ -25,6 +25,7 @@ from disttest.faults import (
     CHAOS_ENV,
     FAULT_ENV,
     HIDDEN,
+    NO_FAULT,
     NOT_IN_A_RANK,
     Fault,
     chaos_seed,
@@ -95,6 +96,16 @@ class DeclarationTest(unittest.TestCase):
         self.assertIn("from DISTTEST_FAULT", str(ctx.exception))
         # Two faults, each with its fields once, are fine.
         self.assertEqual(len(parse_fault_spec("rank=1,action=raise;rank=0,action=raise", "x")), 2)
+
+    def test_a_spec_without_a_fault_is_refused_and_an_empty_variable_is_unset(self):
+        for text in ("", ";", " ; ;"):
+            with self.subTest(text=text), self.assertRaises(ConfigError) as ctx:
+                parse_fault_spec(text, "DISTTEST_FAULT")
+            self.assertIn(NO_FAULT, str(ctx.exception))
+            self.assertIn("from DISTTEST_FAULT", str(ctx.exception))
+        self.assertEqual(env_faults({FAULT_ENV: " "}), ())
+        with self.assertRaisesRegex(ConfigError, "declares no fault"):
+            env_faults({FAULT_ENV: ";"})
 
     def test_bad_values_name_themselves_and_their_source(self):
         cases_ = [
@@ -807,6 +818,11 @@ class PytestOptionsTest(unittest.TestCase):
         for args, message in [
             (("--disttest-fault", "rank=1,action=explode"), "Invalid fault action 'explode' from --disttest-fault"),
             (("--disttest-chaos", "x"), "Invalid chaos seed 'x' from --disttest-chaos"),
+            # An empty spec (a shell variable that was empty) ran the suite
+            # without the fault, as the empty seed is refused.
+            (("--disttest-fault", ""), "Invalid fault '' from --disttest-fault (disttest): declares no fault"),
+            (("--disttest-fault", " ; "), "Invalid fault ' ; ' from --disttest-fault (disttest): declares no fault"),
+            (("--disttest-chaos", ""), "Invalid chaos seed '' from --disttest-chaos"),
             (("--disttest-repeat", "0"), "Invalid repeat count '0' from --disttest-repeat"),
             (("--disttest-repeat", "x"), "Invalid repeat count 'x' from --disttest-repeat"),
             (("--disttest-repeat", "2.5"), "Invalid repeat count '2.5' from --disttest-repeat"),

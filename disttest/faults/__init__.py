@@ -66,6 +66,8 @@ ON_A_CLASS = ("it decorates test methods, not classes: put it on each test metho
               "should see the fault (for every test of a suite, use DISTTEST_FAULT)")
 #: Why a fault that gives one field twice is refused (which one would win is a guess).
 TWICE = "{key}= is given twice; a fault has one of each field (separate faults with ';')"
+#: A spec that declares no fault (``--disttest-fault=``, ``DISTTEST_FAULT=";"``).
+NO_FAULT = "declares no fault; expected rank=R,action=A[,at=OP,nth=N,...] (separate faults with ';')"
 #: Why a second fault on a call another fault (not a delay) acts on is refused.
 SAME_CALL = ("{first} acts on the same call; only delays can share a call with another fault "
              "(a kill, exit, raise or hang ends the call, and a second corrupt would undo the first)")
@@ -323,7 +325,8 @@ _SPEC_KEYS = ("rank", "action", "at", "nth", "seconds", "ends_test")
 
 def parse_fault_spec(text: str, where: str = FAULT_ENV) -> tuple[Fault, ...]:
     """Faults from ``"rank=1,action=kill,at=all_reduce,nth=3"`` (several
-    separated by ``;``; several ranks as ``rank=0|2``)."""
+    separated by ``;``; several ranks as ``rank=0|2``); a spec that declares
+    none is a :class:`~disttest.ConfigError`."""
     faults = []
     for part in text.split(";"):
         part = part.strip()
@@ -345,6 +348,8 @@ def parse_fault_spec(text: str, where: str = FAULT_ENV) -> tuple[Fault, ...]:
         rank_text = fields.pop("rank")
         ranks = rank_text.split("|") if "|" in rank_text else rank_text
         faults.append(make_fault(rank=ranks, where=where, **fields))
+    if not faults:  # (an empty DISTTEST_FAULT is unset: env_faults asks no spec)
+        raise ConfigError("fault", text, where, NO_FAULT)
     return tuple(faults)
 
 
