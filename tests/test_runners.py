@@ -537,7 +537,12 @@ class DeclaredOptionsTest(unittest.TestCase):
         for runner in cases.PROCESS_RUNNERS:
             for bad, text in (("json", "Invalid list of modules to preload 'json'"),
                               (["no_such_module_xyz"], "Invalid module to preload 'no_such_module_xyz'"),
-                              ([5], "Invalid list of modules to preload [5]")):
+                              ([5], "Invalid list of modules to preload [5]"),
+                              # (the fork server fell back to forking from the test
+                              # process, warning; the pool said nothing)
+                              (["torch.no_such_submodule"],
+                               "Invalid module to preload 'torch.no_such_submodule'"),
+                              (["json.decoder.nope"], "Invalid module to preload 'json.decoder.nope'")):
                 with self.subTest(runner=runner.__name__, preload=bad):
                     error = self.only_error(runner, {"rank_preload": bad})
                     self.assertIn(f"{text} from Bad{runner.__name__}.rank_preload (disttest)", error)

@@ -49,6 +49,7 @@ import contextlib
 import contextvars
 import inspect
 import os
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -217,7 +218,8 @@ def rank_process_options(cls: type) -> int | None:
 
 def rank_preload(cls: type) -> tuple[str, ...]:
     """``cls.rank_preload``, validated: module names whose top-level package
-    exists (found without importing anything)."""
+    exists, and the module itself where its package is imported here already
+    (found without importing anything: the test process stays as it was)."""
     import importlib.util
 
     raw = _static(cls, "rank_preload")
@@ -230,6 +232,14 @@ def rank_preload(cls: type) -> tuple[str, ...]:
         top = name.partition(".")[0]
         if not top or importlib.util.find_spec(top) is None:
             raise ConfigError("module to preload", name, where, f"no module named {top!r} can be imported here")
+        package = name.rpartition(".")[0]
+        if package and package in sys.modules and name not in sys.modules:
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):  # (a package that is a plain module; "a..b")
+                found = False
+            if not found:
+                raise ConfigError("module to preload", name, where, f"no module named {name!r} can be imported here")
     return tuple(raw)
 
 
