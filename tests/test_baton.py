@@ -75,28 +75,84 @@ class BatonTest(unittest.TestCase):
         self.assertEqual(log, [("before", 0), ("before", 1), ("before", 2), ("completed", 2),
                                ("after", 0, True), ("after", 1, True)])
 
-    def test_a_thread_that_holds_the_turn_too_long_sets_everyone_free(self):
+    def test_a_thread_that_holds_the_turn_too_long_loses_it(self):
         baton, log = Baton(), []
         release = threading.Event()
+        third = threading.Event()
 
         def blocked():  # blocks where the baton cannot see, holding the turn
             log.append("blocked")
             self.assertTrue(release.wait(5))
+            log.append(("blocked resumes, holding the turn", baton.holds()))
             baton.leave()
 
         def other():
-            log.append("other")
+            log.append(("other", baton.holds()))
             release.set()
+            time.sleep(0.05)  # the loser runs on meanwhile, without a turn
+            log.append("other leaves")
+            baton.leave()
 
-        threads = _Threads(baton, [blocked, other])
+        def last():
+            log.append("last")
+            third.set()
+            baton.leave()
+
+        threads = _Threads(baton, [blocked, other, last])
         time.sleep(HOLD_LIMIT * 4)
         self.assertEqual(log, ["blocked"])  # not started while the turn is held...
         self.assertFalse(baton.watch())  # (the first watch of a long turn looks at the holder's CPU time)
         time.sleep(HOLD_LIMIT * 2)
         self.assertTrue(baton.watch())  # ...until a watch finds it held too long, not running
         threads.join()
-        self.assertEqual(log, ["blocked", "other"])
-        self.assertFalse(baton.holds())
+        # The next thread got the turn, and the one after it waited for it:
+        # the world did not go free (a thousand threads would then contend).
+        self.assertEqual(log, ["blocked", ("other", True), ("blocked resumes, holding the turn", False),
+                               "other leaves", "last"])
+        self.assertFalse(baton.free)
+
+    def test_a_thread_that_lost_its_turn_waits_for_one_at_its_next_wait(self):
+        baton, log = Baton(), []
+        release = threading.Event()
+        done = Future()
+
+        def blocked():
+            self.assertTrue(release.wait(5))  # loses the turn here
+            self.assertTrue(baton.wait_for(done, limit=5.0))
+            log.append(("blocked after its wait", baton.holds()))
+            baton.leave()
+
+        def other():
+            release.set()
+            time.sleep(0.02)  # the loser enters its wait meanwhile: it must not take the turn from us
+            log.append(("other", baton.holds()))
+            done.set_result(None)  # it queues for the turn...
+            time.sleep(0.02)
+            log.append("other leaves")  # ...which it gets once we leave
+            baton.leave()
+
+        threads = _Threads(baton, [blocked, other])
+        time.sleep(HOLD_LIMIT * 2)
+        baton.watch()
+        time.sleep(HOLD_LIMIT * 2)
+        self.assertTrue(baton.watch())
+        threads.join()
+        self.assertEqual(log, [("other", True), "other leaves", ("blocked after its wait", True)])
+        self.assertFalse(baton.free)
+
+    def test_after_enough_holders_lost_their_turns_the_world_goes_free(self):
+        # Ranks that meet outside disttest (a threading.Barrier): each would
+        # lose its turn in turn; past MAX_DEMOTIONS they all run at once.
+        n = _baton.MAX_DEMOTIONS + 2
+        meet = threading.Barrier(n, timeout=20)
+        baton = Baton()
+        threads = _Threads(baton, [lambda: (meet.wait(), baton.leave()) for _ in range(n)])
+        deadline = time.monotonic() + 20
+        while any(t.is_alive() for t in threads.threads) and time.monotonic() < deadline:
+            time.sleep(HOLD_LIMIT * 2)
+            baton.watch()
+        threads.join()
+        self.assertTrue(baton.free)
 
     @unittest.skipUnless(_baton._cpu_seconds(threading.get_native_id()) is not None,
                          "needs per-thread CPU times (Linux schedstat)")

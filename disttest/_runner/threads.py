@@ -28,7 +28,6 @@ from disttest._runner import thread_pool
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
 from disttest._runner.tracking import install_tracking, track_into, untrack_thread
-from disttest._runner.verdict import reclassified
 from disttest.pg.threaded import CollectiveAborted, ThreadedWorld, _bind_thread
 
 __unittest = True
@@ -161,9 +160,15 @@ class ThreadLauncher:
             self._in_body.discard(rank)
             _bind_thread(None)
             untrack_thread()
-        outcome = outcome_from_exception(rank, exc)
         if isinstance(exc, (CollectiveAborted, RankStopped)):
-            outcome = reclassified(outcome, Kind.STOPPED, f"rank {rank}/{self.world_size} was released by disttest")
+            # Being stopped: the join reports the stack it took before the
+            # stop instead, so no traceback is formatted (a thousand ranks
+            # end here at once, sharing the GIL).
+            outcome = Outcome(rank, Kind.STOPPED, type(exc).__qualname__,
+                              detail=f"rank {rank}/{self.world_size} was released by disttest")
+            outcome.at = time.time()
+        else:
+            outcome = outcome_from_exception(rank, exc)
         outcome.output_tail = self.output(rank)
         outcome.exit = _DONE
         self._outcomes[rank] = outcome
@@ -295,7 +300,11 @@ class ThreadLauncher:
             # rank hangs): disttest's own code and logging's. Such a thread
             # gets it at a later look.
             # (Aborted ranks end by themselves, each through c10d's exception
-            # logger: a thousand of them need longer before any is raised into.)
+            # logger: a thousand of them need longer before any is raised into.
+            # NB: not sooner into a rank that waited in no collective: ranks
+            # that had not started run init_process_group now, and an exception
+            # lands later than the look at its frame, inside a lock it took:
+            # the world's, logging's, and every rank hung.)
             if time.monotonic() - start > 0.2 + RAISE_DELAY_PER_RANK * len(self.threads):
                 frames = sys._current_frames()
                 for r in (set(live) & self._in_body) - raised:

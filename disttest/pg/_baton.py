@@ -20,9 +20,18 @@ keeps the others waiting only until the launcher's polls find the turn held
 longer than :data:`HOLD_LIMIT` with threads waiting for it and the holder
 not using the CPU between two polls (a holder that computes, for instance
 the last rank into a collective of a thousand, keeps the turn up to
-:data:`BUSY_HOLD_LIMIT`); then the world goes *free* for the rest of the
-test: every waiting thread is woken and they run as plain threads (as
-without turns). An aborted world goes free at once.
+:data:`BUSY_HOLD_LIMIT`). Then the holder loses the turn: the next thread
+that can go on gets it, and the holder runs on without one, beside it,
+until its next wait in a collective, where it queues for a turn again.
+One rank that sleeps keeps turns for the other thousand: had every
+thread been set free, a thousand threads would contend for the GIL for
+the rest of the test (2.4x the time of a 1024-rank test whose rank 0
+slept 50 ms; a 5000-rank test that timed out reported after minutes).
+After :data:`MAX_DEMOTIONS` holders lost their turns so (ranks that meet
+outside disttest, a ``threading.Barrier``, each costing a watch), the world
+goes *free* for the rest of the test: every waiting thread is woken and
+they run as plain threads (as without turns). An aborted world goes free
+at once.
 
 Self-contained: used by :mod:`disttest.pg.threaded` (its Work's ``wait``)
 and the thread launcher.
@@ -42,7 +51,7 @@ if TYPE_CHECKING:
 
 __unittest = True
 
-__all__ = ["BUSY_HOLD_LIMIT", "BUSY_SHARE", "HOLD_LIMIT", "Baton", "give_back_cpus", "move_here"]
+__all__ = ["BUSY_HOLD_LIMIT", "BUSY_SHARE", "HOLD_LIMIT", "MAX_DEMOTIONS", "Baton", "give_back_cpus", "move_here"]
 
 #: Seconds a thread may keep the turn while others wait for it before the
 #: world goes free (checked at the launcher's polls, every 10 ms).
@@ -56,6 +65,8 @@ HOLD_LIMIT = 0.005
 BUSY_HOLD_LIMIT = 1.0
 #: A holder that used at least this share of a CPU between two watches runs.
 BUSY_SHARE = 0.1
+#: Holders that lose their turn (see the module doc) before the world goes free.
+MAX_DEMOTIONS = 8
 
 
 def _cpu_seconds(tid: int | None) -> float | None:
@@ -133,6 +144,7 @@ class Baton:
         self._since = 0.0  # when the turn last changed hands
         self._pinned: dict[int | None, set[int]] = {}  # thread ident -> the CPUs to give back
         self._joiner: tuple[int, int] | None = None  # (ident, native id) of the thread waiting for the ranks
+        self._demotions = 0  # holders that lost their turn (watch)
         #: True once every thread runs freely (for the rest of the world's life).
         self.free = False
 
@@ -150,10 +162,12 @@ class Baton:
         self._pass()
 
     def watch(self, now: float | None = None) -> bool:
-        """Go free if the turn was held longer than :data:`HOLD_LIMIT` while
-        a thread waited for it and the holder did not use the CPU between two
-        watches past that limit (or held it longer than
-        :data:`BUSY_HOLD_LIMIT`); True if the world is free."""
+        """Take the turn from its holder if it held it longer than
+        :data:`HOLD_LIMIT` while a thread waited for it and did not use the
+        CPU between two watches past that limit (or held it longer than
+        :data:`BUSY_HOLD_LIMIT`): the next thread gets it, or, after
+        :data:`MAX_DEMOTIONS` such holders, the world goes free. True if the
+        turn was taken, or the world is free."""
         now = time.monotonic() if now is None else now
         with self._lock:
             held = now - self._since
@@ -165,8 +179,23 @@ class Baton:
             return self.free
         runs = self._runs(turn, now)  # every watch of a long turn looks, so that the next can judge
         if held > BUSY_HOLD_LIMIT or not runs:
-            self.go_free()
+            return self._demote(turn)
         return self.free
+
+    def _demote(self, turn: tuple[int | None, float]) -> bool:
+        """The holder of ``turn`` (its native id, since when) runs on without
+        it; the next thread waiting gets it (unless the turn has moved on
+        meanwhile). After :data:`MAX_DEMOTIONS`, the world goes free."""
+        with self._lock:
+            if self.free or (self._holder_tid, self._since) != turn:
+                return self.free
+            self._demotions += 1
+            nxt = None if self._demotions > MAX_DEMOTIONS else self._hand_on()
+        if self._demotions > MAX_DEMOTIONS:
+            self.go_free()
+        elif nxt is not None:
+            nxt.wake()
+        return True
 
     def _runs(self, turn: tuple[int | None, float], now: float) -> bool:
         """Whether the holder of ``turn`` (its native id, since when) used
@@ -233,16 +262,19 @@ class Baton:
         give_back_cpus(self._pinned.pop(threading.get_ident(), None))
 
     def wait_for(self, future: Future[Any], limit: float | None) -> bool:
-        """In the thread whose turn it is: pass the turn on and sleep until
+        """In a rank thread of a world with turns: pass the turn on if it
+        holds it (a thread that lost its turn holds none) and sleep until
         ``future`` (a ``torch.futures.Future``) is done and the turn comes
-        back. False if ``limit`` seconds passed with ``future`` not done;
+        to it. False if ``limit`` seconds passed with ``future`` not done;
         True once they passed with it done (the thread may then hold the
         turn or not: the limit is the future's, as without turns)."""
         woken = threading.Lock()
         woken.acquire()
         waiter = _Waiter(threading.current_thread(), woken.release)
+        holds = self.holds()
         future.add_done_callback(lambda _: self._ready(waiter))
-        self._pass()
+        if holds:
+            self._pass()
         if woken.acquire(timeout=-1 if limit is None else limit):
             self.resume()
             return True
@@ -269,18 +301,25 @@ class Baton:
 
     def _pass(self) -> None:
         with self._lock:
-            nxt = None
-            while self._queue:
-                w = self._queue.popleft()
-                if w.active:
-                    nxt = w
-                    break
-            self._holder = None if nxt is None else nxt.ident
-            self._holder_tid = None if nxt is None else nxt.tid
-            self._since = time.monotonic()
-            if nxt is not None:
-                had = move_here(nxt.tid)
-                if had is not None:
-                    self._pinned[nxt.ident] = had
+            nxt = self._hand_on()
         if nxt is not None:
             nxt.wake()
+
+    def _hand_on(self) -> _Waiter | None:
+        """(Under the lock.) Give the turn to the next thread waiting for it,
+        moved to this CPU for its wake-up; return it, for the caller to wake
+        once the lock is released (None: nobody waits; nobody holds it)."""
+        nxt = None
+        while self._queue:
+            w = self._queue.popleft()
+            if w.active:
+                nxt = w
+                break
+        self._holder = None if nxt is None else nxt.ident
+        self._holder_tid = None if nxt is None else nxt.tid
+        self._since = time.monotonic()
+        if nxt is not None:
+            had = move_here(nxt.tid)
+            if had is not None:
+                self._pinned[nxt.ident] = had
+        return nxt

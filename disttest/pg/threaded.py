@@ -91,12 +91,13 @@ class CollectiveAborted(RuntimeError):
 
 
 class ThreadedWork(FutureWork):
-    """A threaded group's Work: in a rank thread whose turn it is
-    (:mod:`disttest.pg._baton`), ``wait()`` hands the turn on while it waits."""
+    """A threaded group's Work: in a rank thread of a world with turns
+    (:mod:`disttest.pg._baton`), ``wait()`` hands the turn on while it waits
+    (if it holds it), and goes on in its turn."""
 
     def wait(self, timeout: Any = None) -> bool:
         world = getattr(_thread_world, "world", None)
-        if world is not None and not self._future.done() and world.baton.holds():
+        if world is not None and not self._future.done() and not world.baton.free:
             own = seconds(timeout)
             limit = own or self._limit
             if not world.baton.wait_for(self._future, limit):
