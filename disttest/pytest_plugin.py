@@ -33,7 +33,7 @@ import pytest
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
 from disttest.config import ConfigError, parse_timeout, parse_world_size
-from disttest.faults import CHAOS_ENV, FAULT_ENV
+from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
 from disttest.runners.modes import FORCED_MODES, MODE_ENV, forced_mode
@@ -147,6 +147,7 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         if extra:
             raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))
         where = f"@pytest.mark.world_size on {item.nodeid}"
+        _marker_acts(item)
         try:
             size = parse_world_size(marker.args[0], where)
             if "mode" in marker.kwargs:
@@ -163,6 +164,30 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
 #: ``mode=`` on a test whose class decides how its ranks run.
 MODE_NOT_HERE = ("mode= applies to plain test functions only; a disttest TestCase's class decides how its "
                  "ranks run (MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest, run_in)")
+
+
+#: A world_size marker where nothing reads it (the test would run as it is).
+MARKER_IGNORED = ("@pytest.mark.world_size on {where} (disttest): {what} starts no ranks by the marker; it acts "
+                  "on the tests of MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest and "
+                  "run_in classes, and on plain test functions")
+#: A world_size marker on a function that starts its ranks itself.
+MARKER_AND_SPAWNS = ("@pytest.mark.world_size on {where} (disttest): the function starts its own ranks "
+                     "(spawn_threads_and_init_comms), and the marker would start a world around each; "
+                     "give the size to one of them")
+
+
+def _marker_acts(item: Any) -> None:
+    """Refuse a world_size marker on a test that no runner starts by it."""
+    cls = getattr(item, "cls", None)
+    obj = getattr(item, "obj", None)
+    if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+        if not getattr(cls, settings.READS_MARKER, False):
+            raise pytest.UsageError(MARKER_IGNORED.format(where=item.nodeid, what=f"{cls.__name__}, a TestCase,"))
+        return
+    if not callable(obj) or not _pytest_support.wants_ranks(obj):
+        raise pytest.UsageError(MARKER_IGNORED.format(where=item.nodeid, what="a method of a plain class"))
+    if getattr(obj, SPAWNS, False):
+        raise pytest.UsageError(MARKER_AND_SPAWNS.format(where=item.nodeid))
 
 
 def _plain_function(item: Any) -> bool:

@@ -79,6 +79,15 @@ SUITE = textwrap.dedent("""
     class Pooled(disttest.MultiProcContinousTest):
         def test_three_pooled(self):
             assert (dist.get_world_size(), self.world_size) == (3, 3)
+
+    @disttest.run_in("threads", "processes", "pool")
+    class Body:
+        world_size = 2
+
+        @pytest.mark.world_size(3)
+        def test_three_run_in(self):
+            # (processes: 3 ranks started in a group of the body's 2; rank 2 failed)
+            assert (dist.get_world_size(), self.world_size) == (3, 3)
 """)
 
 
@@ -129,7 +138,7 @@ class PluginTest(unittest.TestCase):
 
     def test_world_size_marker_on_methods_and_classes(self):
         proc = pytest_run("--disttest-timeout=30", "-k", "three or five")
-        self.assertIn("4 passed", proc.stdout, proc.stdout[-2000:])
+        self.assertIn("7 passed", proc.stdout, proc.stdout[-2000:])
 
     def test_a_hang_is_reported_with_stacks_before_pytest_timeout_fires(self):
         proc = pytest_run("--timeout=15", "-k", "hang_in_a_rank")
@@ -171,7 +180,12 @@ def usage_errors(files: dict[str, str]) -> dict[str, tuple[int, str]]:
 
 class MarkerErrorsTest(unittest.TestCase):
     def test_what_a_world_size_marker_does_not_take_or_a_bad_mode_is_a_usage_error(self):
-        from disttest.pytest_plugin import MARKER_EXTRA, MARKERS_TWICE
+        from disttest.pytest_plugin import (
+            MARKER_AND_SPAWNS,
+            MARKER_EXTRA,
+            MARKER_IGNORED,
+            MARKERS_TWICE,
+        )
 
         head = "import pytest\nimport disttest\n\n"
         cases = {
@@ -189,6 +203,21 @@ class MarkerErrorsTest(unittest.TestCase):
                 "    def test_method(self):\n        pass\n",
                 "Invalid mode 'processes' from @pytest.mark.world_size on test_class_mode.py::T::test_method "
                 "(disttest): mode= applies to plain test functions only"),
+            # Where nothing reads the marker it did nothing: the test ran once, as it was.
+            "test_plain_case.py": (
+                "import unittest\n@pytest.mark.world_size(3)\nclass Plain(unittest.TestCase):\n"
+                "    def test_once(self):\n        pass\n",
+                MARKER_IGNORED.format(where="test_plain_case.py::Plain::test_once",
+                                      what="Plain, a TestCase,")),
+            "test_simulated_case.py": (
+                "class Sim(disttest.SimulatedTestCase):\n    @pytest.mark.world_size(8)\n"
+                "    def test_sim(self):\n        pass\n",
+                MARKER_IGNORED.format(where="test_simulated_case.py::Sim::test_sim", what="Sim, a TestCase,")),
+            # A function that starts its own 2 ranks ran 3 times, in 3 worlds of 2.
+            "test_spawns.py": (
+                "@pytest.mark.world_size(3)\n@disttest.spawn_threads_and_init_comms(world_size=2)\n"
+                "def test_nested():\n    pass\n",
+                MARKER_AND_SPAWNS.format(where="test_spawns.py::test_nested")),
         }
         runs = usage_errors({name: head + source for name, (source, _) in cases.items()})
         self.assertEqual(sorted(runs), sorted(cases), runs)

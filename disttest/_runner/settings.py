@@ -62,6 +62,7 @@ __all__ = [
     "FORK_SERVERS",
     "FORK_SERVER_ENV",
     "KEEP_LOGS_ENV",
+    "READS_MARKER",
     "SCHEDULING_ENV",
     "SCHEDULINGS",
     "OUTPUT_ENV",
@@ -89,6 +90,10 @@ __all__ = [
     "world_size",
 ]
 
+#: Set on the classes whose tests start as many ranks as the pytest marker
+#: ``world_size`` says (they read it through :func:`world_size`); the plugin
+#: refuses the marker on another TestCase, where it would do nothing.
+READS_MARKER = "__disttest_reads_world_size_marker__"
 OUTPUT_ENV = "DISTTEST_OUTPUT"
 OUTPUT_MODES = ("tail", "stream")
 KEEP_LOGS_ENV = "DISTTEST_KEEP_LOGS"

@@ -96,6 +96,10 @@ class RankDispatch(TestCase):
         return limit
 
 
+# A pytest world_size marker on a test sets the ranks it starts.
+setattr(RankDispatch, settings.READS_MARKER, True)
+
+
 def _caller() -> str:
     """' (File "x.py", line N, in setUp)': the innermost frame outside disttest."""
     frame = sys._getframe(1)

@@ -426,5 +426,8 @@ class MultiProcContinousTest(TestCase):
             cls._pool_shutdown()
 
 
+# A pytest world_size marker on a test sets the pool's size.
+setattr(MultiProcContinousTest, settings.READS_MARKER, True)
+
 #: The corrected spelling.
 MultiProcContinuousTest = MultiProcContinousTest

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from disttest._runner import rank as rank_mod
 from disttest._runner import settings
 from disttest.config import ConfigError, parse_world_size
 from disttest.support.skips import check_backend_name
@@ -86,7 +87,9 @@ def _processes(body: type) -> type:
     class Processes(base):  # type: ignore[misc]  # a base known only at run time
         @classmethod
         def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any) -> None:
-            size = cls._mode_world_size()
+            # The ranks started (a world_size marker's), not the body's size.
+            ctx = rank_mod.current()
+            size = ctx.spec.world_size if ctx is not None else cls._mode_world_size()
             dist.init_process_group(getattr(cls, "backend", "gloo"), rank=rank, world_size=size,
                                      store=dist.FileStore(file_name, size))
             super()._run(rank, test_name, file_name, parent_pipe, **kwargs)
