@@ -507,6 +507,26 @@ class DeclaredOptionsTest(unittest.TestCase):
                     warnings.simplefilter("ignore")
                     result, _ = run(type(f"NoSeed{runner.__name__}", (runner,), {"seed": None}), "test_pass")
                 self.assertTrue(result.wasSuccessful(), result.errors)
+            # A property, as world_size may be: the pool read it on the class and
+            # refused "<property object at ...>" (the other runners read it).
+            with self.subTest(runner=runner.__name__, seed="property"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result, _ = run(type(f"PropSeed{runner.__name__}", (runner,), {"seed": property(lambda self: 7)}),
+                                "test_pass")
+                self.assertTrue(result.wasSuccessful(), result.errors)
+                error = self.only_error(runner, {"seed": property(lambda self: -7)})
+                self.assertIn(f"Invalid seed -7 from Bad{runner.__name__}.seed (disttest)", error)
+
+    def test_the_start_processes_hook_reads_the_variable(self):
+        # Upstream's suites call it from setUp; it read the class's
+        # start_method only, so DISTTEST_START_METHOD (even "bogus") was ignored.
+        def setUp(self):
+            disttest.MultiProcessTestCase.setUp(self)
+            self._start_processes()
+
+        error = self.only_error(cases.ProcessRunner, {"setUp": setUp}, {"DISTTEST_START_METHOD": "bogus"})
+        self.assertIn("Invalid start method 'bogus' from environment variable DISTTEST_START_METHOD (disttest)",
+                      error)
 
     def test_a_timeout_given_as_a_string(self):
         # As world_size: a class attribute is a number; only text (a variable) is read as one.

@@ -276,6 +276,8 @@ def seed(owner: Any) -> int:
     setting): :data:`DEFAULT_SEED`."""
     cls = owner if isinstance(owner, type) else type(owner)
     raw: Any = getattr(owner, "seed", None)
+    if isinstance(raw, property):  # (read on the class: the pool's, before any test)
+        raw = _static(owner, "seed")
     if raw is None or callable(raw):
         return DEFAULT_SEED
     if _is_int(raw) and SEED_RANGE[0] <= raw <= SEED_RANGE[1]:

@@ -179,9 +179,13 @@ class MultiProcessTestCase(RankDispatch):
         """Hook: start the ranks with ``proc`` (a start method name; an
         upstream ``Process`` class means "spawn")."""
         self._refuse_second_start("_start_processes()", self._launcher is not None)
-        method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
-        source = getattr(self, "_start_source", "") or "_start_processes()"
-        method = settings.pick("start method", method, source, settings.START_METHODS)
+        source = getattr(self, "_start_source", "")
+        if proc is None and not source:  # called by the test itself: as _spawn_processes() chooses
+            method, source = settings.start_method(type(self))
+        else:
+            method = proc if isinstance(proc, str) else ("spawn" if proc is not None else self.start_method)
+            source = source or "_start_processes()"
+            method = settings.pick("start method", method, source, settings.START_METHODS)
         cls = type(self)
         rank_threads = settings.rank_process_options(cls)
         self._test_timeout()  # a bad one is named before any rank starts
