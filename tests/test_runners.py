@@ -528,6 +528,31 @@ class DeclaredOptionsTest(unittest.TestCase):
         self.assertIn("Invalid start method 'bogus' from environment variable DISTTEST_START_METHOD (disttest)",
                       error)
 
+    def test_rank_threads_the_suite_sets_act_in_spawned_ranks(self):
+        # Spawned ranks keep torch's default (as upstream's), unless the suite
+        # set rank_threads: an explicit 3 was dropped without a word.
+        from disttest._runner import settings
+        from disttest.runners import multiprocess
+
+        mine = type("Mine", (disttest.MultiProcessTestCase,), {"rank_threads": 3})
+        self.assertEqual(settings.threads_for("spawn", mine, 3), 3)
+        self.assertIsNone(settings.threads_for("spawn", disttest.MultiProcessTestCase, 1))
+        self.assertIsNone(settings.threads_for("spawn", disttest.MultiProcContinousTest, 1))
+        self.assertEqual(settings.threads_for("fork", disttest.MultiProcessTestCase, 1), 1)
+        handed = []
+
+        def launcher(spec):
+            handed.append(spec.threads)
+            raise RuntimeError("stopped before any rank starts")
+
+        with mock.patch.dict(multiprocess._LAUNCHERS, {"spawn": launcher}), \
+                mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "spawn"}):
+            for threads in (3, None):
+                attrs = {} if threads is None else {"rank_threads": threads}
+                result, _ = run(type(f"Spawned{threads}", (cases.ProcessRunner,), attrs), "test_pass")
+                self.assertIn("stopped before any rank starts", str(result.errors))
+        self.assertEqual(handed, [3, None])
+
     def test_a_timeout_given_as_a_string(self):
         # As world_size: a class attribute is a number; only text (a variable) is read as one.
         for runner in cases.RUNNERS:

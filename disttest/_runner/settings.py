@@ -87,6 +87,7 @@ __all__ = [
     "start_method",
     "test_timeout",
     "thread_scheduling",
+    "threads_for",
     "world_size",
 ]
 
@@ -210,6 +211,19 @@ def rank_threads(cls: type) -> int | None:
         return int(raw) if raw is not None else None
     raise ConfigError("number of threads per rank", raw, f"{cls.__name__}.rank_threads",
                       "expected a positive int, or None for torch's default")
+
+
+def threads_for(method: str, cls: type, threads: int | None) -> int | None:
+    """The OpenMP threads of ``cls``'s ranks started by ``method``:
+    ``threads`` (its ``rank_threads``), but spawned ranks keep torch's
+    default unless the suite set ``rank_threads`` itself (disttest's default
+    of 1 is for forked ranks: a fork after OpenMP's pool started hangs)."""
+    if method != "spawn":
+        return threads
+    owner = next((k for k in cls.__mro__ if "rank_threads" in vars(k)), None)
+    if owner is None or owner.__module__.split(".")[0] == "disttest":
+        return None
+    return threads
 
 
 def rank_process_options(cls: type) -> int | None:

@@ -211,7 +211,7 @@ class MultiProcContinousTest(TestCase):
         fields = {
             "module": cls.__module__, "qualname": cls.__qualname__,
             "module_file": getattr(module, "__file__", None),
-            "threads": None if method == "spawn" else rank_threads,
+            "threads": settings.threads_for(method, cls, rank_threads),
             "scheduling": settings.rank_scheduling(cls),
             "environ": {**os.environ, **janitor.rank_environ()}, "cwd": os.getcwd(), "sys_path": list(sys.path),
         }
@@ -221,7 +221,7 @@ class MultiProcContinousTest(TestCase):
                 pool = Pool(cls, world_size, _LAUNCHERS[method], fields, start_limit)
             except ForkServerUnsafe as e:
                 note = cuda_fork.fell_back(cls, f"the pool of {cls.__qualname__}", method, where, e.reason, e.kind)
-                pool = Pool(cls, world_size, SpawnLauncher, {**fields, "threads": None}, start_limit)
+                pool = Pool(cls, world_size, SpawnLauncher, {**fields, "threads": settings.threads_for("spawn", cls, rank_threads)}, start_limit)
         except (PoolUnavailable, RuntimeError, OSError) as e:
             # (RuntimeError: the system refused a rank's process, thread_pool.START_LIMIT)
             cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)

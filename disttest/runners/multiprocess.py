@@ -203,7 +203,7 @@ class MultiProcessTestCase(RankDispatch):
             module=cls.__module__, qualname=cls.__qualname__, module_file=module_file,
             test_name=self._current_test_name(), world_size=self._effective_world_size(),
             run_dir=self.run_dir, file_name=self.file_name,
-            threads=None if method == "spawn" else rank_threads,
+            threads=settings.threads_for(method, cls, rank_threads),
             scheduling=settings.rank_scheduling(cls),
             environ={**os.environ, **janitor.rank_environ()}, cwd=os.getcwd(), sys_path=list(sys.path),
             run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
@@ -213,12 +213,12 @@ class MultiProcessTestCase(RankDispatch):
             self._start(launcher, cls)
         except ForkServerUnsafe as e:
             note = cuda_fork.fell_back(cls, test, method, source, e.reason, e.kind)
-            launcher = SpawnLauncher(dataclasses.replace(spec, threads=None))
+            launcher = SpawnLauncher(dataclasses.replace(spec, threads=settings.threads_for("spawn", cls, rank_threads)))
             self._start(launcher, cls)
         except ZygoteUnavailable as e:
             warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
             method, note = cuda_fork.choose("fork", cls, test, source, importable, server=False)
-            threads = None if method == "spawn" else rank_threads
+            threads = settings.threads_for(method, cls, rank_threads)
             launcher = _LAUNCHERS[method](dataclasses.replace(spec, threads=threads))
             self._start(launcher, cls)
         if note is not None:
