@@ -19,8 +19,11 @@ import torch.distributed as dist
 import disttest
 
 
-def note_pids(rank: int) -> None:
-    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+def note_pids(rank: int, own_environment: bool = False) -> None:
+    if own_environment:  # (no janitor token: only its process group is the rank's)
+        child = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    else:
+        child = subprocess.Popen(["sleep", "300"], start_new_session=True)
     folder = os.environ["DISTTEST_PIDS_DIR"]
     with open(os.path.join(folder, f"rank{rank}.{os.getpid()}.tmp"), "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
@@ -37,6 +40,14 @@ class Waits:
     def test_wait(self):
         self.init()
         note_pids(self.rank)
+        if self.rank == 1:
+            while True:
+                time.sleep(0.01)
+        dist.all_reduce(torch.ones(1))
+
+    def test_wait_own_environment(self):
+        self.init()
+        note_pids(self.rank, own_environment=True)
         if self.rank == 1:
             while True:
                 time.sleep(0.01)

@@ -123,6 +123,14 @@ class InterruptTest(unittest.TestCase):
     def test_sigkill_pool(self):
         self.interrupt("PoolWaits", signal.SIGKILL)
 
+    def test_sigkill_with_a_child_of_its_own_environment(self):
+        # Popen(env=...) in a pool's rank: no janitor token, and the rank (a
+        # child of the killed test process) died by its parent-death signal,
+        # leaving the child to init. The reaper now kills the rank's group.
+        for cls in ("PoolWaits", "ProcessWaits"):
+            with self.subTest(cls=cls):
+                self.interrupt(cls, signal.SIGKILL, test="test_wait_own_environment")
+
     def test_sigkill_threads(self):
         # What a rank thread started (in a session of its own) was left to
         # init: the ranks' environment, the test process's, lacked the token

@@ -264,7 +264,18 @@ class ProcessLauncher:
         self._was_subreaper = _subreaper()
         rank_mod.set_child_subreaper()
 
+    def _hold_groups(self) -> None:
+        """Each rank leads a process group: what it starts stays in it, an
+        environment of its own too (``Popen(env=...)``, without the
+        janitor's token). Should the test process be killed outright, the
+        janitor's reaper kills those groups (the ranks die by their
+        parent-death signal; their children would go to init)."""
+        self._groups = list(self.pids.values())
+        janitor.hold_groups(self._groups)
+
     def _kill_adopted(self) -> None:
+        janitor.release_groups(getattr(self, "_groups", ()))
+        self._groups = []
         before = getattr(self, "_before", None)
         if before is None:
             return
@@ -383,6 +394,7 @@ class ForkLauncher(ProcessLauncher):
                 self.channel.drop_inherited()
                 rank_mod.run_rank_process(cls, self.spec, rank, parent)
             self.pids[rank] = pid
+        self._hold_groups()
 
     def _reap(self) -> None:
         for rank, pid in self.pids.items():
@@ -414,6 +426,7 @@ class SpawnLauncher(ProcessLauncher):
             p.start()
             self._procs[rank] = p
             self.pids[rank] = p.pid  # type: ignore[assignment]
+        self._hold_groups()
 
     def _reap(self) -> None:
         for rank, p in self._procs.items():

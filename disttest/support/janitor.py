@@ -22,7 +22,10 @@ those still listed when the pipe closes, that is when the test process has
 ended, however it ended. Then it also kills every process whose
 environment carries its token (:data:`TOKEN_ENV`, which each rank process
 sets: the ranks end with the test process on their own, but what they
-started, in a session of its own, would be left to init).
+started, in a session of its own, would be left to init), and the process
+groups held with :func:`hold_groups` (each rank forked or spawned by the
+test process leads one: what it started with an environment of its own,
+``Popen(env=...)``, carries no token but is in its group).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from types import FrameType
 
 __unittest = True
 
-__all__ = ["TOKEN_ENV", "rank_environ", "reaper_pids", "register", "run_all", "unregister"]
+__all__ = ["TOKEN_ENV", "hold_groups", "rank_environ", "reaper_pids", "register", "release_groups", "run_all",
+           "unregister"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _cleanups: dict[int, Callable[[], object]] = {}
@@ -81,13 +85,27 @@ def unregister(token: int) -> None:
         _tell_reaper("-", paths)
 
 
+def hold_groups(pgids: Sequence[int]) -> None:
+    """Have the reaper kill the process groups ``pgids`` (ranks that lead
+    one) if the test process ends before :func:`release_groups`."""
+    _own()
+    _tell_reaper("+", [f"#{g}" for g in pgids])
+
+
+def release_groups(pgids: Sequence[int]) -> None:
+    """The groups ``pgids`` have ended (their ranks were reaped)."""
+    if pgids and _owner == [os.getpid()]:
+        _tell_reaper("-", [f"#{g}" for g in pgids])
+
+
 #: Set in every rank process's environment (so in what it starts): the
 #: reaper kills the processes that carry its value once the test process
 #: has ended (Linux: it reads /proc/<pid>/environ).
 TOKEN_ENV = "DISTTEST_RUN_TOKEN"
-#: The reaper: one line per change, "+<path>" or "-<path>"; at the end of its
-#: input (the test process has ended) it kills the processes that carry its
-#: token (argv[1]) and removes the paths still listed.
+#: The reaper: one line per change, "+<path>" or "-<path>" ("#<pgid>" for a
+#: process group); at the end of its input (the test process has ended) it
+#: kills the processes that carry its token (argv[1]) and the groups still
+#: listed, and removes the paths still listed.
 _REAPER_CODE = """
 import os, shutil, signal, sys, time
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -96,6 +114,9 @@ held = set()
 for line in sys.stdin.buffer:
     path = line[1:].rstrip(b"\\n").decode("utf-8", "surrogateescape")
     (held.add if line[:1] == b"+" else held.discard)(path)
+# "#<pgid>": a process group a rank leads ("/..." the folders to remove)
+groups = [int(p[1:]) for p in held if p[:1] == "#" and p[1:].isdigit()]
+held = {p for p in held if p[:1] != "#"}
 mark = b"%s=%s\\0" % (sys.argv[1].encode(), sys.argv[2].encode())
 deadline, calm = time.monotonic() + 3, 0
 while True:
@@ -112,6 +133,14 @@ while True:
                     found += 1
         except OSError:
             pass
+    alive = []
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:  # nothing left in it
+            continue
+        alive.append(group)
+    groups, found = alive, found + len(alive)
     for path in held:
         shutil.rmtree(path, ignore_errors=True)
     calm = calm + 1 if not found and not any(os.path.lexists(p) for p in held) else 0
