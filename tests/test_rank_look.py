@@ -191,7 +191,8 @@ class RankLookTest(unittest.TestCase):
         allowed = {runner: DISTTEST_ENV | {"TORCH_SHOW_CPP_STACKTRACES", "DISTTEST_FORK_SERVER"}
                    for runner in cases.FRESH_RUNNERS}
         allowed.update({
-            cases.ThreadLook: {"TORCH_SHOW_CPP_STACKTRACES"},
+            # (the reaper's token, set for the test: what a rank starts carries it)
+            cases.ThreadLook: {"TORCH_SHOW_CPP_STACKTRACES", "DISTTEST_RUN_TOKEN"},
             cases.PoolLook: DISTTEST_ENV | {"LOCAL_RANK"}})
         for runner, keys in allowed.items():
             for sub, rank, look in self.each((runner,)):

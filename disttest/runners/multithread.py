@@ -168,6 +168,7 @@ def _hold_rank_processes(test: str) -> Callable[[], None]:
     children = rank_mod._descendants()
     token = janitor.register(lambda: rank_mod.kill_descendants(keep=children | janitor.reaper_pids()))
     environ = set_environ(janitor.rank_environ())
+
     def release() -> None:
         set_environ(environ)
         janitor.unregister(token)
