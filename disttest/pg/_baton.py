@@ -190,8 +190,9 @@ class Baton:
             if self.free or (self._holder_tid, self._since) != turn:
                 return self.free
             self._demotions += 1
-            nxt = None if self._demotions > MAX_DEMOTIONS else self._hand_on()
-        if self._demotions > MAX_DEMOTIONS:
+            go_free = self._demotions > MAX_DEMOTIONS
+            nxt = None if go_free else self._hand_on()
+        if go_free:
             self.go_free()
         elif nxt is not None:
             nxt.wake()
