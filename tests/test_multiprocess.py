@@ -289,6 +289,21 @@ class RankThreadsTest(OutcomeMixin, unittest.TestCase):
                 settings.rank_threads(type("Bad", (), {"rank_threads": bad}))
             self.assertIn(f"{bad!r} from Bad.rank_threads", str(caught.exception))
 
+    def test_numpy_integers_count_as_ints(self):
+        # A world size of numpy's int64 was taken and a seed of it refused;
+        # every integer setting now reads any integral type (bool excepted).
+        import numpy as np
+
+        from disttest._runner import settings
+
+        self.assertEqual(settings.rank_threads(type("Np", (), {"rank_threads": np.int64(2)})), 2)
+        self.assertEqual(settings.rebuild_cap(type("Np", (), {"max_pool_rebuilds": np.int32(0)})), 0)
+        self.assertEqual(settings.seed(type("Np", (), {"seed": np.uint32(7)})), 7)
+        self.assertIs(type(settings.seed(type("Np", (), {"seed": np.int64(7)}))), int)
+        for bad in (np.int64(-1), np.bool_(True), np.float64(2.0)):
+            with self.subTest(bad=bad), self.assertRaises(disttest.ConfigError):
+                settings.seed(type("Np", (), {"seed": bad}))
+
     def test_a_bad_value_errors_the_test_before_any_rank_starts(self):
         import pool_cases
 

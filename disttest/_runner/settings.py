@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import operator
 import os
 import sys
 from collections.abc import Iterator
@@ -207,8 +208,11 @@ def start_method(cls: type, explicit: str | None = None) -> tuple[str, str]:
 def rank_threads(cls: type) -> int | None:
     """``cls.rank_threads``, validated: a positive int, or None."""
     raw = _static(cls, "rank_threads")
-    if raw is None or (_is_int(raw) and raw >= 1):
-        return int(raw) if raw is not None else None
+    if raw is None:
+        return None
+    number = _integral(raw)
+    if number is not None and number >= 1:
+        return number
     raise ConfigError("number of threads per rank", raw, f"{cls.__name__}.rank_threads",
                       "expected a positive int, or None for torch's default")
 
@@ -262,15 +266,23 @@ def rank_preload(cls: type) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _is_int(raw: object) -> bool:
-    return isinstance(raw, int) and not isinstance(raw, bool)
+def _integral(raw: object) -> int | None:
+    """``raw`` as an int where it is one (numpy's ``int64`` too, as a world
+    size may be), else None; a bool is not."""
+    if isinstance(raw, bool):
+        return None
+    try:
+        return operator.index(raw)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def rebuild_cap(cls: type) -> int:
     """``cls.max_pool_rebuilds``, validated: an int of at least 0."""
     raw = _static(cls, "max_pool_rebuilds")
-    if _is_int(raw) and raw >= 0:
-        return int(raw)
+    number = _integral(raw)
+    if number is not None and number >= 0:
+        return number
     raise ConfigError("number of pool rebuilds", raw, f"{cls.__name__}.max_pool_rebuilds",
                       "expected an int of at least 0")
 
@@ -294,8 +306,9 @@ def seed(owner: Any) -> int:
         raw = _static(owner, "seed")
     if raw is None or callable(raw):
         return DEFAULT_SEED
-    if _is_int(raw) and SEED_RANGE[0] <= raw <= SEED_RANGE[1]:
-        return int(raw)
+    number = _integral(raw)
+    if number is not None and SEED_RANGE[0] <= number <= SEED_RANGE[1]:
+        return number
     raise ConfigError("seed", raw, f"{cls.__name__}.seed",
                       f"expected an int from {SEED_RANGE[0]} to {SEED_RANGE[1]} (numpy's range)")
 
