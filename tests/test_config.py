@@ -58,6 +58,20 @@ class TimeoutTest(unittest.TestCase):
         )
         self.assertEqual(out.stdout.strip(), "imported", out.stderr)
 
+    def test_kept_below_an_outer_limit(self):
+        # pytest-timeout's limit (outer): disttest's stays below it, 70% and
+        # 5 s less where there is room, half of a short one. A limit of 5 s
+        # or less left disttest's at 300 s: pytest-timeout fired first.
+        from disttest._runner import settings
+
+        cls = type("Case", (), {"timeout": None})
+        for outer, inner in ((100, 70), (15, 10), (10, 5), (6, 3), (5, 2.5), (1, 0.5)):
+            with self.subTest(outer=outer), settings.outer_limit(outer), \
+                    mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "300"}):
+                self.assertEqual(settings.test_timeout(cls, "m.Case.test_x"), inner)
+        with settings.outer_limit(100):  # a shorter limit of the class's own stays
+            self.assertEqual(settings.test_timeout(type("Short", (), {"timeout": 20}), "m.Short.test_x"), 20)
+
 
 class TimeoutTextTest(unittest.TestCase):
     def test_a_string_is_a_number_only_from_text(self):

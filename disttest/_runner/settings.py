@@ -110,7 +110,10 @@ THREAD_SCHEDULINGS = ("turns", "free")
 #: Of an outer limit (pytest-timeout's), the share disttest may use; the
 #: rest is for collecting stacks, stopping ranks and reporting.
 OUTER_SHARE = 0.7
-OUTER_RESERVE = 5.0  # seconds kept back at least
+OUTER_RESERVE = 5.0  # seconds kept back at least...
+#: ...where the outer limit leaves room for it; below 10 s disttest takes
+#: half the outer limit (a 5 s limit kept disttest's at 300 s: 5 - 5 = 0).
+OUTER_SHARE_SHORT = 0.5
 
 _outer: contextvars.ContextVar[float | None] = contextvars.ContextVar("disttest_outer_limit", default=None)
 
@@ -180,7 +183,7 @@ def test_timeout(owner: Any, test_id: str | None) -> float | None:
         limit = parse_timeout(raw, f"{cls.__name__}.timeout")
     outer = _outer.get()
     if outer is not None and limit is not None:
-        inner = min(outer * OUTER_SHARE, outer - OUTER_RESERVE)
+        inner = max(min(outer * OUTER_SHARE, outer - OUTER_RESERVE), outer * OUTER_SHARE_SHORT)
         if 0 < inner < limit:
             limit = int(inner) if float(inner).is_integer() else round(inner, 3)
     return limit
