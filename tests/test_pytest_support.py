@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import warnings
 from unittest import mock
 
 import torch
@@ -236,6 +237,35 @@ class FunctionTestsTest(unittest.TestCase):
     def test_report_header(self):
         self.assertIn(f"disttest: torch {torch.__version__}, start method ", self.out)
         self.assertIn("timeout 60s (DISTTEST_TIMEOUT)", self.out)
+
+
+class ProcessesStartMethodTest(unittest.TestCase):
+    """A processes-mode function's ranks are forked whatever the start
+    method says; the variable is still read: a bad value is named, 'spawn'
+    is warned about (both went unnoticed)."""
+
+    def run_in_processes(self, method: str) -> list[str]:
+        seen = []
+
+        def body(rank):  # a closure: not importable, not picklable
+            assert torch.distributed.get_world_size() == 2
+
+        with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": method}), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _pytest_support.run_function(body, {"rank": _pytest_support.NOT_IN_A_RANK}, 2, "processes", "test_body")
+        seen.extend(str(w.message) for w in caught if "disttest" in str(w.message))
+        return seen
+
+    def test_spawn_is_warned_about_and_the_ranks_fork(self):
+        self.assertEqual(self.run_in_processes("spawn"), [_pytest_support.FORKED_NOT_SPAWNED.format(
+            name="test_body", where="environment variable DISTTEST_START_METHOD")])
+        self.assertEqual(self.run_in_processes("zygote"), [])
+
+    def test_a_bad_variable_is_named(self):
+        with self.assertRaises(ConfigError) as caught:
+            self.run_in_processes("sideways")
+        self.assertIn("'sideways' from environment variable DISTTEST_START_METHOD", str(caught.exception))
 
 
 class HeaderTest(unittest.TestCase):

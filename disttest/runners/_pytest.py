@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import os
 import unittest
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -66,6 +67,9 @@ FIXTURE_USES_RANK = ("{where}: the fixture(s) {fixtures} ask for rank or world_s
 RETURNED_AWAITABLE = ("{name} returned {what} in a rank, which nothing awaits: its body did not run (disttest); "
                       "make it a def that runs its coroutine (asyncio.run)")
 #: Why a test marked ``gpu`` is skipped: a torch built without CUDA,
+FORKED_NOT_SPAWNED = ("{name}: {where} asks for 'spawn', but a world_size-marked function's ranks are forked "
+                      "(disttest): its fixtures' values and the function itself need not pickle; use a "
+                      "MultiProcessTestCase to spawn them")
 GPU_NO_CUDA_BUILD = "CUDA is not available (torch {version}, a build without CUDA) (disttest)"
 #: no GPU visible to this process (none on the host, or CUDA_VISIBLE_DEVICES hides them),
 GPU_NONE_VISIBLE = "CUDA is not available (torch {version} sees no GPU{visible}) (disttest)"
@@ -216,6 +220,7 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
     import torch.distributed as dist
 
     from disttest._runner import rank as rank_mod
+    from disttest._runner import settings
     from disttest.runners.multiprocess import MultiProcessTestCase
 
     class FunctionInProcesses(MultiProcessTestCase):
@@ -229,6 +234,9 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
 
         def setUp(self) -> None:
             super().setUp()
+            method, where = settings.start_method(type(self))  # a bad DISTTEST_START_METHOD is named
+            if method == "spawn":
+                warnings.warn(FORKED_NOT_SPAWNED.format(name=name, where=where), stacklevel=2)
             self._spawn_processes("fork")
 
     def test_function(self: MultiProcessTestCase) -> None:
