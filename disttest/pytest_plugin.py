@@ -157,6 +157,9 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
         func = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        decorated = getattr(func, "__disttest_requires_world_size__", None)
+        if decorated is not None and decorated != size:  # (the marker's size ran, the skip was the decorator's)
+            raise pytest.UsageError(MARKER_AND_REQUIRES.format(marker=size, required=decorated, where=item.nodeid))
         if func is not None:
             func._required_world_size = size
 
@@ -166,6 +169,9 @@ MODE_NOT_HERE = ("mode= applies to plain test functions only; a disttest TestCas
                  "ranks run (MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest, run_in)")
 
 
+#: A world_size marker and requires_world_size that disagree on one test.
+MARKER_AND_REQUIRES = ("@pytest.mark.world_size({marker}) and requires_world_size({required}) on {where} (disttest): "
+                       "two world sizes for one test; keep one")
 #: A world_size marker where nothing reads it (the test would run as it is).
 MARKER_IGNORED = ("@pytest.mark.world_size on {where} (disttest): {what} starts no ranks by the marker; it acts "
                   "on the tests of MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest and "

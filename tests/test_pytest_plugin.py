@@ -181,6 +181,7 @@ def usage_errors(files: dict[str, str]) -> dict[str, tuple[int, str]]:
 class MarkerErrorsTest(unittest.TestCase):
     def test_what_a_world_size_marker_does_not_take_or_a_bad_mode_is_a_usage_error(self):
         from disttest.pytest_plugin import (
+            MARKER_AND_REQUIRES,
             MARKER_AND_SPAWNS,
             MARKER_EXTRA,
             MARKER_IGNORED,
@@ -218,14 +219,29 @@ class MarkerErrorsTest(unittest.TestCase):
                 "@pytest.mark.world_size(3)\n@disttest.spawn_threads_and_init_comms(world_size=2)\n"
                 "def test_nested():\n    pass\n",
                 MARKER_AND_SPAWNS.format(where="test_spawns.py::test_nested")),
+            # The marker's size ran (2 ranks), the skip was decided on the decorator's 3.
+            "test_requires.py": (
+                "class T(disttest.MultiThreadedTestCase):\n    @pytest.mark.world_size(2)\n"
+                "    @disttest.requires_world_size(3, allow_cpu=True)\n    def test_x(self):\n        pass\n",
+                MARKER_AND_REQUIRES.format(marker=2, required=3, where="test_requires.py::T::test_x")),
+            # The same size in both is one size: it runs (None: no usage error).
+            "test_requires_agree.py": (
+                "class T(disttest.MultiThreadedTestCase):\n    def setUp(self):\n        super().setUp()\n"
+                "        self._spawn_threads()\n\n    @pytest.mark.world_size(3)\n"
+                "    @disttest.requires_world_size(3, allow_cpu=True)\n    def test_x(self):\n"
+                "        assert self.world_size == 3\n",
+                None),
         }
         runs = usage_errors({name: head + source for name, (source, _) in cases.items()})
         self.assertEqual(sorted(runs), sorted(cases), runs)
         for name, (_, message) in cases.items():
             with self.subTest(file=name):
                 code, out = runs[name]
-                self.assertEqual(code, 4, out[-2000:])
-                self.assertIn(message, out)
+                self.assertEqual(code, 0 if message is None else 4, out[-2000:])
+                if message is not None:
+                    self.assertIn(message, out)
+                else:
+                    self.assertIn("1 passed", out)
 
 
 class ModeVariableTest(unittest.TestCase):

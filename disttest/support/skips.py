@@ -494,6 +494,8 @@ def requires_world_size(n: int, *, allow_cpu: bool = False) -> Callable[[F], F]:
 
     def decorator(func: F) -> F:
         func._required_world_size = n  # type: ignore[attr-defined]
+        # Kept apart: the pytest plugin writes a marker's size over the one above.
+        func.__disttest_requires_world_size__ = n  # type: ignore[attr-defined]
         available = accelerator_count()
         runs = available >= n or (allow_cpu and available == 0)
         return unittest.skipUnless(runs, f"requires {n} GPUs, found {available}")(func)
