@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 import unittest
+import warnings
 from unittest import mock
 
 import simulated_cases as cases
@@ -649,6 +652,96 @@ class SimulatedTestCaseTest(unittest.TestCase):
         result = run(Missing)
         self.assertEqual(len(result.failures), 1, result.errors)
         self.assertIn(simulated.MISSING_RANKS.format(ranks="2, 3", n=2, world=4), result.failures[0][1])
+
+
+def spin_forever():
+    while True:
+        try:
+            time.sleep(0.01)
+        except Exception:  # the limit is not an Exception: a test's own handler cannot swallow it
+            pass
+
+
+@needs_mode
+class SimulatedLimitsTest(unittest.TestCase):
+    """A simulated test is held to its timeout (it ran on forever), and the
+    run-wide fault variables, which cannot act on it, say so."""
+
+    def test_a_test_past_its_timeout_is_stopped_with_its_stack(self):
+        class Spins(disttest.SimulatedTestCase):
+            world_size = 8
+            timeout = 0.5
+
+            def test_spin(self):
+                spin_forever()
+
+        start = time.monotonic()
+        result = run(Spins)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(len(result.errors), 1, problems(result))
+        error = result.errors[0][1]
+        self.assertIn("TimeoutError: " + simulated.SIMULATED_TIMED_OUT.format(
+            test="test_spin", timeout=0.5, n=8, stack="").rstrip(), error)
+        stack = error.split("stopped where it was:")[1]
+        self.assertRegex(stack, r"(?s)in test_spin.*in spin_forever")
+        self.assertNotIn("unittest", stack)
+        self.assertFalse(dist.is_initialized())  # the cleanups ran
+        self.assertFalse(any(t.name == "disttest-deadline" for t in threading.enumerate()))
+
+    def test_setup_and_test_share_the_limit_from_the_environment(self):
+        calls = []
+
+        class SlowSetUp(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                time.sleep(0.6)
+
+            def test_spin(self):
+                calls.append("test")
+                spin_forever()
+
+        with mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "1"}):
+            start = time.monotonic()
+            result = run(SlowSetUp)
+        self.assertLess(time.monotonic() - start, 1.8)  # 1 s in all, not 1 s for each
+        self.assertEqual((calls, len(result.errors)), (["test"], 1), problems(result))
+        self.assertIn("'test_spin' did not finish within 1s", result.errors[0][1])
+
+    def test_a_test_in_time_passes(self):
+        class Quick(disttest.SimulatedTestCase):
+            world_size = 2
+            timeout = 0.2
+
+            def test_quick(self):
+                time.sleep(0.1)
+
+        for _ in range(5):
+            result = run(Quick)
+            self.assertTrue(result.wasSuccessful(), problems(result))
+        time.sleep(0.3)  # nothing lands later
+        self.assertFalse(any(t.name == "disttest-deadline" for t in threading.enumerate()))
+
+    def test_run_wide_faults_say_they_do_not_act(self):
+        class Plain(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def test_it(self):
+                pass
+
+        for variable, value in (("DISTTEST_FAULT", "rank=1,action=kill"), ("DISTTEST_CHAOS", "7")):
+            with self.subTest(variable=variable), mock.patch.dict(os.environ, {variable: value}), \
+                    warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = run(Plain)
+                self.assertTrue(result.wasSuccessful(), problems(result))
+                self.assertIn(simulated.RUN_FAULTS_IDLE.format(variable=variable, test="test_it"),
+                              [str(w.message) for w in caught])
+        with mock.patch.dict(os.environ, {"DISTTEST_FAULT": "rank=1,action=explode"}):
+            result = run(Plain)
+        self.assertIn("'explode'", result.errors[0][1])
+        self.assertIn("DISTTEST_FAULT", result.errors[0][1])
 
 
 @needs_mode

@@ -12,10 +12,8 @@ between tests (:mod:`disttest._runner.thread_pool`).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import gc
-import logging
 import os
 import sys
 import threading
@@ -25,6 +23,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from disttest._runner import thread_pool
+from disttest._runner.deadline import holds_locks, raise_in
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
 from disttest._runner.tracking import install_tracking, track_into, untrack_thread
@@ -308,10 +307,10 @@ class ThreadLauncher:
             if time.monotonic() - start > 0.2 + RAISE_DELAY_PER_RANK * len(self.threads):
                 frames = sys._current_frames()
                 for r in (set(live) & self._in_body) - raised:
-                    if _holds_locks(frames.get(self.threads[r].ident or -1)):
+                    if holds_locks(frames.get(self.threads[r].ident or -1)):
                         continue
                     self._workers[r].retired = True  # never reused: it could get it later
-                    _raise_in(self.threads[r], RankStopped)
+                    raise_in(self.threads[r], RankStopped)
                     raised.add(r)
             self._ended.wait(0.01)
             self._ended.clear()
@@ -338,30 +337,3 @@ class ThreadLauncher:
                 sys.stdout = streams[0]
             if isinstance(sys.stderr, _Tee):
                 sys.stderr = streams[1]
-
-
-#: Where an asynchronous exception can leave a lock held: logging takes its
-#: handlers' locks with acquire() before a try.
-_LOCKING = os.path.dirname(logging.__file__) + os.sep
-
-
-#: disttest's code that takes locks: the process groups and the harness core.
-_OWN_LOCKING = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), part, "")
-                     for part in ("pg", "_runner"))
-
-
-def _holds_locks(frame: FrameType | None) -> bool:
-    """Whether this stack runs disttest's process groups or core (its
-    innermost frame), or logging's code (any frame)."""
-    if frame is not None and frame.f_code.co_filename.startswith(_OWN_LOCKING):
-        return True
-    while frame is not None:
-        if frame.f_code.co_filename.startswith(_LOCKING):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
-    if thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
+import traceback
 import unittest
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +38,10 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest.config import ConfigError, parse_world_size
+from disttest._runner import settings
+from disttest._runner.deadline import Deadline, DeadlinePassed
+from disttest.config import TIMEOUT_FALLBACK, ConfigError, parse_world_size
+from disttest.faults import CHAOS_ENV, FAULT_ENV, chaos_seed, env_faults
 from disttest.runners.case import TestCase, assert_equal
 from disttest.runners.modes import SIMULATED_MODE, only_in_forced_mode
 
@@ -60,6 +66,12 @@ MISSING_RANKS = "the expected values name no value for rank(s) {ranks} ({n} of t
 #: A simulated test that left dispatch modes entered (they are exited for it).
 MODES_LEFT = ("the test left {n} torch dispatch mode(s) entered ({names}) (disttest): they are exited now; "
               "enter a mode with a `with` block")
+#: A simulated test that ran past its timeout: raised into the test's thread.
+SIMULATED_TIMED_OUT = ("{test!r} did not finish within {timeout}s (disttest): its simulated world of {n} ranks "
+                       "runs in the test's own thread, stopped where it was:\n{stack}")
+#: ``DISTTEST_FAULT`` or ``DISTTEST_CHAOS`` set for a run that has simulated tests.
+RUN_FAULTS_IDLE = ("{variable} does not act on {test!r} (disttest): a simulated world has no rank threads or "
+                   "processes to inject into or reorder; it runs as it is")
 #: How many differing ranks a failure shows.
 SHOWN_RANKS = 5
 #: How many values of a tensor a failure shows.
@@ -217,8 +229,11 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     ``super().setUp()``, run inside the mode: a tensor it makes holds one
     value per rank, ``self.rank`` is a per-rank int, and :meth:`assertEqual`
     compares rank by rank, naming the ranks that differ. No threads or
-    processes start, so there is no per-rank timeout or stack dump: a test
-    that hangs, hangs in this thread.
+    processes start: ``setUp`` and the test together are held to the
+    test's timeout (the class's ``timeout``, else ``DISTTEST_TIMEOUT``) by
+    an exception raised into this thread, whose report shows where it was
+    (code blocked in C gets it when the call returns). ``DISTTEST_FAULT`` and
+    ``DISTTEST_CHAOS`` have no ranks here to act on: a warning says so.
 
     Skips, saying why, where the installed torch lacks ``LocalTensorMode`` or
     the ``fake`` backend.
@@ -244,8 +259,31 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             self.doCleanups()
             raise
 
+    def _callSetUp(self) -> None:
+        self._timeout = settings.test_timeout(self, self.id()) or TIMEOUT_FALLBACK
+        self._ends_at = time.monotonic() + self._timeout
+        self._held(super()._callSetUp)
+
+    def _callTestMethod(self, method: Any) -> None:
+        self._held(super()._callTestMethod, method)
+
+    def _held(self, call: Callable[..., None], *args: Any) -> None:
+        """``call(*args)`` held to what is left of the test's timeout (setUp
+        and the test together, as a rank's are; cleanups are not cut short)."""
+        watch = Deadline(max(self._ends_at - time.monotonic(), 0.0))
+        try:
+            with watch:
+                call(*args)
+        except DeadlinePassed:
+            raise TimeoutError(SIMULATED_TIMED_OUT.format(
+                test=self._testMethodName, timeout=self._timeout, n=self.world_size,
+                stack=_from_the_test(watch.frames))) from None
+
     def setUp(self) -> None:
         super().setUp()
+        for variable, value in ((FAULT_ENV, env_faults()), (CHAOS_ENV, chaos_seed())):
+            if value:  # (a bad value is refused as everywhere)
+                warnings.warn(RUN_FAULTS_IDLE.format(variable=variable, test=self._testMethodName), stacklevel=2)
         lt = _compat.local_tensor()
         if lt is None:
             raise unittest.SkipTest(_compat.LOCAL_TENSOR_MISSING.format(version=torch.__version__))
@@ -288,6 +326,14 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
             _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, x),
                                 want if want is not None else dict.fromkeys(ranks, y), msg, options)
+
+
+def _from_the_test(frames: traceback.StackSummary) -> str:
+    """The stack from the test's own frames in (the runner's dropped)."""
+    runner = [i for i, f in enumerate(frames) if f.name in ("_callSetUp", "_callTestMethod")
+              and f.filename == unittest.case.__file__]
+    kept = frames[runner[-1] + 1:] if runner else frames
+    return "".join(traceback.format_list(kept)).rstrip() or "(no Python frame)"
 
 
 def _leave(mode: Any) -> None:
