@@ -246,6 +246,61 @@ class HugeErrorTest(unittest.TestCase):
         self.assertNotIn("Z" * 30_000, stderr.getvalue())
 
 
+class OutputTest(unittest.TestCase):
+    """DISTTEST_OUTPUT and DISTTEST_KEEP_LOGS act on rank threads as on rank
+    processes (a thread rank's output went through unprefixed, and only
+    its last 4000 characters were kept)."""
+
+    class Notes(disttest.MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_notes(self):
+            print(f"note {self.rank}")
+            if self.rank == 1:
+                print("unfinished", end="")
+
+        def test_long_failure(self):
+            print("x" * 9000 + "end of rank 1's output" if self.rank == 1 else "")
+            self.assertEqual(self.rank, 0)
+
+    def run_with(self, name: str, env: dict[str, str]) -> tuple[unittest.TestResult, str]:
+        import io
+
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, env), mock.patch.object(sys, "stdout", out):
+            result = run(self.Notes(name))
+        return result, out.getvalue()
+
+    def test_stream_prefixes_each_line(self):
+        result, out = self.run_with("test_notes", {"DISTTEST_OUTPUT": "stream"})
+        self.assertTrue(result.wasSuccessful(), result.errors)
+        self.assertEqual(sorted(out.splitlines()), ["[rank 0] note 0", "[rank 1] note 1", "[rank 1] unfinished"])
+
+    def test_tail_keeps_it_for_a_failing_rank_s_report(self):
+        result, out = self.run_with("test_notes", {"DISTTEST_OUTPUT": "tail"})
+        self.assertTrue(result.wasSuccessful(), result.errors)
+        self.assertEqual(out, "")
+        result, out = self.run_with("test_long_failure", {"DISTTEST_OUTPUT": "tail"})
+        self.assertEqual(out, "")
+        self.assertIn("end of rank 1's output", result.failures[0][1])
+
+    def test_keep_logs_keeps_the_whole_output(self):
+        import re
+        import shutil
+
+        result, _ = self.run_with("test_long_failure", {"DISTTEST_OUTPUT": "tail", "DISTTEST_KEEP_LOGS": "1"})
+        found = re.search(r"kept in (\S+) \(disttest", result.failures[0][1])
+        self.assertIsNotNone(found, result.failures)
+        folder = found.group(1)
+        self.addCleanup(shutil.rmtree, folder, True)
+        with open(os.path.join(folder, "rank1.log")) as f:
+            self.assertEqual(f.read(), "x" * 9000 + "end of rank 1's output\n")
+
+
 class StartTest(unittest.TestCase):
     """Starting the ranks: held to the test's limit, and undone when it fails."""
 

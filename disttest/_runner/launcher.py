@@ -307,14 +307,10 @@ class ProcessLauncher:
             except OSError:
                 continue
             self._offsets[r] = self._offsets.get(r, 0) + len(data)
-            lines = (self._partial.pop(r, "") + data.decode(errors="replace")).split("\n")
-            rest = lines.pop()
-            if rest and final:
-                lines.append(rest)
-            elif rest:
+            text, rest = stream_lines(r, self._partial.pop(r, "") + data.decode(errors="replace"), final)
+            if rest:
                 self._partial[r] = rest
-            for line in lines:
-                sink.write(f"[rank {r}] {line}\n")
+            sink.write(text)
         sink.flush()
 
     def keep_logs(self, test: str) -> str:
@@ -322,6 +318,18 @@ class ProcessLauncher:
 
     def processes(self) -> list[RankProcess]:
         return [RankProcess(self, r, self.pids[r]) for r in sorted(self.pids)]
+
+
+def stream_lines(rank: int, text: str, final: bool = False) -> tuple[str, str]:
+    """``DISTTEST_OUTPUT=stream``: ``text`` a rank wrote as whole lines, each
+    prefixed ``[rank N]``, and the unfinished line left (written as a line
+    too when ``final``)."""
+    lines = text.split("\n")
+    rest = lines.pop()
+    if rest and final:
+        lines.append(rest)
+        rest = ""
+    return "".join(f"[rank {rank}] {line}\n" for line in lines), rest
 
 
 def keep_files(test: str, logs: dict[int, str]) -> str:

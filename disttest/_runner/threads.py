@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, TextIO
 
-from disttest._runner import thread_pool
+from disttest._runner import settings, thread_pool
 from disttest._runner.deadline import holds_locks, raise_in
+from disttest._runner.launcher import stream_lines
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
 from disttest._runner.tracking import install_tracking, track_into, untrack_thread
@@ -64,23 +65,41 @@ def format_thread_stack(frame: FrameType | None) -> str:
 
 
 class _Tee:
-    """A stand-in for ``sys.stdout`` / ``sys.stderr`` while rank threads run:
-    what a rank thread writes goes where it would have gone and is also
-    kept, per rank (the last :data:`KEPT` characters), for the report."""
+    """A stand-in for ``sys.stdout`` / ``sys.stderr`` while rank threads run.
 
-    def __init__(self, stream: TextIO, ranks: dict[int, int], kept: dict[int, list[str]]) -> None:
+    What a rank thread writes is kept, per rank, for the report (the last
+    :data:`KEPT` characters; all of it with ``DISTTEST_KEEP_LOGS``), and
+    goes on as ``DISTTEST_OUTPUT`` says, as a rank process's output does:
+    ``stream``, line by line, prefixed ``[rank N]``; ``tail``, nowhere else.
+    What other threads write goes where it would have gone."""
+
+    def __init__(self, stream: TextIO, ranks: dict[int, int], kept: dict[int, list[str]],
+                 output: str, keep_all: bool) -> None:
         self._stream = stream
         self._ranks = ranks  # thread ident -> rank
         self._kept = kept
+        self._stream_lines = output == "stream"
+        self._keep_all = keep_all
+        self._partial: dict[int, str] = {}
 
     def write(self, text: str) -> int:
         rank = self._ranks.get(threading.get_ident())
-        if rank is not None and isinstance(text, str):
-            chunks = self._kept[rank]
-            chunks.append(text)
-            if sum(map(len, chunks)) > 2 * KEPT:
-                chunks[:] = ["".join(chunks)[-KEPT:]]
-        return self._stream.write(text)
+        if rank is None or not isinstance(text, str):
+            return self._stream.write(text)
+        chunks = self._kept[rank]
+        chunks.append(text)
+        if not self._keep_all and sum(map(len, chunks)) > 2 * KEPT:
+            chunks[:] = ["".join(chunks)[-KEPT:]]
+        if self._stream_lines:
+            lines, self._partial[rank] = stream_lines(rank, self._partial.get(rank, "") + text)
+            if lines:
+                self._stream.write(lines)
+        return len(text)
+
+    def finish(self) -> None:
+        """Write the ranks' unfinished lines (``stream``)."""
+        for rank in sorted(self._partial):
+            self._stream.write(stream_lines(rank, self._partial.pop(rank), final=True)[0])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -131,8 +150,9 @@ class ThreadLauncher:
         gc.set_threshold(*thresholds[:2], NO_FULL_PASS)
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
-        sys.stdout = _Tee(sys.stdout, self._idents, self._kept)
-        sys.stderr = _Tee(sys.stderr, self._idents, self._kept)
+        output, keep_all = settings.output_mode(), settings.keep_logs()
+        sys.stdout = _Tee(sys.stdout, self._idents, self._kept, output, keep_all)
+        sys.stderr = _Tee(sys.stderr, self._idents, self._kept, output, keep_all)
         self._workers = thread_pool.take(self.world_size, deadline, timeout)
         for rank, worker in enumerate(self._workers):
             worker.thread.name = f"{self._name} {rank}"
@@ -198,6 +218,9 @@ class ThreadLauncher:
     def output(self, rank: int) -> str:
         return "".join(self._kept.get(rank, ()))[-KEPT:]
 
+    def whole_output(self, rank: int) -> str:
+        return "".join(self._kept.get(rank, ()))
+
 
     def pump_output(self, final: bool = False) -> None:
         pass  # rank threads write to the test process's own streams
@@ -208,7 +231,7 @@ class ThreadLauncher:
         folder = tempfile.mkdtemp(prefix=f"disttest-logs-{test}-")
         for r in range(self.world_size):
             with open(os.path.join(folder, f"rank{r}.log"), "w") as f:
-                f.write(self.output(r))
+                f.write(self.whole_output(r))
         return folder
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
@@ -334,6 +357,8 @@ class ThreadLauncher:
         if streams is not None:
             # Only if nobody replaced them meanwhile (a test's redirect_stdout).
             if isinstance(sys.stdout, _Tee):
+                sys.stdout.finish()
                 sys.stdout = streams[0]
             if isinstance(sys.stderr, _Tee):
+                sys.stderr.finish()
                 sys.stderr = streams[1]
