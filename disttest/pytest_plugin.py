@@ -88,6 +88,7 @@ def pytest_configure(config: Any) -> None:
         # variables, and the controller must see every device to hand out.
         if getattr(config, "workerinput", None) is not None:
             _pytest_support.apply_xdist_gpu_slice()
+            config._disttest_controller_undo = _pytest_support.end_with_controller()
     except ConfigError as e:
         raise pytest.UsageError(str(e)) from None
     raw = config.getoption("disttest_timeout")
@@ -114,6 +115,9 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
+    undo = getattr(config, "_disttest_controller_undo", None)
+    if undo is not None:
+        undo()
     for name, value in getattr(config, "_disttest_environ", {}).items():
         if value is None:
             os.environ.pop(name, None)

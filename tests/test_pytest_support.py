@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 import warnings
 from unittest import mock
@@ -354,6 +356,64 @@ class XdistGpuSliceTest(unittest.TestCase):
         # test_each_xdist_worker_gets_its_own_gpus shows.)
         inherited = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
         self.assertEqual(self.devices_seen(**inherited), {"main": "0,1,2,3"})
+
+
+class XdistControllerTest(unittest.TestCase):
+    SLEEPER = textwrap.dedent("""
+        import os
+        import time
+        import disttest
+
+        class T(disttest.MultiProcessTestCase):
+            world_size = 2
+            timeout = 120
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_processes()
+
+            def test_sleep(self):
+                with open(os.path.join(os.environ["PIDS"], str(os.getpid())), "w"):
+                    pass
+                time.sleep(100)
+    """)
+
+    def test_the_worker_and_its_ranks_end_with_the_controller(self):
+        # A SIGKILLed controller left its worker and ranks running 15 s:
+        # execnet's SIGINT, which ends a worker late, is ignored by xdist's.
+        import psutil
+
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_sleeper.py"), "w") as f:
+                f.write(self.SLEEPER)
+            pids = os.path.join(tmp, "pids")
+            os.mkdir(pids)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+            controller = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1",
+                                           "test_sleeper.py"], cwd=tmp, env=dict(env, PIDS=pids),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            tree: list[psutil.Process] = []
+            try:
+                deadline = time.monotonic() + 120
+                while len(os.listdir(pids)) < 2 and time.monotonic() < deadline and controller.poll() is None:
+                    time.sleep(0.1)
+                self.assertEqual(len(os.listdir(pids)), 2, "the ranks did not start")
+                tree = psutil.Process(controller.pid).children(recursive=True)
+                self.assertTrue({int(p) for p in os.listdir(pids)} <= {p.pid for p in tree})
+                controller.kill()
+                controller.wait()
+                start = time.monotonic()
+                _, alive = psutil.wait_procs(tree, timeout=10)
+                self.assertEqual(alive, [], f"left running {time.monotonic() - start:.1f}s after the controller")
+                self.assertLess(time.monotonic() - start, 6)
+            finally:
+                with contextlib.suppress(psutil.Error):
+                    tree += psutil.Process(controller.pid).children(recursive=True)
+                for proc in tree:  # (only what this test started)
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+                controller.kill()
+                controller.wait()
 
 
 class GpuMarkerTest(unittest.TestCase):

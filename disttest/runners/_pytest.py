@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
+import sys
 import unittest
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -302,6 +304,29 @@ def xdist_visible_devices(environ: Mapping[str, str], device_count: Callable[[],
     if not devices:
         return None
     return ",".join(xdist_device_slice(worker, workers, devices))
+
+
+def end_with_controller() -> Callable[[], None]:
+    """In a pytest-xdist worker: when the controller (the parent) dies, end
+    this process as SIGTERM does, at once (Linux: the parent-death signal),
+    so that its ranks, their folders and what they started go with it
+    (disttest's janitor acts on SIGTERM). Returns the undo.
+
+    NB: execnet notices a dead controller too, but ends the worker only 15 s
+    later: it first sends the worker a SIGINT, which an xdist worker ignores.
+    Not a thread that watches: a process with a thread cannot be copied into
+    the fork server. The signal is the parent thread's death, and xdist makes
+    its workers from the controller's main thread."""
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    from disttest._runner import rank as rank_mod
+
+    libc = rank_mod._libc()
+    parent = os.getppid()
+    libc.prctl(rank_mod.PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # (gone already)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return lambda: libc.prctl(rank_mod.PR_SET_PDEATHSIG, 0)
 
 
 def apply_xdist_gpu_slice(environ: MutableMapping[str, str] | None = None) -> str | None:
