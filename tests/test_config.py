@@ -58,6 +58,18 @@ class TimeoutTest(unittest.TestCase):
         )
         self.assertEqual(out.stdout.strip(), "imported", out.stderr)
 
+    def test_a_blank_variable_is_unset(self):
+        # (the settings reference says so: a CI file that fills it in only sometimes)
+        from disttest._runner import settings
+
+        self.assertEqual(default_timeout({"DISTTEST_TIMEOUT": " \t"}), 300)
+        self.assertEqual(default_timeout({"DISTTEST_TIMEOUT": "", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "40"}), 40)
+        for raw, mode in (("  ", "tail"), (" Stream ", "stream")):
+            with self.subTest(raw=raw), mock.patch.dict(os.environ, {"DISTTEST_OUTPUT": raw}):
+                self.assertEqual(settings.output_mode(), mode)
+        with mock.patch.dict(os.environ, {"DISTTEST_KEEP_LOGS": " "}):
+            self.assertFalse(settings.keep_logs())
+
     def test_kept_below_an_outer_limit(self):
         # pytest-timeout's limit (outer): disttest's stays below it, 70% and
         # 5 s less where there is room, half of a short one. A limit of 5 s
