@@ -22,8 +22,8 @@ Resolved here, once, for the three test-case classes:
   starts a fresh interpreter (see :mod:`disttest._runner.zygote`);
 - output: ``DISTTEST_OUTPUT`` (or the plugin's ``--disttest-output``):
   ``stream`` writes every line a rank (process or thread) prints to the
-  test process's stdout as it comes, prefixed ``[rank N]`` (under pytest: captured per
-  test, live with ``-s``); ``tail`` (the default) keeps it for the report of
+  test process's stdout as it comes, prefixed ``[rank N]`` (under pytest:
+  captured per test, live with ``-s``); ``tail`` (the default) keeps it for the report of
   a failing rank only; ``DISTTEST_KEEP_LOGS`` (or ``--disttest-keep-logs``)
   keeps every rank's whole log of a failing test in a folder the report names;
 - rank scheduling: ``DISTTEST_RANK_SCHEDULING``, else the class's

@@ -68,10 +68,11 @@ FIXTURE_USES_RANK = ("{where}: the fixture(s) {fixtures} ask for rank or world_s
 #: A marked function that returned an awaitable in a rank.
 RETURNED_AWAITABLE = ("{name} returned {what} in a rank, which nothing awaits: its body did not run (disttest); "
                       "make it a def that runs its coroutine (asyncio.run)")
-#: Why a test marked ``gpu`` is skipped: a torch built without CUDA,
+#: A processes-mode function where the start method says ``spawn``: its ranks fork (a warning).
 FORKED_NOT_SPAWNED = ("{name}: {where} asks for 'spawn', but a world_size-marked function's ranks are forked "
                       "(disttest): its fixtures' values and the function itself need not pickle; use a "
                       "MultiProcessTestCase to spawn them")
+#: Why a test marked ``gpu`` is skipped: a torch built without CUDA,
 GPU_NO_CUDA_BUILD = "CUDA is not available (torch {version}, a build without CUDA) (disttest)"
 #: no GPU visible to this process (none on the host, or CUDA_VISIBLE_DEVICES hides them),
 GPU_NONE_VISIBLE = "CUDA is not available (torch {version} sees no GPU{visible}) (disttest)"
