@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import unittest
+
+import torch
 
 from disttest._runner.deadline import Deadline, DeadlinePassed
 
@@ -48,6 +51,52 @@ class DeadlineTest(unittest.TestCase):
                 pass
         spin(0.1)
         self.assertFalse(any(t.name == "disttest-deadline" for t in threading.enumerate()))
+
+    def test_a_blocking_call_of_the_main_thread_is_ended(self):
+        # (the signal ends the sleep; a raise from another thread waited for it)
+        start = time.monotonic()
+        with self.assertRaises(DeadlinePassed) as caught, Deadline(0.2, "the limit passed"):
+            time.sleep(30)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(str(caught.exception), "the limit passed")
+
+    def test_raised_again_where_the_block_caught_it(self):
+        watch = Deadline(0.1)
+        caught = 0
+        with watch:
+            end = time.monotonic() + 1
+            while time.monotonic() < end:
+                try:
+                    spin(0.01)
+                except DeadlinePassed:
+                    caught += 1
+        self.assertTrue(watch.passed)
+        self.assertGreaterEqual(caught, 3)
+
+    def test_not_in_the_middle_of_a_change(self):
+        from disttest._runner.deadline import mid_change
+
+        namespace: dict = {"sys": sys}
+        exec(compile("class CM:\n    def __enter__(self):\n        return sys._getframe()\n", "cm.py", "exec"),
+             namespace)
+        self.assertTrue(mid_change(namespace["CM"]().__enter__()))
+        path = os.path.join(os.path.dirname(torch.__file__), "utils", "_python_dispatch.py")
+        exec(compile("def push():\n    return sys._getframe()\n", path, "exec"), namespace)
+        self.assertTrue(mid_change(namespace["push"]()))
+        self.assertFalse(mid_change(sys._getframe()))
+
+    def test_a_signal_not_its_own_reaches_the_handler_before(self):
+        import signal
+
+        seen = []
+        before = signal.signal(signal.SIGUSR2, lambda *_: seen.append("before"))
+        self.addCleanup(signal.signal, signal.SIGUSR2, before)
+        with Deadline(5):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            spin(0.05)
+        self.assertEqual(seen, ["before"])
+        self.assertEqual(signal.getsignal(signal.SIGUSR2)(0, None), None)  # put back
+        self.assertEqual(seen, ["before", "before"])
 
     def test_an_exception_of_the_body_is_its_own(self):
         with self.assertRaises(KeyError), Deadline(5):

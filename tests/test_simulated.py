@@ -662,6 +662,12 @@ def spin_forever():
             pass
 
 
+def spin_for(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 @needs_mode
 class SimulatedLimitsTest(unittest.TestCase):
     """A simulated test is held to its timeout (it ran on forever), and the
@@ -722,6 +728,70 @@ class SimulatedLimitsTest(unittest.TestCase):
             self.assertTrue(result.wasSuccessful(), problems(result))
         time.sleep(0.3)  # nothing lands later
         self.assertFalse(any(t.name == "disttest-deadline" for t in threading.enumerate()))
+
+    def test_a_limit_caught_by_the_test_still_ends_it(self):
+        # unittest's subTest (and a test's own `except BaseException`) caught
+        # it: a raw DeadlinePassed for one subtest, and the test ran on or passed.
+        class Caught(disttest.SimulatedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def test_subtests(self):
+                for i in range(5):
+                    with self.subTest(i=i):
+                        spin_for(1)
+
+            def test_swallows(self):
+                end = time.monotonic() + 1.5
+                while time.monotonic() < end:
+                    try:
+                        spin_for(0.01)
+                    except BaseException:
+                        pass
+
+        for name, at_most in (("test_subtests", 2.5), ("test_swallows", 3)):
+            with self.subTest(name=name):
+                start = time.monotonic()
+                result = run(Caught, name)
+                self.assertLess(time.monotonic() - start, at_most)
+                self.assertFalse(result.wasSuccessful())
+                self.assertIn(f"TimeoutError: '{name}' did not finish within 0.5s", problems(result)[-1])
+
+    def test_a_stop_leaves_no_lock_held_and_no_mode_entered(self):
+        # Raised from another thread, the stop landed later than the look at
+        # the stack: inside logging's handler lock (every later log call hung)
+        # or torch's mode switch (LocalTensorMode stayed entered for the
+        # process). A hostile pass saw each within 20 runs.
+        import io
+        import logging
+
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        handler = logging.StreamHandler(io.StringIO())
+        logger = logging.getLogger("disttest-test-stop")
+        logger.addHandler(handler)
+        logger.propagate = False
+        self.addCleanup(logger.removeHandler, handler)
+
+        class Busy(disttest.SimulatedTestCase):
+            world_size = 2
+            timeout = 0.05
+
+            def test_busy(self):
+                while True:
+                    logger.warning("x %s", 1)
+                    handler.stream.seek(0)
+                    handler.stream.truncate()
+                    self.assertEqual(1, 1)  # (through LocalTensorMode.disable())
+
+        for _ in range(30):
+            result = run(Busy)
+            self.assertIn("did not finish within 0.05s", problems(result)[0])
+            self.assertEqual(_get_current_dispatch_mode_stack(), [])
+            other = threading.Thread(target=logger.warning, args=("from another thread",), daemon=True)
+            other.start()
+            other.join(5)
+            self.assertFalse(other.is_alive(), "the handler's lock was left held")
 
     def test_run_wide_faults_say_they_do_not_act(self):
         class Plain(disttest.SimulatedTestCase):

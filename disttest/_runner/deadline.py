@@ -21,15 +21,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
 from types import FrameType, TracebackType
+from typing import Any
 
 __unittest = True
 
-__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "raise_in"]
+__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "mid_change", "raise_in"]
 
 #: Where an asynchronous exception can leave a lock held: logging takes its
 #: handlers' locks with acquire() before a try.
@@ -45,6 +47,8 @@ OWN_LOCKING = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath
 
 #: How often the watcher looks again at a thread it may not raise into yet.
 LOOK_AGAIN = 0.01
+#: When code caught the exception and ran on: how soon it is raised again.
+AGAIN_AFTER = 0.1
 #: How long a pending exception may take to land once the body returned.
 LAND_WAIT = 1.0
 
@@ -73,23 +77,73 @@ class DeadlinePassed(BaseException):  # noqa: N818  (not an error of the test's:
     swallow it."""
 
 
+#: Code that must not be left half way, besides what :func:`holds_locks`
+#: names: a context manager's entry and exit (``__enter__``/``__exit__``,
+#: which runs a generator's code for contextlib's: a mode entered and never
+#: exited, a flag set and never put back), and torch's dispatch-mode stack.
+#: NB: not threading's waits (``Event.wait``): a test that waits forever
+#: must stop, and they put their locks back on an exception.
+MID_CHANGE = (os.path.join("torch", "utils", "_python_dispatch.py"),)
+MID_CHANGE_NAMES = ("__enter__", "__exit__", "__aenter__", "__aexit__", "__del__")
+#: The signal that stops a main thread whose limit passed (it interrupts a
+#: blocking call, a ``time.sleep``, as a raise from another thread cannot).
+STOP_SIGNAL = getattr(signal, "SIGUSR2", None)
+
+
+def mid_change(frame: FrameType | None) -> bool:
+    """Whether stopping this stack now could leave state half changed:
+    :func:`holds_locks`, or a frame in :data:`MID_CHANGE` code."""
+    if holds_locks(frame):
+        return True
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in MID_CHANGE_NAMES or code.co_filename.endswith(MID_CHANGE):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Deadline:
     """``with Deadline(seconds):`` raises :class:`DeadlinePassed` inside the
-    thread that entered the block once ``seconds`` have passed; ``.frames``
-    is then that thread's stack at the moment, innermost last."""
+    thread that entered the block once ``seconds`` have passed (with
+    ``message``); ``.frames`` is then that thread's stack at the moment,
+    innermost last, and ``.passed`` is true, also where the block caught it.
 
-    def __init__(self, seconds: float) -> None:
+    In the main thread (a test's, as unittest and pytest run them) the
+    exception comes from a handler of :data:`STOP_SIGNAL`, sent to the
+    thread every :data:`LOOK_AGAIN` seconds until it lands: the handler runs
+    in the thread itself, between two instructions, so it sees the very
+    stack it raises into and waits while that is :func:`mid_change`; the
+    signal also ends a blocking call. The handler is installed for the
+    block only, over the one before, which a signal not its own still
+    reaches. Elsewhere the exception is raised from the watcher thread
+    (:func:`raise_in`), which sees the stack only before it lands."""
+
+    def __init__(self, seconds: float, message: str = "") -> None:
         self.seconds = seconds
+        self.message = message
         self.frames = traceback.StackSummary()
         self._thread = threading.current_thread()
         self._over = threading.Event()
         self._lock = threading.Lock()
         self._raised = False
+        self._next_at = 0.0
+        self._sent = False
         self._armed = False  # (not raised into Deadline's own code: the watcher's start)
+        self._previous: Any = None
+        self._by_signal = False
         self._watcher = threading.Thread(target=self._watch, name="disttest-deadline", daemon=True)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the deadline was raised into the block."""
+        return self._raised
 
     def __enter__(self) -> Deadline:
         self._thread = threading.current_thread()
+        if STOP_SIGNAL is not None and self._thread is threading.main_thread():
+            self._previous = signal.signal(STOP_SIGNAL, self._on_signal)
+            self._by_signal = True
         self._watcher.start()
         with self._lock:
             self._armed = True
@@ -101,11 +155,26 @@ class Deadline:
             self._over.set()
             self._armed = False
         self._watcher.join()
-        if self._raised and not _landed(exc):
+        if self._by_signal:
+            signal.signal(STOP_SIGNAL, self._previous)  # type: ignore[arg-type]
+        elif self._raised and not _landed(exc):
             # Raised as the body returned: it lands here, not in the caller.
             end = time.monotonic() + LAND_WAIT
             while time.monotonic() < end:
                 time.sleep(0.001)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._sent:  # (not ours: the handler it replaced gets it)
+            if callable(self._previous):
+                self._previous(signum, frame)
+            return
+        if not self._armed or self._over.is_set() or mid_change(frame):
+            return  # (the watcher sends it again)
+        if not self._raised:
+            self.frames = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
+        self._raised = True
+        self._next_at = time.monotonic() + AGAIN_AFTER
+        raise DeadlinePassed(self.message)
 
     def _watch(self) -> None:
         if self._over.wait(self.seconds):
@@ -114,12 +183,20 @@ class Deadline:
             with self._lock:
                 if self._over.is_set():
                     return
-                frame = sys._current_frames().get(self._thread.ident or -1)
-                if self._armed and not holds_locks(frame):
-                    self.frames = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
-                    self._raised = True
-                    raise_in(self._thread, DeadlinePassed)
-                    return
+                if self._by_signal:
+                    # Again while the block runs on: the code caught it
+                    # (``except BaseException``, unittest's ``subTest``).
+                    if time.monotonic() >= self._next_at:
+                        self._sent = True
+                        signal.pthread_kill(self._thread.ident or 0, STOP_SIGNAL)  # type: ignore[arg-type]
+                else:
+                    frame = sys._current_frames().get(self._thread.ident or -1)
+                    if self._armed and not holds_locks(frame):
+                        self.frames = (traceback.extract_stack(frame) if frame is not None
+                                       else traceback.StackSummary())
+                        self._raised = True
+                        raise_in(self._thread, DeadlinePassed)
+                        return
             if self._over.wait(LOOK_AGAIN):
                 return
 

@@ -232,7 +232,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     processes start: ``setUp`` and the test together are held to the
     test's timeout (the class's ``timeout``, else ``DISTTEST_TIMEOUT``) by
     an exception raised into this thread, whose report shows where it was
-    (code blocked in C gets it when the call returns). ``DISTTEST_FAULT`` and
+    (:class:`~disttest._runner.deadline.Deadline`). ``DISTTEST_FAULT`` and
     ``DISTTEST_CHAOS`` have no ranks here to act on: a warning says so.
 
     Skips, saying why, where the installed torch lacks ``LocalTensorMode`` or
@@ -270,11 +270,15 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     def _held(self, call: Callable[..., None], *args: Any) -> None:
         """``call(*args)`` held to what is left of the test's timeout (setUp
         and the test together, as a rank's are; cleanups are not cut short)."""
-        watch = Deadline(max(self._ends_at - time.monotonic(), 0.0))
+        head = SIMULATED_TIMED_OUT.format(test=self._testMethodName, timeout=self._timeout, n=self.world_size,
+                                          stack="").rstrip(":\n")
+        watch = Deadline(max(self._ends_at - time.monotonic(), 0.0), head)
         try:
             with watch:
                 call(*args)
         except DeadlinePassed:
+            pass
+        if watch.passed:  # (also where the test caught it and went on)
             raise TimeoutError(SIMULATED_TIMED_OUT.format(
                 test=self._testMethodName, timeout=self._timeout, n=self.world_size,
                 stack=_from_the_test(watch.frames))) from None
