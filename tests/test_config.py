@@ -72,12 +72,12 @@ class TimeoutTest(unittest.TestCase):
 
     def test_kept_below_an_outer_limit(self):
         # pytest-timeout's limit (outer): disttest's stays below it, 70% and
-        # 5 s less where there is room, half of a short one. A limit of 5 s
+        # 5 s less where there is room, 35% of a short one. A limit of 5 s
         # or less left disttest's at 300 s: pytest-timeout fired first.
         from disttest._runner import settings
 
         cls = type("Case", (), {"timeout": None})
-        for outer, inner in ((100, 70), (15, 10), (10, 5), (6, 3), (5, 2.5), (1, 0.5)):
+        for outer, inner in ((100, 70), (15, 10), (10, 5), (7, 2.45), (6, 2.1), (4, 1.4), (1, 0.35)):
             with self.subTest(outer=outer), settings.outer_limit(outer), \
                     mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "300"}):
                 self.assertEqual(settings.test_timeout(cls, "m.Case.test_x"), inner)

@@ -111,9 +111,10 @@ THREAD_SCHEDULINGS = ("turns", "free")
 #: rest is for collecting stacks, stopping ranks and reporting.
 OUTER_SHARE = 0.7
 OUTER_RESERVE = 5.0  # seconds kept back at least...
-#: ...where the outer limit leaves room for it; below 10 s disttest takes
-#: half the outer limit (a 5 s limit kept disttest's at 300 s: 5 - 5 = 0).
-OUTER_SHARE_SHORT = 0.5
+#: ...where the outer limit leaves room for it; below about 7 s disttest
+#: takes 35% of it (a 5 s limit kept disttest's at 300 s: 5 - 5 = 0), which
+#: leaves the 2 s a thread runner waits for a rank it cannot stop, and the report.
+OUTER_SHARE_SHORT = 0.35
 
 _outer: contextvars.ContextVar[float | None] = contextvars.ContextVar("disttest_outer_limit", default=None)
 
