@@ -612,6 +612,23 @@ class SimulatedTestCaseTest(unittest.TestCase):
         self.assertTrue(result.wasSuccessful(), problems(result))
         self.assertEqual(seen, {"world": ("fake", 6), "rank": {r: r for r in range(6)}, "plain": dict.fromkeys(range(6), 3)})
 
+    def test_the_exception_hooks_are_put_back(self):
+        # c10d's init_process_group wraps sys.excepthook in each test: after
+        # five tests a traceback read "[rank0]: [rank0]: [rank0]: ...".
+        import sys
+        import threading
+
+        class Plain(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def test_it(self):
+                pass
+
+        before = (sys.excepthook, threading.excepthook)
+        for _ in range(3):
+            self.assertTrue(run(Plain).wasSuccessful())
+            self.assertEqual((sys.excepthook, threading.excepthook), before)
+
     def test_skips_where_torch_lacks_the_mode(self):
         class Skipped(disttest.SimulatedTestCase):
             def test_it(self):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 import traceback
 import unittest
@@ -44,6 +45,7 @@ from disttest.config import TIMEOUT_FALLBACK, ConfigError, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, chaos_seed, env_faults
 from disttest.runners.case import TestCase, assert_equal
 from disttest.runners.modes import SIMULATED_MODE, only_in_forced_mode
+from disttest.runners.multithread import restore_hooks
 
 __unittest = True
 
@@ -302,6 +304,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         # (c10d's fake backend: registered by disttest.TestCase.run around the test)
         from disttest.pg.fake import FakeStore
 
+        # (each init_process_group wraps sys.excepthook: "[rank0]: [rank0]: ..." after two tests)
+        self.addCleanup(restore_hooks, sys.excepthook, threading.excepthook)
         dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
         self.addCleanup(_destroy_default_group)
         self.addCleanup(_compat.reset_dtensor_rng_tracker)

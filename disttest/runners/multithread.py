@@ -89,7 +89,7 @@ class _ThreadRun:
             owner = owner if owner is not None else test_cls
             # Every init_process_group wraps sys.excepthook (c10d's rank prefix):
             # restored after each test, or 10,000 tests nest 20,000 hooks.
-            self._undo.callback(_restore_hooks, sys.excepthook, threading.excepthook)
+            self._undo.callback(restore_hooks, sys.excepthook, threading.excepthook)
             self.world = install_threaded_pg()
             self._undo.callback(uninstall_threaded_pg)
             # As in upstream's ranks (its helpers register it): undone after the test.
@@ -234,7 +234,9 @@ def _decoded(environ: dict[Any, Any]) -> dict[str, str]:
     return environ
 
 
-def _restore_hooks(hook: Any, thread_hook: Any) -> None:
+def restore_hooks(hook: Any, thread_hook: Any) -> None:
+    """Put back ``sys.excepthook`` and ``threading.excepthook``: every
+    ``init_process_group`` wraps the first in c10d's rank prefix."""
     sys.excepthook, threading.excepthook = hook, thread_hook
 
 
