@@ -256,7 +256,9 @@ class ProcessesStartMethodTest(unittest.TestCase):
                 warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             _pytest_support.run_function(body, {"rank": _pytest_support.NOT_IN_A_RANK}, 2, "processes", "test_body")
-        seen.extend(str(w.message) for w in caught if "disttest" in str(w.message))
+        ours = [w for w in caught if "disttest" in str(w.message)]
+        self.assertEqual({(w.filename, w.lineno) for w in ours} - {(__file__, body.__code__.co_firstlineno)}, set())
+        seen.extend(str(w.message) for w in ours)
         return seen
 
     def test_spawn_is_warned_about_and_the_ranks_fork(self):

@@ -238,8 +238,11 @@ def _process_case(func: Callable[..., Any], kwargs: dict[str, Any], size: int, n
         def setUp(self) -> None:
             super().setUp()
             method, where = settings.start_method(type(self))  # a bad DISTTEST_START_METHOD is named
-            if method == "spawn":
-                warnings.warn(FORKED_NOT_SPAWNED.format(name=name, where=where), stacklevel=2)
+            if method == "spawn":  # (at the user's function: unittest's frames call setUp)
+                code = getattr(inspect.unwrap(func), "__code__", None)
+                warnings.warn_explicit(FORKED_NOT_SPAWNED.format(name=name, where=where), UserWarning,
+                                       getattr(code, "co_filename", "<unknown>"),
+                                       getattr(code, "co_firstlineno", 0))
             self._spawn_processes("fork")
 
     def test_function(self: MultiProcessTestCase) -> None:
