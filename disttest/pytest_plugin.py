@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import unittest
 from typing import Any
 
@@ -115,6 +116,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
+    settings.note_test_streams(None, None)
     undo = getattr(config, "_disttest_controller_undo", None)
     if undo is not None:
         undo()
@@ -247,6 +249,13 @@ def _pytest_timeout(item: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return seconds if seconds > 0 else None
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_setup(item: Any) -> Any:
+    # Innermost: after pytest's capture resumed, before the fixtures (capsys).
+    settings.note_test_streams(sys.stdout, sys.stderr)
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -270,10 +270,27 @@ class OutputTest(unittest.TestCase):
     def run_with(self, name: str, env: dict[str, str]) -> tuple[unittest.TestResult, str]:
         import io
 
+        from disttest._runner import settings
+
         out = io.StringIO()
-        with mock.patch.dict(os.environ, env), mock.patch.object(sys, "stdout", out):
+        # (as outside pytest: no test streams noted, so the mode acts on this one)
+        with mock.patch.dict(os.environ, env), mock.patch.object(sys, "stdout", out), \
+                mock.patch.object(settings, "_test_streams", [None, None]):
             result = run(self.Notes(name))
         return result, out.getvalue()
+
+    def test_a_stream_the_test_reads_itself_gets_the_lines_as_written(self):
+        # (pytest's capsys: noted streams are the test's own, and this one is not)
+        import io
+
+        from disttest._runner import settings
+
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, {"DISTTEST_OUTPUT": "stream"}), mock.patch.object(sys, "stdout", out), \
+                mock.patch.object(settings, "_test_streams", [object(), object()]):
+            result = run(self.Notes("test_notes"))
+        self.assertTrue(result.wasSuccessful(), result.errors)
+        self.assertEqual(out.getvalue().splitlines(), ["note 0", "note 1", "unfinished"])
 
     def test_stream_prefixes_each_line(self):
         result, out = self.run_with("test_notes", {"DISTTEST_OUTPUT": "stream"})

@@ -139,6 +139,16 @@ FUNCTIONS = textwrap.dedent("""
 
     def test_unmarked_rank_fixture(rank, world_size):
         assert (rank, world_size) == (-1, -1)
+
+    @pytest.mark.world_size(2)
+    def test_threads_read_their_capsys(rank, capsys):
+        print(f"hello {rank}")
+        assert capsys.readouterr().out == f"hello {rank}\\n"
+
+    @pytest.mark.world_size(2)
+    def test_threads_print_and_fail(rank):
+        print(f"shout from thread rank {rank}")
+        assert rank == 0
 """)
 
 
@@ -235,6 +245,14 @@ class FunctionTestsTest(unittest.TestCase):
 
     def test_rank_fixtures_outside_ranks(self):
         self.assertEqual(self.outcome("test_unmarked_rank_fixture"), "PASSED")
+
+    def test_thread_ranks_output_is_prefixed_where_the_test_does_not_read_it(self):
+        # DISTTEST_OUTPUT=stream (pytest's default) acts on thread ranks too;
+        # a stream the test reads itself (capsys) gets the lines as written.
+        self.assertEqual(self.outcome("test_threads_read_their_capsys"), "PASSED")
+        self.assertEqual(self.outcome("test_threads_print_and_fail"), "FAILED")
+        self.assertIn("[rank 0] shout from thread rank 0", self.out)
+        self.assertIn("[rank 1] shout from thread rank 1", self.out)
 
     def test_report_header(self):
         self.assertIn(f"disttest: torch {torch.__version__}, start method ", self.out)

@@ -75,6 +75,8 @@ __all__ = [
     "check_run_variables",
     "fork_server",
     "keep_logs",
+    "note_test_streams",
+    "output_mode_applies",
     "outer_limit",
     "output_mode",
     "pick",
@@ -329,6 +331,26 @@ def output_mode() -> str:
         raise ConfigError("output mode", os.environ[OUTPUT_ENV], f"environment variable {OUTPUT_ENV}",
                           f"expected one of {OUTPUT_MODES}")
     return raw
+
+
+#: The test's own standard streams, noted by the pytest plugin before the
+#: test's fixtures run: a stream that a fixture put in their place (capsys)
+#: is the test's to read, and thread ranks' lines go there as written.
+_test_streams: list[Any] = [None, None]
+
+
+def note_test_streams(stdout: Any, stderr: Any) -> None:
+    """Note the current test's own ``sys.stdout`` and ``sys.stderr`` (None: none noted)."""
+    _test_streams[:] = [stdout, stderr]
+
+
+def output_mode_applies(which: int, stream: Any) -> bool:
+    """Whether ``DISTTEST_OUTPUT`` applies to thread ranks' writes to
+    ``stream``, the current ``sys.stdout`` (``which`` 0) or ``sys.stderr``
+    (1): yes unless the test replaced its own stream (pytest's ``capsys``,
+    which the test reads back, as a rank process reads its own copy)."""
+    noted = _test_streams[which]
+    return noted is None or stream is noted
 
 
 def check_run_variables() -> None:

@@ -70,8 +70,10 @@ class _Tee:
     What a rank thread writes is kept, per rank, for the report (the last
     :data:`KEPT` characters; all of it with ``DISTTEST_KEEP_LOGS``), and
     goes on as ``DISTTEST_OUTPUT`` says, as a rank process's output does:
-    ``stream``, line by line, prefixed ``[rank N]``; ``tail``, nowhere else.
-    What other threads write goes where it would have gone."""
+    ``stream``, line by line, prefixed ``[rank N]``; ``tail``, nowhere else;
+    ``through`` (a stream the test put in place of its own and reads back,
+    pytest's ``capsys``), as written. What other threads write goes where
+    it would have gone."""
 
     def __init__(self, stream: TextIO, ranks: dict[int, int], kept: dict[int, list[str]],
                  output: str, keep_all: bool) -> None:
@@ -79,6 +81,7 @@ class _Tee:
         self._ranks = ranks  # thread ident -> rank
         self._kept = kept
         self._stream_lines = output == "stream"
+        self._through = output == "through"  # (a stream the test reads itself: capsys)
         self._keep_all = keep_all
         self._partial: dict[int, str] = {}
 
@@ -90,6 +93,8 @@ class _Tee:
         chunks.append(text)
         if not self._keep_all and sum(map(len, chunks)) > 2 * KEPT:
             chunks[:] = ["".join(chunks)[-KEPT:]]
+        if self._through:
+            return self._stream.write(text)
         if self._stream_lines:
             lines, self._partial[rank] = stream_lines(rank, self._partial.get(rank, "") + text)
             if lines:
@@ -151,8 +156,10 @@ class ThreadLauncher:
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
         output, keep_all = settings.output_mode(), settings.keep_logs()
-        sys.stdout = _Tee(sys.stdout, self._idents, self._kept, output, keep_all)
-        sys.stderr = _Tee(sys.stderr, self._idents, self._kept, output, keep_all)
+        sys.stdout = _Tee(sys.stdout, self._idents, self._kept,
+                          output if settings.output_mode_applies(0, sys.stdout) else "through", keep_all)
+        sys.stderr = _Tee(sys.stderr, self._idents, self._kept,
+                          output if settings.output_mode_applies(1, sys.stderr) else "through", keep_all)
         self._workers = thread_pool.take(self.world_size, deadline, timeout)
         for rank, worker in enumerate(self._workers):
             worker.thread.name = f"{self._name} {rank}"
