@@ -183,6 +183,8 @@ class Deadline:
             with self._lock:
                 if self._over.is_set():
                     return
+                if self._by_signal and signal.getsignal(STOP_SIGNAL) != self._on_signal:  # type: ignore[arg-type]
+                    self._by_signal = False  # (the test set its own: not sent where it may kill)
                 if self._by_signal:
                     # Again while the block runs on: the code caught it
                     # (``except BaseException``, unittest's ``subTest``).
