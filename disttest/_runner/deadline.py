@@ -1,13 +1,14 @@
 """A limit on code that runs in one thread of the test process: raising into a thread.
 
-Rank threads are stopped this way (:mod:`disttest._runner.threads`), and a
-test that runs in the test's own thread (a simulated world,
-:class:`~disttest.SimulatedTestCase`) is held to its timeout by
-:class:`Deadline`: when the limit passes, a watcher thread records the
-test thread's stack and raises :class:`DeadlinePassed` inside it, at its
-next Python instruction. NB: code blocked in C (a long ``time.sleep``, a
-C++ kernel) gets it when that call returns; an outer limit
-(pytest-timeout's) covers what never returns.
+Rank threads are stopped from another thread (:func:`raise_in`, by
+:mod:`disttest._runner.threads`), and a test that runs in the test's own
+thread (a simulated world, :class:`~disttest.SimulatedTestCase`) is held
+to its timeout by :class:`Deadline`, which raises :class:`DeadlinePassed`
+in the test's thread once the limit passes (see there how). NB: an
+exception raised from another thread lands at the thread's next Python
+instruction: code blocked in C (a long ``time.sleep``, a C++ kernel) gets
+it when that call returns; an outer limit (pytest-timeout's) covers what
+never returns.
 
 NB: never raised into code that holds a lock across calls: an exception
 between a lock's ``acquire`` and the code that releases it leaks the lock

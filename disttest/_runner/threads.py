@@ -80,8 +80,7 @@ class _Tee:
         self._stream = stream
         self._ranks = ranks  # thread ident -> rank
         self._kept = kept
-        self._stream_lines = output == "stream"
-        self._through = output == "through"  # (a stream the test reads itself: capsys)
+        self._output = output
         self._keep_all = keep_all
         self._partial: dict[int, str] = {}
 
@@ -93,9 +92,9 @@ class _Tee:
         chunks.append(text)
         if not self._keep_all and sum(map(len, chunks)) > 2 * KEPT:
             chunks[:] = ["".join(chunks)[-KEPT:]]
-        if self._through:
+        if self._output == "through":
             return self._stream.write(text)
-        if self._stream_lines:
+        if self._output == "stream":
             lines, self._partial[rank] = stream_lines(rank, self._partial.get(rank, "") + text)
             if lines:
                 self._stream.write(lines)
@@ -156,10 +155,10 @@ class ThreadLauncher:
         self._kept: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
         self._streams = (sys.stdout, sys.stderr)
         output, keep_all = settings.output_mode(), settings.keep_logs()
-        sys.stdout = _Tee(sys.stdout, self._idents, self._kept,
-                          output if settings.output_mode_applies(0, sys.stdout) else "through", keep_all)
-        sys.stderr = _Tee(sys.stderr, self._idents, self._kept,
-                          output if settings.output_mode_applies(1, sys.stderr) else "through", keep_all)
+        sys.stdout, sys.stderr = (
+            _Tee(stream, self._idents, self._kept,
+                 output if settings.output_mode_applies(which, stream) else "through", keep_all)
+            for which, stream in enumerate(self._streams))
         self._workers = thread_pool.take(self.world_size, deadline, timeout)
         for rank, worker in enumerate(self._workers):
             worker.thread.name = f"{self._name} {rank}"
