@@ -410,6 +410,48 @@ class UnstoppableTest(unittest.TestCase):
         self.assertGreater(elapsed, 3.0)
         self.assertLess(elapsed, 5.5)  # 0.5 + one STOP_WAIT, not two
 
+    def test_a_thread_that_could_not_be_stopped_in_time_is_stopped_later(self):
+        # A rank that spins where disttest may not raise (here code that
+        # counts as logging's, whose handlers hold locks across calls) for
+        # longer than the stop waits, then in plain code: it used to spin on
+        # into every later test of the process (a loop that logs was left
+        # running in 1 of 4 timed-out tests, and every later test too).
+        import logging
+
+        from disttest._runner import threads
+
+        spin = {}
+        exec(compile("def spin(seconds):\n"
+                     "    import time\n"
+                     "    end = time.monotonic() + seconds\n"
+                     "    while time.monotonic() < end:\n"
+                     "        pass\n", logging.__file__, "exec"), spin)
+        ended = threading.Event()
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_spinning(self):
+                if self.rank == 1:
+                    try:
+                        spin["spin"](1.5)
+                        while True:
+                            pass
+                    finally:
+                        ended.set()
+
+        with mock.patch.object(threads, "STOP_WAIT", 0.3):
+            result = run(Case("test_spinning"))
+        (_, text), = result.failures + result.errors
+        self.assertIn("the threads of [1] could not be stopped", text)
+        self.assertFalse(ended.is_set())
+        self.assertTrue(ended.wait(10), "the rank thread spins on after its test")
+
 
 class RankThreadReuseTest(unittest.TestCase):
     """Rank threads are kept between tests (disttest._runner.thread_pool),

@@ -27,12 +27,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
 __unittest = True
 
-__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "mid_change", "raise_in"]
+__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "mid_change", "raise_in", "stop_when_safe"]
 
 #: Where an asynchronous exception can leave a lock held: logging takes its
 #: handlers' locks with acquire() before a try.
@@ -52,6 +53,9 @@ LOOK_AGAIN = 0.01
 AGAIN_AFTER = 0.1
 #: How long a pending exception may take to land once the body returned.
 LAND_WAIT = 1.0
+#: How often a thread that could not be stopped in time is raised into
+#: again, once at a safe point (it caught the exception and went on).
+LINGER_AGAIN = 0.5
 
 
 def holds_locks(frame: FrameType | None) -> bool:
@@ -70,6 +74,48 @@ def raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
     """Raise ``exc_type`` inside ``thread`` at its next Python instruction."""
     if thread.ident is not None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
+
+
+def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
+                   wanted: Callable[[], bool]) -> None:
+    """Go on stopping ``thread`` after its test gave up waiting for it: raise
+    ``exc_type`` into it at the first look (every :data:`LOOK_AGAIN` seconds)
+    that finds it outside code that :func:`mid_change` names, again every
+    :data:`LINGER_AGAIN` seconds, until it ends or ``wanted()`` is false.
+
+    A thread that spins in code it may not be stopped in (a loop that logs
+    spends most of its time in logging's handlers) can outlast every look of
+    a short stop; left running it would slow and write into every later test
+    of the process. One daemon watcher serves every such thread, and ends
+    when none is left."""
+    global _lingering_watcher
+    with _lingering_lock:
+        _lingering.append((thread, exc_type, wanted, [0.0]))
+        if _lingering_watcher is None or not _lingering_watcher.is_alive():
+            _lingering_watcher = threading.Thread(target=_stop_lingering, name="disttest-stopper", daemon=True)
+            _lingering_watcher.start()
+
+
+_lingering: list[tuple[threading.Thread, type[BaseException], Callable[[], bool], list[float]]] = []
+_lingering_lock = threading.Lock()
+_lingering_watcher: threading.Thread | None = None
+
+
+def _stop_lingering() -> None:
+    global _lingering_watcher
+    while True:
+        with _lingering_lock:
+            _lingering[:] = [entry for entry in _lingering if entry[0].is_alive() and entry[2]()]
+            if not _lingering:
+                _lingering_watcher = None
+                return
+            frames = sys._current_frames()
+            now = time.monotonic()
+            for thread, exc_type, _, last in _lingering:
+                if now - last[0] >= LINGER_AGAIN and not mid_change(frames.get(thread.ident or -1)):
+                    raise_in(thread, exc_type)
+                    last[0] = now
+        time.sleep(LOOK_AGAIN)
 
 
 class DeadlinePassed(BaseException):  # noqa: N818  (not an error of the test's: its limit)

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from disttest._runner import settings, thread_pool
-from disttest._runner.deadline import holds_locks, raise_in
+from disttest._runner.deadline import holds_locks, raise_in, stop_when_safe
 from disttest._runner.launcher import stream_lines
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
@@ -346,6 +346,9 @@ class ThreadLauncher:
         self.unstoppable = [r for r in range(len(self.threads)) if r not in self._done]
         for r in self.unstoppable:
             self._workers[r].retired = True
+            # (Spinning where it may not be raised into, it runs on into
+            # later tests: stopped at its first safe moment instead.)
+            stop_when_safe(self.threads[r], RankStopped, functools.partial(self._in_body.__contains__, r))
         self._given_back = True
         thread_pool.give_back([w for r, w in enumerate(self._workers) if r in self._done])
 

@@ -64,8 +64,9 @@ UNDELIVERED = (
 LEFT_RUNNING_WAIT = 0.2  # seconds a thread the test started gets to end with it
 UNSTOPPABLE = (
     "\n\nNB: the threads of {who} could not be stopped (blocked outside Python, or the test caught "
-    "disttest's RankStopped, an except BaseException, and went on); "
-    "they are daemon threads and end with the process (disttest)"
+    "disttest's RankStopped, an except BaseException, and went on); disttest raises RankStopped into "
+    "them again whenever they run Python code it may stop, and they are daemon threads, which end with "
+    "the process (disttest)"
 )
 
 
