@@ -64,6 +64,13 @@ def main() -> None:
 
     state: dict[str, Any] = {}
 
+    def new_world() -> Any:
+        # The rank threads run at once (the world's turns are the thread
+        # runner's: nothing here hands them out).
+        world = install_threaded_pg()
+        world.baton.go_free()
+        return world
+
     def one_test(rank: int) -> None:
         world = state["world"]
         _bind_thread(world)
@@ -73,7 +80,7 @@ def main() -> None:
         dist.destroy_process_group()
 
     def kept_threads_new_world() -> None:
-        state["world"] = install_threaded_pg()
+        state["world"] = new_world()
         on_kept_threads(one_test)
         uninstall_threaded_pg()
 
@@ -81,7 +88,7 @@ def main() -> None:
         dist.all_reduce(torch.ones(8))
 
     def new_threads() -> None:
-        state["world"] = install_threaded_pg()
+        state["world"] = new_world()
         threads = [threading.Thread(target=one_test, args=(r,)) for r in range(4)]
         for t in threads:
             t.start()
@@ -101,7 +108,7 @@ def main() -> None:
     print(f"4 rank threads, {n} rounds, torch {torch.__version__}")
     print(f"{'':50}{'wall':>10}{'cpu':>10}")
     measure("kept threads, new world: init, all_reduce, destroy", kept_threads_new_world)
-    state["world"] = world = install_threaded_pg()
+    state["world"] = world = new_world()
     on_kept_threads(lambda r: (_bind_thread(world), dist.init_process_group(
         backend=BACKEND, rank=r, world_size=4, store=world.store)))
     measure("kept threads, kept group: all_reduce", lambda: on_kept_threads(all_reduce))
