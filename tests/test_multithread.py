@@ -451,6 +451,10 @@ class UnstoppableTest(unittest.TestCase):
         self.assertIn("the threads of [1] could not be stopped", text)
         self.assertFalse(ended.is_set())
         self.assertTrue(ended.wait(10), "the rank thread spins on after its test")
+        deadline = time.monotonic() + 5
+        while any(t.name == "disttest-stopper" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse([t for t in threading.enumerate() if t.name == "disttest-stopper"])
 
 
 class RankThreadReuseTest(unittest.TestCase):

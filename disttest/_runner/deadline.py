@@ -56,6 +56,10 @@ LAND_WAIT = 1.0
 #: How often a thread that could not be stopped in time is raised into
 #: again, once at a safe point (it caught the exception and went on).
 LINGER_AGAIN = 0.5
+#: The longest pause between two looks at such threads: the pause grows
+#: from :data:`LOOK_AGAIN` by a tenth a look, so that threads blocked in C
+#: for good (each look reads every thread's stack) cost the process little.
+LINGER_LOOK_MAX = 0.25
 
 
 def holds_locks(frame: FrameType | None) -> bool:
@@ -79,8 +83,9 @@ def raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
 def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
                    wanted: Callable[[], bool]) -> None:
     """Go on stopping ``thread`` after its test gave up waiting for it: raise
-    ``exc_type`` into it at the first look (every :data:`LOOK_AGAIN` seconds)
-    that finds it outside code that :func:`mid_change` names, again every
+    ``exc_type`` into it at the first look (every :data:`LOOK_AGAIN` seconds
+    at first, :data:`LINGER_LOOK_MAX` later) that finds it outside code that
+    :func:`mid_change` names, again every
     :data:`LINGER_AGAIN` seconds, until it ends or ``wanted()`` is false.
 
     A thread that spins in code it may not be stopped in (a loop that logs
@@ -103,19 +108,24 @@ _lingering_watcher: threading.Thread | None = None
 
 def _stop_lingering() -> None:
     global _lingering_watcher
+    pause, known = LOOK_AGAIN, 0
     while True:
         with _lingering_lock:
             _lingering[:] = [entry for entry in _lingering if entry[0].is_alive() and entry[2]()]
             if not _lingering:
                 _lingering_watcher = None
                 return
+            if len(_lingering) > known:  # (a thread just handed over: looked at often again)
+                pause = LOOK_AGAIN
+            known = len(_lingering)
             frames = sys._current_frames()
             now = time.monotonic()
             for thread, exc_type, _, last in _lingering:
                 if now - last[0] >= LINGER_AGAIN and not mid_change(frames.get(thread.ident or -1)):
                     raise_in(thread, exc_type)
                     last[0] = now
-        time.sleep(LOOK_AGAIN)
+        time.sleep(pause)
+        pause = min(pause * 1.1, LINGER_LOOK_MAX)
 
 
 class DeadlinePassed(BaseException):  # noqa: N818  (not an error of the test's: its limit)
