@@ -457,6 +457,50 @@ class UnstoppableTest(unittest.TestCase):
         self.assertFalse([t for t in threading.enumerate() if t.name == "disttest-stopper"])
 
 
+    def test_a_thread_is_not_stopped_inside_a_context_manager_s_exit(self):
+        # Its __exit__ puts back what __enter__ changed for the process
+        # (mock.patch's attribute, a default dtype): stopped half way, the
+        # change stayed for every later test.
+        from disttest._runner import threads
+
+        state = {"changed": False}
+        ended = threading.Event()
+
+        class Change:
+            def __enter__(self):
+                state["changed"] = True
+
+            def __exit__(self, *exc):
+                end = time.monotonic() + 1.5
+                while time.monotonic() < end:
+                    pass
+                state["changed"] = False
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_spinning(self):
+                if self.rank == 1:
+                    try:
+                        with Change():
+                            pass
+                        while True:
+                            pass
+                    finally:
+                        ended.set()
+
+        with mock.patch.object(threads, "STOP_WAIT", 0.3):
+            result = run(Case("test_spinning"))
+        self.assertFalse(result.wasSuccessful())
+        self.assertTrue(ended.wait(10), "the rank thread spins on after its test")
+        self.assertFalse(state["changed"], "stopped inside __exit__")
+
+
 class RankThreadReuseTest(unittest.TestCase):
     """Rank threads are kept between tests (disttest._runner.thread_pool),
     unless a test left them unlike a fresh thread."""
