@@ -274,7 +274,7 @@ class MultiThreadedTestCase(RankDispatch):
     ``get_timeout``), failing fast, reporting desyncs and the stacks of the
     threads it had to stop. A thread waiting in a collective is released
     within a poll interval when a peer fails or the test times out; one
-    running Python code gets :class:`~disttest._runner.threads.RankStopped`
+    running Python code gets disttest's ``RankStopped`` (a ``BaseException``)
     raised into it (never inside logging's handlers, an import, or a context
     manager's ``__enter__``/``__exit__``), and one still running when the
     test is reported gets it at its first safe moment after.
