@@ -240,23 +240,43 @@ def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
 
 def _direct_children(pid: int | str = "self") -> set[int] | None:
     """The children of process ``pid`` (this one by default), from /proc
-    (fast); None where unknown (no such file, or the process ended)."""
-    # (os.open, not open(): a third of the time, and a thread test asks
-    # for each thread of the test process twice.)
-    try:
+    (fast); None where unknown (the system keeps no such lists, or the
+    process ended)."""
+    # One list per thread. A thread that ends between the listing and its
+    # read hands its children to another, maybe one read already: read all
+    # again then. (os.open, not open(): a third of the time, and a thread
+    # test asks for each thread of the test process twice.)
+    for _ in range(5):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
         pids: set[int] = set()
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+        vanished = False
+        for tid in tids:
+            try:
+                fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+            except FileNotFoundError:
+                vanished = True
+                continue
+            except OSError:
+                return None
             try:
                 data = b""
                 while chunk := os.read(fd, 65536):
                     data += chunk
+            except OSError:
+                vanished = True
+                continue
             finally:
                 os.close(fd)
-            pids.update(map(int, data.split()))
-        return pids
-    except (OSError, ValueError):
-        return None
+            try:
+                pids.update(map(int, data.split()))
+            except ValueError:
+                return None
+        if not vanished:
+            return pids
+    return None
 
 
 def _childless() -> bool:
@@ -287,8 +307,13 @@ def _descendants() -> frozenset[int]:
         found |= frontier
         following: set[int] = set()
         for pid in frontier:
-            following |= _direct_children(pid) or set()  # (None: it ended meanwhile)
-        frontier = following - found
+            kids = _direct_children(pid)
+            if kids is None and os.path.exists(f"/proc/{pid}"):
+                frontier = None  # (unknown, not ended: psutil's answer instead)
+                break
+            following |= kids or set()
+        else:
+            frontier = following - found
     if frontier is not None:
         return frozenset(found)
     import psutil
