@@ -501,6 +501,42 @@ class UnstoppableTest(unittest.TestCase):
         self.assertFalse(state["changed"], "stopped inside __exit__")
 
 
+    def test_a_thread_that_polls_in_a_context_manager_s_enter_is_stopped(self):
+        # A context manager that waits for its peers before it yields: not
+        # raised into there at first, but not for ever either (hostile pass:
+        # both ranks ran on after the test).
+        import contextlib
+
+        ended = threading.Event()
+
+        @contextlib.contextmanager
+        def joined():
+            while True:
+                time.sleep(0.01)
+            yield
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_polling(self):
+                if self.rank == 1:
+                    try:
+                        with joined():
+                            pass
+                    finally:
+                        ended.set()
+
+        result = run(Case("test_polling"))
+        (_, text), = result.failures + result.errors
+        self.assertIn("rank 1/2 did not finish 'test_polling' within 0.5s", text)
+        self.assertTrue(ended.wait(5), "the rank thread polls on after its test")
+
+
 class RankThreadReuseTest(unittest.TestCase):
     """Rank threads are kept between tests (disttest._runner.thread_pool),
     unless a test left them unlike a fresh thread."""

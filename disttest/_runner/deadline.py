@@ -33,7 +33,7 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "mid_change", "raise_in", "stop_when_safe"]
+__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "mid_change", "raise_in", "stop_when_safe", "stoppable"]
 
 #: Where an asynchronous exception can leave a lock held: logging takes its
 #: handlers' locks with acquire() before a try.
@@ -60,6 +60,11 @@ LINGER_AGAIN = 0.5
 #: from :data:`LOOK_AGAIN` by a tenth a look, so that threads blocked in C
 #: for good (each look reads every thread's stack) cost the process little.
 LINGER_LOOK_MAX = 0.25
+#: How long a thread that is only :func:`mid_change` (a context manager's
+#: entry or exit, torch's mode stack; not a lock, an import) is waited for
+#: before it is raised into there all the same: most such code is quick,
+#: but a context manager may poll in its ``__enter__`` for ever.
+MID_CHANGE_GRACE = 1.0
 
 
 def holds_locks(frame: FrameType | None) -> bool:
@@ -80,13 +85,26 @@ def raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
 
 
+def stoppable(frame: FrameType | None, waiting_since: float | None, now: float) -> tuple[bool, float | None]:
+    """Whether a thread whose stack is ``frame`` may be raised into ``now``,
+    and since when it has waited only for :func:`mid_change` code (None:
+    not waiting): never where it :func:`holds_locks`, at once outside
+    :func:`mid_change` code, after :data:`MID_CHANGE_GRACE` inside it."""
+    if holds_locks(frame):
+        return False, waiting_since
+    if not mid_change(frame):
+        return True, None
+    since = now if waiting_since is None else waiting_since
+    return now - since >= MID_CHANGE_GRACE, since
+
+
 def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
                    wanted: Callable[[], bool]) -> None:
     """Go on stopping ``thread`` after its test gave up waiting for it: raise
     ``exc_type`` into it at the first look (every :data:`LOOK_AGAIN` seconds
-    at first, :data:`LINGER_LOOK_MAX` later) that finds it outside code that
-    :func:`mid_change` names, again every
-    :data:`LINGER_AGAIN` seconds, until it ends or ``wanted()`` is false.
+    at first, :data:`LINGER_LOOK_MAX` later) that finds it :func:`stoppable`,
+    again every :data:`LINGER_AGAIN` seconds, until it ends or ``wanted()``
+    is false.
 
     A thread that spins in code it may not be stopped in (a loop that logs
     spends most of its time in logging's handlers) can outlast every look of
@@ -95,13 +113,14 @@ def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
     when none is left."""
     global _lingering_watcher
     with _lingering_lock:
-        _lingering.append((thread, exc_type, wanted, [0.0]))
+        _lingering.append((thread, exc_type, wanted, [0.0, None]))
         if _lingering_watcher is None or not _lingering_watcher.is_alive():
             _lingering_watcher = threading.Thread(target=_stop_lingering, name="disttest-stopper", daemon=True)
             _lingering_watcher.start()
 
 
-_lingering: list[tuple[threading.Thread, type[BaseException], Callable[[], bool], list[float]]] = []
+#: (thread, exception, still wanted, [last raised at, waiting since (see stoppable)])
+_lingering: list[tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = []
 _lingering_lock = threading.Lock()
 _lingering_watcher: threading.Thread | None = None
 
@@ -120,10 +139,11 @@ def _stop_lingering() -> None:
             known = len(_lingering)
             frames = sys._current_frames()
             now = time.monotonic()
-            for thread, exc_type, _, last in _lingering:
-                if now - last[0] >= LINGER_AGAIN and not mid_change(frames.get(thread.ident or -1)):
+            for thread, exc_type, _, times in _lingering:
+                ok, times[1] = stoppable(frames.get(thread.ident or -1), times[1], now)
+                if ok and now - times[0] >= LINGER_AGAIN:
                     raise_in(thread, exc_type)
-                    last[0] = now
+                    times[0] = now
         time.sleep(pause)
         pause = min(pause * 1.1, LINGER_LOOK_MAX)
 

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from disttest._runner import settings, thread_pool
-from disttest._runner.deadline import mid_change, raise_in, stop_when_safe
+from disttest._runner.deadline import raise_in, stop_when_safe, stoppable
 from disttest._runner.launcher import stream_lines
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
@@ -312,6 +312,7 @@ class ThreadLauncher:
         self.world.baton.joiner_resumes()
         start = time.monotonic()
         raised: set[int] = set()
+        waiting: dict[int, float | None] = {}  # rank -> since when only mid-change code holds it up
         while time.monotonic() - start < STOP_WAIT + 2 * RAISE_DELAY_PER_RANK * len(self.threads):
             live = [r for r in range(len(self.threads)) if r not in self._done]
             if not live:
@@ -325,10 +326,10 @@ class ThreadLauncher:
             # between a lock's acquire and the code that releases it leaks
             # the lock: logging's handler lock, and every later log call of
             # the process hangs; the threaded world's own lock, and every
-            # rank hangs): disttest's own code and logging's; nor into a
-            # context manager's __enter__/__exit__ or torch's mode stack,
-            # which change what the whole process sees (deadline.mid_change).
-            # Such a thread gets it at a later look.
+            # rank hangs): disttest's own code and logging's; nor, for a
+            # second, into a context manager's __enter__/__exit__ or torch's
+            # mode stack, which change what the whole process sees
+            # (deadline.stoppable). Such a thread gets it at a later look.
             # (Aborted ranks end by themselves, each through c10d's exception
             # logger: a thousand of them need longer before any is raised into.
             # NB: not sooner into a rank that waited in no collective: ranks
@@ -336,9 +337,10 @@ class ThreadLauncher:
             # lands later than the look at its frame, inside a lock it took:
             # the world's, logging's, and every rank hung.)
             if time.monotonic() - start > 0.2 + RAISE_DELAY_PER_RANK * len(self.threads):
-                frames = sys._current_frames()
+                frames, now = sys._current_frames(), time.monotonic()
                 for r in (set(live) & self._in_body) - raised:
-                    if mid_change(frames.get(self.threads[r].ident or -1)):
+                    ok, waiting[r] = stoppable(frames.get(self.threads[r].ident or -1), waiting.get(r), now)
+                    if not ok:
                         continue
                     self._workers[r].retired = True  # never reused: it could get it later
                     raise_in(self.threads[r], RankStopped)
