@@ -537,6 +537,55 @@ class UnstoppableTest(unittest.TestCase):
         self.assertTrue(ended.wait(5), "the rank thread polls on after its test")
 
 
+    def test_a_thread_that_logs_in_a_loop_is_stopped_later(self):
+        # It holds the GIL but in its handler's write: each look of the
+        # watcher found it inside logging, where it may not be raised into
+        # (hostile pass: 15 of 15 such ranks ran on). It is stopped in its
+        # next log call instead, before logging takes a lock.
+        import logging
+
+        from disttest._runner import threads
+
+        log = logging.getLogger("disttest-test-spinning")
+        handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 (closed below)
+        self.addCleanup(handler.stream.close)
+        log.addHandler(handler)
+        self.addCleanup(log.removeHandler, handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+        factory = logging.getLogRecordFactory()
+        ended = threading.Event()
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 1
+            timeout = 0.3
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_logging(self):
+                try:
+                    while True:
+                        log.info("tick")
+                        total = 0
+                        for k in range(30):
+                            total += k
+                finally:
+                    ended.set()
+
+        with mock.patch.object(threads, "STOP_WAIT", 0.3):
+            result = run(Case("test_logging"))
+        self.assertFalse(result.wasSuccessful())
+        self.assertTrue(ended.wait(5), "the rank thread logs on after its test")
+        deadline = time.monotonic() + 5
+        while logging.getLogRecordFactory() is not factory and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertIs(logging.getLogRecordFactory(), factory)
+        self.assertTrue(handler.lock.acquire(timeout=1))
+        handler.lock.release()
+
+
 class RankThreadReuseTest(unittest.TestCase):
     """Rank threads are kept between tests (disttest._runner.thread_pool),
     unless a test left them unlike a fresh thread."""

@@ -113,7 +113,11 @@ def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
     when none is left."""
     global _lingering_watcher
     with _lingering_lock:
-        _lingering.append((thread, exc_type, wanted, [0.0, None]))
+        entry = (thread, exc_type, wanted, [0.0, None])
+        _lingering.append(entry)
+        if thread.ident is not None:
+            _lingering_by_ident[thread.ident] = entry
+        _install_log_hook()
         if _lingering_watcher is None or not _lingering_watcher.is_alive():
             _lingering_watcher = threading.Thread(target=_stop_lingering, name="disttest-stopper", daemon=True)
             _lingering_watcher.start()
@@ -121,8 +125,58 @@ def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
 
 #: (thread, exception, still wanted, [last raised at, waiting since (see stoppable)])
 _lingering: list[tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = []
+_lingering_by_ident: dict[int, tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = {}
 _lingering_lock = threading.Lock()
 _lingering_watcher: threading.Thread | None = None
+#: While threads linger: (logging's record factory before, disttest's).
+_log_hook: list[tuple[Callable[..., logging.LogRecord], Callable[..., logging.LogRecord]]] = []
+#: The frames of a log call, from the logger's method to the record factory.
+_LOG_CALLS = frozenset({"makeRecord", "_log", "log", "debug", "info", "warning", "warn", "error",
+                        "exception", "critical", "fatal"})
+
+
+def _install_log_hook() -> None:
+    """(Under the lock.) Stop a lingering thread in its next log call, where
+    logging takes no lock yet: a thread that logs in a loop runs, between
+    two looks of the watcher, mostly in its handler's write, where it may
+    not be raised into, and each look finds it there. Undone by
+    :func:`_remove_log_hook` when no thread lingers."""
+    if _log_hook:
+        return
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        _stop_in_log_call()
+        return previous(*args, **kwargs)
+
+    logging.setLogRecordFactory(factory)
+    _log_hook.append((previous, factory))
+
+
+def _remove_log_hook() -> None:
+    """(Under the lock.) Put logging's record factory back, unless another
+    was set since (then that one stays)."""
+    if _log_hook:
+        previous, ours = _log_hook.pop()
+        if logging.getLogRecordFactory() is ours:
+            logging.setLogRecordFactory(previous)
+
+
+def _stop_in_log_call() -> None:
+    entry = _lingering_by_ident.get(threading.get_ident())
+    if entry is None:
+        return
+    thread, exc_type, wanted, times = entry
+    if thread is not threading.current_thread() or not wanted():
+        return
+    frame: FrameType | None = sys._getframe(2)  # the record factory's caller
+    while (frame is not None and frame.f_code.co_name in _LOG_CALLS
+           and frame.f_code.co_filename.startswith(LOCKING)):
+        frame = frame.f_back
+    now = time.monotonic()
+    if now - times[0] >= LINGER_AGAIN and not mid_change(frame):  # (not a log call from logging's own code)
+        times[0] = now
+        raise exc_type()
 
 
 def _stop_lingering() -> None:
@@ -131,7 +185,10 @@ def _stop_lingering() -> None:
     while True:
         with _lingering_lock:
             _lingering[:] = [entry for entry in _lingering if entry[0].is_alive() and entry[2]()]
+            _lingering_by_ident.clear()
+            _lingering_by_ident.update((entry[0].ident, entry) for entry in _lingering if entry[0].ident)
             if not _lingering:
+                _remove_log_hook()
                 _lingering_watcher = None
                 return
             if len(_lingering) > known:  # (a thread just handed over: looked at often again)
