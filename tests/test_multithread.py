@@ -410,6 +410,31 @@ class UnstoppableTest(unittest.TestCase):
         self.assertGreater(elapsed, 3.0)
         self.assertLess(elapsed, 5.5)  # 0.5 + one STOP_WAIT, not two
 
+    def run_stuck(self, body, world_size=2, timeout=0.5, stop_wait=None):
+        """Run a test whose last rank runs ``body``, which does not end by
+        itself; return the result and an event set when ``body`` ended."""
+        from disttest._runner import threads
+
+        ended = threading.Event()
+
+        class Case(disttest.MultiThreadedTestCase):
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_stuck(self):
+                if self.rank == self.world_size - 1:
+                    try:
+                        body()
+                    finally:
+                        ended.set()
+
+        Case.world_size, Case.timeout = world_size, timeout
+        with mock.patch.object(threads, "STOP_WAIT", stop_wait or threads.STOP_WAIT):
+            result = run(Case("test_stuck"))
+        self.assertFalse(result.wasSuccessful())
+        return result, ended
+
     def test_a_thread_that_could_not_be_stopped_in_time_is_stopped_later(self):
         # A rank that spins where disttest may not raise (here code that
         # counts as logging's, whose handlers hold locks across calls) for
@@ -418,35 +443,19 @@ class UnstoppableTest(unittest.TestCase):
         # running in 1 of 4 timed-out tests, and every later test too).
         import logging
 
-        from disttest._runner import threads
-
         spin = {}
         exec(compile("def spin(seconds):\n"
                      "    import time\n"
                      "    end = time.monotonic() + seconds\n"
                      "    while time.monotonic() < end:\n"
                      "        pass\n", logging.__file__, "exec"), spin)
-        ended = threading.Event()
 
-        class Case(disttest.MultiThreadedTestCase):
-            world_size = 2
-            timeout = 0.5
+        def body():
+            spin["spin"](1.5)
+            while True:
+                pass
 
-            def setUp(self):
-                super().setUp()
-                self._spawn_threads()
-
-            def test_spinning(self):
-                if self.rank == 1:
-                    try:
-                        spin["spin"](1.5)
-                        while True:
-                            pass
-                    finally:
-                        ended.set()
-
-        with mock.patch.object(threads, "STOP_WAIT", 0.3):
-            result = run(Case("test_spinning"))
+        result, ended = self.run_stuck(body, stop_wait=0.3)
         (_, text), = result.failures + result.errors
         self.assertIn("the threads of [1] could not be stopped", text)
         self.assertFalse(ended.is_set())
@@ -456,50 +465,31 @@ class UnstoppableTest(unittest.TestCase):
             time.sleep(0.01)
         self.assertFalse([t for t in threading.enumerate() if t.name == "disttest-stopper"])
 
-
     def test_a_thread_is_not_stopped_inside_a_context_manager_s_exit(self):
         # Its __exit__ puts back what __enter__ changed for the process
         # (mock.patch's attribute, a default dtype): stopped half way, the
         # change stayed for every later test.
-        from disttest._runner import threads
-
         state = {"changed": False}
-        ended = threading.Event()
 
         class Change:
             def __enter__(self):
                 state["changed"] = True
 
             def __exit__(self, *exc):
-                end = time.monotonic() + 1.5
+                end = time.monotonic() + 0.9
                 while time.monotonic() < end:
                     pass
                 state["changed"] = False
 
-        class Case(disttest.MultiThreadedTestCase):
-            world_size = 2
-            timeout = 0.5
+        def body():
+            with Change():
+                pass
+            while True:
+                pass
 
-            def setUp(self):
-                super().setUp()
-                self._spawn_threads()
-
-            def test_spinning(self):
-                if self.rank == 1:
-                    try:
-                        with Change():
-                            pass
-                        while True:
-                            pass
-                    finally:
-                        ended.set()
-
-        with mock.patch.object(threads, "STOP_WAIT", 0.3):
-            result = run(Case("test_spinning"))
-        self.assertFalse(result.wasSuccessful())
+        _, ended = self.run_stuck(body, stop_wait=0.3)
         self.assertTrue(ended.wait(10), "the rank thread spins on after its test")
         self.assertFalse(state["changed"], "stopped inside __exit__")
-
 
     def test_a_thread_that_polls_in_a_context_manager_s_enter_is_stopped(self):
         # A context manager that waits for its peers before it yields: not
@@ -507,35 +497,20 @@ class UnstoppableTest(unittest.TestCase):
         # both ranks ran on after the test).
         import contextlib
 
-        ended = threading.Event()
-
         @contextlib.contextmanager
         def joined():
             while True:
                 time.sleep(0.01)
             yield
 
-        class Case(disttest.MultiThreadedTestCase):
-            world_size = 2
-            timeout = 0.5
+        def body():
+            with joined():
+                pass
 
-            def setUp(self):
-                super().setUp()
-                self._spawn_threads()
-
-            def test_polling(self):
-                if self.rank == 1:
-                    try:
-                        with joined():
-                            pass
-                    finally:
-                        ended.set()
-
-        result = run(Case("test_polling"))
+        result, ended = self.run_stuck(body)
         (_, text), = result.failures + result.errors
-        self.assertIn("rank 1/2 did not finish 'test_polling' within 0.5s", text)
+        self.assertIn("rank 1/2 did not finish 'test_stuck' within 0.5s", text)
         self.assertTrue(ended.wait(5), "the rank thread polls on after its test")
-
 
     def test_a_thread_that_logs_in_a_loop_is_stopped_later(self):
         # It holds the GIL but in its handler's write: each look of the
@@ -543,8 +518,6 @@ class UnstoppableTest(unittest.TestCase):
         # (hostile pass: 15 of 15 such ranks ran on). It is stopped in its
         # next log call instead, before logging takes a lock.
         import logging
-
-        from disttest._runner import threads
 
         log = logging.getLogger("disttest-test-spinning")
         handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 (closed below)
@@ -554,29 +527,15 @@ class UnstoppableTest(unittest.TestCase):
         log.setLevel(logging.INFO)
         log.propagate = False
         factory = logging.getLogRecordFactory()
-        ended = threading.Event()
 
-        class Case(disttest.MultiThreadedTestCase):
-            world_size = 1
-            timeout = 0.3
+        def body():
+            while True:
+                log.info("tick")
+                total = 0
+                for k in range(30):
+                    total += k
 
-            def setUp(self):
-                super().setUp()
-                self._spawn_threads()
-
-            def test_logging(self):
-                try:
-                    while True:
-                        log.info("tick")
-                        total = 0
-                        for k in range(30):
-                            total += k
-                finally:
-                    ended.set()
-
-        with mock.patch.object(threads, "STOP_WAIT", 0.3):
-            result = run(Case("test_logging"))
-        self.assertFalse(result.wasSuccessful())
+        _, ended = self.run_stuck(body, world_size=1, timeout=0.3, stop_wait=0.3)
         self.assertTrue(ended.wait(5), "the rank thread logs on after its test")
         deadline = time.monotonic() + 5
         while logging.getLogRecordFactory() is not factory and time.monotonic() < deadline:
