@@ -126,3 +126,50 @@ class DeadlineTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LingeringTest(unittest.TestCase):
+    def test_a_child_forked_while_threads_linger_starts_clean(self):
+        # Forked while the watcher held its lock, a child that stopped a
+        # thread of its own waited for ever; nor is the log hook its.
+        from disttest._runner import deadline
+
+        class Stop(BaseException):
+            pass
+
+        stop = threading.Event()
+
+        def blocked():
+            try:
+                stop.wait(30)
+            except Stop:
+                pass
+
+        thread = threading.Thread(target=blocked, daemon=True)
+        thread.start()
+        factory = logging.getLogRecordFactory()
+        deadline.stop_when_safe(thread, Stop, lambda: not stop.is_set())
+        self.assertIsNot(logging.getLogRecordFactory(), factory)
+        with deadline._lingering_lock:  # as the watcher holds it at each look
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover (the child)
+                code = 3 if logging.getLogRecordFactory() is not factory else 0
+                deadline.stop_when_safe(threading.current_thread(), Stop, lambda: False)
+                os._exit(code)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            self.fail("the child waited for the lock its parent's watcher held")
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child kept the log hook")
+        stop.set()
+        thread.join(10)
+        end = time.monotonic() + 5
+        while logging.getLogRecordFactory() is not factory and time.monotonic() < end:
+            time.sleep(0.01)
+        self.assertIs(logging.getLogRecordFactory(), factory)

@@ -112,6 +112,11 @@ def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
     of the process. One daemon watcher serves every such thread, and ends
     when none is left."""
     global _lingering_watcher
+    if not _fork_hooked:
+        _fork_hooked.append(True)
+        # A rank process forked meanwhile has neither the watcher nor the
+        # threads: nor may it inherit the lock held, or the log hook.
+        os.register_at_fork(after_in_child=_forget_lingering)
     with _lingering_lock:
         entry = (thread, exc_type, wanted, [0.0, None])
         _lingering.append(entry)
@@ -128,6 +133,19 @@ _lingering: list[tuple[threading.Thread, type[BaseException], Callable[[], bool]
 _lingering_by_ident: dict[int, tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = {}
 _lingering_lock = threading.Lock()
 _lingering_watcher: threading.Thread | None = None
+_fork_hooked: list[bool] = []
+
+
+def _forget_lingering() -> None:
+    """In a child forked while threads lingered: none of them is its."""
+    global _lingering_lock, _lingering_watcher
+    _lingering_lock = threading.Lock()
+    _lingering.clear()
+    _lingering_by_ident.clear()
+    _lingering_watcher = None
+    _remove_log_hook()
+
+
 #: While threads linger: (logging's record factory before, disttest's).
 _log_hook: list[tuple[Callable[..., logging.LogRecord], Callable[..., logging.LogRecord]]] = []
 #: The frames of a log call, from the logger's method to the record factory.
