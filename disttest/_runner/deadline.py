@@ -1,7 +1,8 @@
 """A limit on code that runs in one thread of the test process: raising into a thread.
 
 Rank threads are stopped from another thread (:func:`raise_in`, by
-:mod:`disttest._runner.threads`), and a test that runs in the test's own
+:mod:`disttest._runner.threads`; one it could not stop in time is stopped
+later, by :func:`stop_when_safe`), and a test that runs in the test's own
 thread (a simulated world, :class:`~disttest.SimulatedTestCase`) is held
 to its timeout by :class:`Deadline`, which raises :class:`DeadlinePassed`
 in the test's thread once the limit passes (see there how). NB: an
@@ -14,7 +15,8 @@ NB: never raised into code that holds a lock across calls: an exception
 between a lock's ``acquire`` and the code that releases it leaks the lock
 (logging's handler lock, and every later log call of the process hangs;
 the threaded world's lock, and every rank hangs), nor into an import under
-way. Such a thread gets it at a later look.
+way; and for a second not into code that changes what the whole process
+sees (:func:`mid_change`). Such a thread gets it at a later look.
 """
 
 from __future__ import annotations
