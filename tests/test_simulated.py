@@ -711,6 +711,32 @@ class SimulatedLimitsTest(unittest.TestCase):
         self.assertFalse(dist.is_initialized())  # the cleanups ran
         self.assertFalse(any(t.name == "disttest-deadline" for t in threading.enumerate()))
 
+    def test_a_test_polling_in_a_context_manager_s_enter_is_stopped(self):
+        # Not stopped inside a context manager's entry at first (it may be
+        # switching a mode), but not waited for for ever either: the test
+        # ran on past its limit.
+        import contextlib
+
+        @contextlib.contextmanager
+        def joined():
+            while True:
+                time.sleep(0.01)
+            yield
+
+        class Polls(disttest.SimulatedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def test_poll(self):
+                with joined():
+                    pass
+
+        start = time.monotonic()
+        result = run(Polls)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(len(result.errors), 1, problems(result))
+        self.assertIn("'test_poll' did not finish within 0.5s", result.errors[0][1])
+
     def test_setup_and_test_share_the_limit_from_the_environment(self):
         calls = []
 
@@ -733,9 +759,11 @@ class SimulatedLimitsTest(unittest.TestCase):
         self.assertIn("'test_spin' did not finish within 1s", result.errors[0][1])
 
     def test_a_test_in_time_passes(self):
+        # (A limit of 1 s: setUp counts too, and on a loaded machine it
+        # took over 0.1 s of a 0.2 s limit in 2 runs of 5.)
         class Quick(disttest.SimulatedTestCase):
             world_size = 2
-            timeout = 0.2
+            timeout = 1.0
 
             def test_quick(self):
                 time.sleep(0.1)
@@ -743,7 +771,7 @@ class SimulatedLimitsTest(unittest.TestCase):
         for _ in range(5):
             result = run(Quick)
             self.assertTrue(result.wasSuccessful(), problems(result))
-        time.sleep(0.3)  # nothing lands later
+        time.sleep(1.1)  # nothing lands later
         self.assertFalse(any(t.name == "disttest-deadline" for t in threading.enumerate()))
 
     def test_a_limit_caught_by_the_test_still_ends_it(self):

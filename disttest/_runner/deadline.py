@@ -16,7 +16,8 @@ between a lock's ``acquire`` and the code that releases it leaks the lock
 (logging's handler lock, and every later log call of the process hangs;
 the threaded world's lock, and every rank hangs), nor into an import under
 way; and for a second not into code that changes what the whole process
-sees (:func:`mid_change`). Such a thread gets it at a later look.
+sees (:func:`mid_change`, :func:`stoppable`). Such a thread gets it at a
+later look.
 """
 
 from __future__ import annotations
@@ -286,6 +287,7 @@ class Deadline:
         self._armed = False  # (not raised into Deadline's own code: the watcher's start)
         self._previous: Any = None
         self._by_signal = False
+        self._waiting_since: float | None = None  # (see stoppable)
         self._watcher = threading.Thread(target=self._watch, name="disttest-deadline", daemon=True)
 
     @property
@@ -322,7 +324,10 @@ class Deadline:
             if callable(self._previous):
                 self._previous(signum, frame)
             return
-        if not self._armed or self._over.is_set() or mid_change(frame):
+        if not self._armed or self._over.is_set():
+            return
+        ok, self._waiting_since = stoppable(frame, self._waiting_since, time.monotonic())
+        if not ok:
             return  # (the watcher sends it again)
         if not self._raised:
             self.frames = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
