@@ -121,19 +121,16 @@ def stop_when_safe(thread: threading.Thread, exc_type: type[BaseException],
         # threads: nor may it inherit the lock held, or the log hook.
         os.register_at_fork(after_in_child=_forget_lingering)
     with _lingering_lock:
-        entry = (thread, exc_type, wanted, [0.0, None])
-        _lingering.append(entry)
-        if thread.ident is not None:
-            _lingering_by_ident[thread.ident] = entry
+        if thread.ident is not None:  # (a thread never started has nothing to stop)
+            _lingering[thread.ident] = (thread, exc_type, wanted, [0.0, None])
         _install_log_hook()
         if _lingering_watcher is None or not _lingering_watcher.is_alive():
             _lingering_watcher = threading.Thread(target=_stop_lingering, name="disttest-stopper", daemon=True)
             _lingering_watcher.start()
 
 
-#: (thread, exception, still wanted, [last raised at, waiting since (see stoppable)])
-_lingering: list[tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = []
-_lingering_by_ident: dict[int, tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = {}
+#: Thread ident -> (thread, exception, still wanted, [last raised at, waiting since (see stoppable)]).
+_lingering: dict[int, tuple[threading.Thread, type[BaseException], Callable[[], bool], list[Any]]] = {}
 _lingering_lock = threading.Lock()
 _lingering_watcher: threading.Thread | None = None
 _fork_hooked: list[bool] = []
@@ -144,7 +141,6 @@ def _forget_lingering() -> None:
     global _lingering_lock, _lingering_watcher
     _lingering_lock = threading.Lock()
     _lingering.clear()
-    _lingering_by_ident.clear()
     _lingering_watcher = None
     _remove_log_hook()
 
@@ -184,7 +180,7 @@ def _remove_log_hook() -> None:
 
 
 def _stop_in_log_call() -> None:
-    entry = _lingering_by_ident.get(threading.get_ident())
+    entry = _lingering.get(threading.get_ident())
     if entry is None:
         return
     thread, exc_type, wanted, times = entry
@@ -205,9 +201,9 @@ def _stop_lingering() -> None:
     pause, known = LOOK_AGAIN, 0
     while True:
         with _lingering_lock:
-            _lingering[:] = [entry for entry in _lingering if entry[0].is_alive() and entry[2]()]
-            _lingering_by_ident.clear()
-            _lingering_by_ident.update((entry[0].ident, entry) for entry in _lingering if entry[0].ident)
+            for ident in [i for i, (thread, _, wanted, _) in _lingering.items()
+                          if not thread.is_alive() or not wanted()]:
+                del _lingering[ident]
             if not _lingering:
                 _remove_log_hook()
                 _lingering_watcher = None
@@ -217,7 +213,7 @@ def _stop_lingering() -> None:
             known = len(_lingering)
             frames = sys._current_frames()
             now = time.monotonic()
-            for thread, exc_type, _, times in _lingering:
+            for thread, exc_type, _, times in _lingering.values():
                 ok, times[1] = stoppable(frames.get(thread.ident or -1), times[1], now)
                 if ok and now - times[0] >= LINGER_AGAIN:
                     raise_in(thread, exc_type)

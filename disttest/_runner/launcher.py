@@ -260,7 +260,7 @@ class ProcessLauncher:
         """For ranks that are children of the test process (fork, spawn):
         until :meth:`close`, the test process adopts what a rank leaves
         when it dies without killing it (a crash), to kill it then."""
-        self._before: set[int] | None = _children()
+        self._before: set[int] | None = rank_mod.children()
         self._was_subreaper = _subreaper()
         rank_mod.set_child_subreaper()
 
@@ -282,7 +282,7 @@ class ProcessLauncher:
         self._before = None
         keep = before | set(self.pids.values()) | _helpers()
         procs = []
-        for pid in _children() - keep:
+        for pid in rank_mod.children() - keep:
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
         for p in procs:
@@ -343,18 +343,6 @@ def keep_files(test: str, logs: dict[int, str]) -> str:
         with contextlib.suppress(OSError):
             shutil.copyfile(path, os.path.join(folder, f"rank{r}.log"))
     return folder
-
-
-def _children() -> set[int]:
-    """The test process's children now (from /proc where it says: psutil
-    reads every process of the machine to find them)."""
-    kids = rank_mod._direct_children()
-    if kids is not None:
-        return kids
-    try:
-        return {p.pid for p in psutil.Process().children()}
-    except psutil.Error:
-        return set()
 
 
 def _subreaper() -> bool:

@@ -279,6 +279,20 @@ def _direct_children(pid: int | str = "self") -> set[int] | None:
     return None
 
 
+def children() -> set[int]:
+    """This process's children now: /proc's lists where the system keeps
+    them, else psutil's (which reads every process of the machine)."""
+    kids = _direct_children()
+    if kids is not None:
+        return kids
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
 def _childless() -> bool:
     """Whether this process has no child at all, running or ended (one
     system call; /proc lists children per thread, and torch has many)."""

@@ -227,19 +227,9 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
 def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
     """Kill our children that are not ranks: the descendants of a rank that
     ended without killing them (it crashed), handed to us as subreaper."""
-    kids = rank_mod._direct_children()
-    if kids is not None and kids <= children.keys():
-        return  # only ranks (the usual case, in a fraction of psutil's time)
-    import psutil
-
-    try:
-        procs = psutil.Process().children()
-    except psutil.Error:
-        return
-    for p in procs:
-        if p.pid not in children:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+    for pid in rank_mod.children() - children.keys():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _reap(children: dict[int, tuple[int, int]], outbox: Connection) -> None:

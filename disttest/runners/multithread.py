@@ -275,9 +275,10 @@ class MultiThreadedTestCase(RankDispatch):
     threads it had to stop. A thread waiting in a collective is released
     within a poll interval when a peer fails or the test times out; one
     running Python code gets disttest's ``RankStopped`` (a ``BaseException``)
-    raised into it (never inside logging's handlers, an import, or a context
-    manager's ``__enter__``/``__exit__``), and one still running when the
-    test is reported gets it at its first safe moment after.
+    raised into it (never inside logging's handlers or an import; inside a
+    context manager's ``__enter__``/``__exit__`` only after a second), and
+    one still running when the test is reported gets it at its first safe
+    moment after.
     """
 
     MAIN_THREAD_RANK = -1
