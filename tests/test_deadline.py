@@ -119,6 +119,35 @@ class DeadlineTest(unittest.TestCase):
             signal.signal(signal.SIGUSR2, signal.SIG_DFL)
             spin()
 
+    def test_a_thread_not_the_main_one_is_not_stopped_in_a_context_manager_s_exit(self):
+        # (stopped from the watcher, as the handler stops the main thread)
+        put_back = []
+        seen: list[BaseException] = []
+
+        class Mode:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                spin(0.3)
+                put_back.append(True)
+
+        def body():
+            try:
+                with Deadline(0.05):
+                    with Mode():
+                        pass
+                    spin()
+            except DeadlinePassed as e:
+                seen.append(e)
+
+        thread = threading.Thread(target=body)
+        thread.start()
+        thread.join(10)
+        self.assertFalse(thread.is_alive())
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(put_back, [True])
+
     def test_an_exception_of_the_body_is_its_own(self):
         with self.assertRaises(KeyError), Deadline(5):
             raise KeyError("mine")

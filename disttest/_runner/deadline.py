@@ -268,7 +268,8 @@ class Deadline:
     signal also ends a blocking call. The handler is installed for the
     block only, over the one before, which a signal not its own still
     reaches. Elsewhere the exception is raised from the watcher thread
-    (:func:`raise_in`), which sees the stack only before it lands."""
+    (:func:`raise_in`), which sees the stack only before it lands; it waits
+    as the handler does (:func:`stoppable`)."""
 
     def __init__(self, seconds: float, message: str = "") -> None:
         self.seconds = seconds
@@ -348,7 +349,8 @@ class Deadline:
                         signal.pthread_kill(self._thread.ident or 0, STOP_SIGNAL)  # type: ignore[arg-type]
                 else:
                     frame = sys._current_frames().get(self._thread.ident or -1)
-                    if self._armed and not holds_locks(frame):
+                    ok, self._waiting_since = stoppable(frame, self._waiting_since, time.monotonic())
+                    if self._armed and ok:
                         self.frames = (traceback.extract_stack(frame) if frame is not None
                                        else traceback.StackSummary())
                         self._raised = True
