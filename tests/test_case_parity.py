@@ -598,6 +598,76 @@ class SetUpTest(unittest.TestCase):
         self.assertTrue(torch.is_grad_enabled())
 
 
+class TorchTwoFourteenTest(unittest.TestCase):
+    """What upstream's TestCase does from torch 2.14 on: the same as the
+    installed upstream's here, and with the check turned on by version."""
+
+    FLAG = "torch.backends.mkldnn.matmul.fp32_precision"
+
+    def setUp(self):
+        if self.FLAG not in _compat.fp32_precision():
+            self.skipTest("this torch has no fp32 precision settings")
+        before = torch.backends.mkldnn.matmul.fp32_precision
+        self.other = "bf16" if before != "bf16" else "tf32"
+        self.addCleanup(setattr, torch.backends.mkldnn.matmul, "fp32_precision", before)
+
+    def leak(self, base, checks_from):
+        """The failures of a test of ``base`` that leaves a precision changed,
+        and the setting after it."""
+        other = self.other
+        case = type("Case", (base,), {"test_x": lambda self: setattr(torch.backends.mkldnn.matmul,
+                                                                      "fp32_precision", other)})
+        before = torch.backends.mkldnn.matmul.fp32_precision
+        with mock.patch.object(case_parity, "CHECKS_FROM", checks_from):
+            result = run_case(case("test_x"))
+        after = torch.backends.mkldnn.matmul.fp32_precision
+        torch.backends.mkldnn.matmul.fp32_precision = before
+        return [text.strip() for _, text in result.failures + result.errors], after
+
+    def test_a_leaked_fp32_precision_fails_and_is_put_back(self):
+        texts, after = self.leak(disttest.TestCase, "2.0")
+        self.assertEqual(len(texts), 1)
+        line = f"  {self.FLAG}: was {torch.backends.mkldnn.matmul.fp32_precision!r}, became {self.other!r}"
+        self.assertTrue(texts[0].endswith(
+            "AssertionError: " + case_parity.FP32_PRECISION_LEAKED.format(flags=line)), texts[0])
+        self.assertEqual(after, torch.backends.mkldnn.matmul.fp32_precision)
+
+    def test_the_check_is_upstream_s_own_on_the_installed_torch(self):
+        ours, _ = self.leak(disttest.TestCase, case_parity.CHECKS_FROM)
+        theirs, _ = self.leak(upstream.TestCase, case_parity.CHECKS_FROM)
+        self.assertEqual(bool(ours), bool(theirs))
+        self.assertEqual(bool(ours), _compat.torch_at_least(case_parity.CHECKS_FROM))
+
+    def test_the_check_is_off_with_upstream_s_variable(self):
+        with mock.patch.dict(os.environ, {"PYTORCH_DISABLE_FP32_PRECISION_LEAK_CHECK": "1"}):
+            texts, after = self.leak(disttest.TestCase, "2.0")
+        self.assertEqual((texts, after), ([], self.other))
+
+    def test_dynamo_is_reset_before_and_after_each_test(self):
+        import torch._dynamo
+
+        def calls(base, checks_from):
+            case = type("Case", (base,), {"test_x": lambda self: None})
+            with mock.patch.object(torch._dynamo, "reset") as reset, \
+                    mock.patch.object(case_parity, "CHECKS_FROM", checks_from):
+                self.assertTrue(run_case(case("test_x")).wasSuccessful())
+            return reset.call_count
+
+        self.assertEqual(calls(disttest.TestCase, "2.0"), 2)
+        installed = calls(disttest.TestCase, case_parity.CHECKS_FROM)
+        self.assertEqual(installed, calls(upstream.TestCase, case_parity.CHECKS_FROM))
+        self.assertEqual(installed, 2 if _compat.torch_at_least(case_parity.CHECKS_FROM) else 0)
+
+    def test_a_callable_msg_makes_the_message(self):
+        class Case(disttest.TestCase):
+            def test_x(self):
+                self.assertTrue(False, msg=lambda standard: f"mine ({standard})")
+
+        result = run_case(Case("test_x"))
+        self.assertTrue(result.failures[0][1].strip().endswith("AssertionError: mine (False is not true)"),
+                        result.failures[0][1])
+
+
 class SparseTest(unittest.TestCase, Cases):
     def same(self, name, *args, **kwargs):
         results = []

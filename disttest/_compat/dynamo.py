@@ -36,18 +36,28 @@ def reset_dynamo() -> None:
 
 
 @contextlib.contextmanager
-def dynamo_test_state() -> Iterator[None]:
+def dynamo_test_state(reset: bool = False) -> Iterator[None]:
     """Around one test, as upstream's ``TestCase.run``: the compiler's stance
     set to "default" first (``torch.compiler.set_stance``), and
-    ``torch._dynamo.config.suppress_errors`` put back after. Nothing where
-    no code imported ``torch._dynamo`` (no stance or setting can be other
-    than the default then; importing it would cost seconds)."""
+    ``torch._dynamo.config.suppress_errors`` put back after; with ``reset``
+    (upstream's from torch 2.14 on), ``torch._dynamo.reset()`` before and
+    after the test. Nothing where no code imported ``torch._dynamo`` (no
+    stance, setting or cache can be other than the default then; importing
+    it would cost seconds). NB: the reset after the test happens where the
+    test imported dynamo, as upstream's."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:
-        yield
+        try:
+            yield
+        finally:
+            dynamo = sys.modules.get("torch._dynamo")
+            if reset and dynamo is not None:
+                dynamo.reset()
         return
     import torch
 
+    if reset:
+        dynamo.reset()
     set_stance = getattr(torch.compiler, "set_stance", None)
     if set_stance is not None:
         set_stance("default")
@@ -56,6 +66,8 @@ def dynamo_test_state() -> Iterator[None]:
         yield
     finally:
         dynamo.config.suppress_errors = saved
+        if reset:
+            dynamo.reset()
 
 
 def preload_dynamo() -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "dispatch_modes",
     "drop_function_modes",
     "enable_record_function",
+    "fp32_precision",
     "function_mode_depth",
     "function_state",
     "function_state_enabled",
@@ -24,6 +25,7 @@ __all__ = [
     "pytree",
     "restore_function_state",
     "script_containers",
+    "set_fp32_precision",
     "sparse_coo_raw",
     "typed_storage_bytes",
     "unwrap_dtensors",
@@ -138,6 +140,45 @@ def typed_storage_bytes(storage: Any) -> Any:
     """A ``TypedStorage``'s untyped storage, without the deprecation warning
     ``TypedStorage.untyped()`` gives (``TypedStorage._untyped_storage``)."""
     return storage._untyped_storage
+
+
+#: torch's fp32 precision settings (``torch.backends.<flag>.fp32_precision``),
+#: in the order upstream's ``TestCase`` reports them (torch 2.14 on).
+FP32_PRECISION_FLAGS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+_fp32_flags: dict[str, Any] = {}  # flag -> the object that holds it (torch's singletons)
+
+
+def _fp32_flag(flag: str) -> Any:
+    obj = _fp32_flags.get(flag)
+    if obj is None:
+        import torch.backends
+
+        obj = torch.backends
+        for part in flag.split("."):
+            obj = getattr(obj, part)
+        _fp32_flags[flag] = obj
+    return obj
+
+
+def fp32_precision() -> dict[str, Any]:
+    """``{"torch.backends.cuda.matmul.fp32_precision": "none", ...}``: the
+    fp32 precision settings this torch has (none before torch 2.9)."""
+    found = {}
+    for flag in FP32_PRECISION_FLAGS:
+        try:
+            found[f"torch.backends.{flag}.fp32_precision"] = _fp32_flag(flag).fp32_precision
+        except (AttributeError, RuntimeError):
+            continue
+    return found
+
+
+def set_fp32_precision(values: dict[str, Any]) -> None:
+    """Put back settings :func:`fp32_precision` read."""
+    prefix, suffix = "torch.backends.", ".fp32_precision"
+    for name, value in values.items():
+        _fp32_flag(name[len(prefix):-len(suffix)]).fp32_precision = value
 
 
 def function_mode_depth() -> int:

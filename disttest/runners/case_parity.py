@@ -56,6 +56,8 @@ _NO_DEVICE_TYPE = object()
 #: Upstream's messages, word for word.
 FUNCTION_MODES_LEAKED = "torch function mode stack was leaked: length changed from {before} to {after}"
 FUNCTION_STATE_LEAKED = "torch function state was leaked: changed from {before} to {after}"
+#: ``{flags}``: a line ``  torch.backends.cuda.matmul.fp32_precision: was 'none', became 'tf32'`` per flag.
+FP32_PRECISION_LEAKED = "fp32 precision flag leak detected:\n{flags}"
 DID_NOT_RAISE = "Did not raise when expected to"
 NO_WARNING_CAUGHT = "no warning caught"
 OBJECT_NOT_FOUND = "object not found in iterable"
@@ -66,6 +68,9 @@ NO_EXPECT_FILE = (
 )
 
 _IS_WINDOWS = sys.platform == "win32"
+#: The first torch whose ``TestCase`` fails a test that leaves an fp32
+#: precision setting changed, and resets dynamo around every test.
+CHECKS_FROM = "2.14"
 _ANSI_ESCAPE = re.compile(r"""
     \x1B  # ESC
     (?:   # 7-bit C1 Fe (except CSI)
@@ -148,8 +153,9 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
 
     def run(self, result: Any = None) -> Any:
         # As upstream's run: a compiler stance a test set (set_stance) ends
-        # with it, and so does a suppress_errors it set.
-        with _compat.dynamo_test_state():
+        # with it, and so does a suppress_errors it set; from torch 2.14 on,
+        # dynamo's caches are cleared before and after the test as well.
+        with _compat.dynamo_test_state(reset=_compat.torch_at_least(CHECKS_FROM)):
             return super().run(result)
 
     def setUp(self) -> None:
@@ -162,14 +168,18 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
         self._prev_grad_state = torch.is_grad_enabled()
         self._prev_torch_function_mode_stack_len = _compat.function_mode_depth()
         self._prev_torch_function_state = _compat.function_state()
+        if _compat.torch_at_least(CHECKS_FROM) and os.environ.get("PYTORCH_DISABLE_FP32_PRECISION_LEAK_CHECK") != "1":
+            self._prev_fp32_precision = _compat.fp32_precision()
 
     def tearDown(self) -> None:
         """Hook method for the end of a test: put back what upstream's puts
         back (sparse invariant checks, grad mode, torch function modes and
-        state), then fail on what upstream fails on (a default dtype other
-        than float; function modes a test left pushed, which
-        ``set_default_device`` does; a changed torch function state). Unlike
-        upstream's, everything is put back before the first failure."""
+        state; from torch 2.14 on the fp32 precision settings), then fail on
+        what upstream fails on (a default dtype other than float; function
+        modes a test left pushed, which ``set_default_device`` does; a
+        changed torch function state; from torch 2.14 on a changed fp32
+        precision setting, unless ``PYTORCH_DISABLE_FP32_PRECISION_LEAK_CHECK=1``).
+        Unlike upstream's, everything is put back before the first failure."""
         if hasattr(self, "_check_invariants"):
             invariants = torch.sparse.check_sparse_tensor_invariants
             if self._check_invariants:
@@ -178,7 +188,7 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
                 invariants.disable()  # type: ignore[no-untyped-call]
         if hasattr(self, "_prev_grad_state"):
             torch.set_grad_enabled(self._prev_grad_state)
-        leaks = self._undo_function_leaks()
+        leaks = self._undo_function_leaks() + self._undo_precision_leaks()
         self._check_default_dtype()
         if leaks:
             raise AssertionError(leaks[0])
@@ -204,6 +214,28 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
             _compat.restore_function_state(state)
             leaks.append(FUNCTION_STATE_LEAKED.format(before=state, after=now))
         return leaks
+
+    def _undo_precision_leaks(self) -> list[str]:
+        """Put back the fp32 precision settings ``setUp`` saw (torch 2.14 on,
+        as upstream's: none where a subclass's setUp did not call this one's);
+        the message of what was changed (upstream's words)."""
+        before = getattr(self, "_prev_fp32_precision", None)
+        if before is None:
+            return []
+        now = _compat.fp32_precision()
+        changed = {name: value for name, value in before.items() if now.get(name) != value}
+        if not changed:
+            return []
+        _compat.set_fp32_precision(changed)
+        lines = [f"  {name}: was {value!r}, became {now.get(name)!r}" for name, value in changed.items()]
+        return [FP32_PRECISION_LEAKED.format(flags="\n".join(lines))]
+
+    def _formatMessage(self, msg: Any, standardMsg: str) -> str:
+        # As upstream's from torch 2.14 on: a callable ``msg`` makes the
+        # message from the standard one when the assertion fails.
+        if callable(msg):
+            return str(msg(standardMsg))
+        return str(super()._formatMessage(msg, standardMsg))
 
     def _check_default_dtype(self) -> None:
         if self._default_dtype_check_enabled and torch.get_default_dtype() != torch.float:
@@ -240,6 +272,11 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
     def before_cuda_memory_leak_check(self) -> None:
         """Hook method for clearing caches before the leak check counts
         (default: reset dynamo, when it is loaded)."""
+        _compat.reset_dynamo()
+
+    @staticmethod
+    def _reset_dynamo_if_imported() -> None:
+        """``torch._dynamo.reset()`` where dynamo is loaded (upstream's helper, torch 2.14 on)."""
         _compat.reset_dynamo()
 
     def enforceNonDefaultStream(self) -> CudaNonDefaultStream:
