@@ -29,6 +29,8 @@ __all__ = [
     "as_number",
     "default_timeout",
     "get_timeout",
+    "mark_world_size",
+    "marked_world_size",
     "parse_timeout",
     "parse_world_size",
 ]
@@ -102,6 +104,39 @@ def parse_timeout(value: object, where: str, text: bool = False) -> float:
 #: beyond it sizes overflowed deep inside (a socket's backlog, the progress
 #: board) instead of being refused.
 MAX_WORLD_SIZE = 1 << 16
+
+
+#: A class's own ``{method name: size}`` of the pytest ``world_size`` markers
+#: of its collected tests (kept on the class, not on the function, which
+#: classes that share a method through a mixin share too).
+MARKED_SIZES = "__disttest_marked_world_sizes__"
+
+
+def mark_world_size(cls: type, method_name: str, size: int | None) -> None:
+    """Record (None: forget) the marker's ``size`` of ``cls``'s test ``method_name``."""
+    marked = cls.__dict__.get(MARKED_SIZES)
+    if marked is None:
+        if size is None:
+            return
+        marked = {}
+        setattr(cls, MARKED_SIZES, marked)
+    if size is None:
+        marked.pop(method_name, None)
+    else:
+        marked[method_name] = size
+
+
+def marked_world_size(cls: type, method_name: str | None) -> int | None:
+    """The size a pytest marker gave ``cls``'s test ``method_name`` (also
+    one given to a class it derives from: disttest runs a test in a copy of
+    its class), else None."""
+    if method_name is None:
+        return None
+    for klass in cls.__mro__:
+        size = klass.__dict__.get(MARKED_SIZES, {}).get(method_name)
+        if size is not None:
+            return int(size)
+    return None
 
 
 def parse_world_size(value: object, where: str, text: bool = False) -> int:

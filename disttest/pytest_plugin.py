@@ -33,7 +33,7 @@ import pytest
 
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
-from disttest.config import ConfigError, parse_timeout, parse_world_size
+from disttest.config import ConfigError, mark_world_size, parse_timeout, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
@@ -140,7 +140,10 @@ MARKER_EXTRA = "@pytest.mark.world_size takes one number and mode=, not {extra},
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     _skip_gpu_tests(items)
     for item in items:
+        cls = getattr(item, "cls", None)
         marker = item.get_closest_marker("world_size")
+        if isinstance(cls, type):
+            mark_world_size(cls, item.name, None)  # (a size from an earlier session's collection)
         if marker is None:
             continue
         if not marker.args:
@@ -166,8 +169,8 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         decorated = getattr(func, "__disttest_requires_world_size__", None)
         if decorated is not None and decorated != size:  # (the marker's size ran, the skip was the decorator's)
             raise pytest.UsageError(MARKER_AND_REQUIRES.format(marker=size, required=decorated, where=item.nodeid))
-        if func is not None:
-            func._required_world_size = size
+        if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+            mark_world_size(cls, item.name, size)
 
 
 #: ``mode=`` on a test whose class decides how its ranks run.

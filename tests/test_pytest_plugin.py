@@ -80,6 +80,21 @@ SUITE = textwrap.dedent("""
         def test_three_pooled(self):
             assert (dist.get_world_size(), self.world_size) == (3, 3)
 
+    class Mixin:
+        def test_mixin_size(self):
+            assert (dist.get_world_size(), self.world_size) == (self.expected, self.expected)
+
+    @pytest.mark.world_size(3)
+    class MixinMarked(Mixin, disttest.MultiProcContinousTest):
+        expected = 3
+
+    class MixinPlain(Mixin, disttest.MultiThreadedTestCase):
+        expected = 4
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
     @disttest.run_in("threads", "processes", "pool")
     class Body:
         world_size = 2
@@ -139,6 +154,13 @@ class PluginTest(unittest.TestCase):
     def test_world_size_marker_on_methods_and_classes(self):
         proc = pytest_run("--disttest-timeout=30", "-k", "three or five")
         self.assertIn("7 passed", proc.stdout, proc.stdout[-2000:])
+
+    def test_a_marker_on_one_class_leaves_a_method_it_shares_alone(self):
+        # (the marker's size was written on the function, which both classes share)
+        proc = pytest_run("--disttest-timeout=30", "-k", "mixin")
+        self.assertIn("2 passed", proc.stdout, proc.stdout[-2000:])
+        proc = pytest_run("--disttest-timeout=30", "-k", "MixinPlain")
+        self.assertIn("1 passed", proc.stdout, proc.stdout[-2000:])
 
     def test_a_hang_is_reported_with_stacks_before_pytest_timeout_fires(self):
         proc = pytest_run("--timeout=15", "-k", "hang_in_a_rank")

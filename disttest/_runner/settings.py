@@ -55,7 +55,13 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from disttest.config import ConfigError, get_timeout, parse_timeout, parse_world_size
+from disttest.config import (
+    ConfigError,
+    get_timeout,
+    marked_world_size,
+    parse_timeout,
+    parse_world_size,
+)
 
 __unittest = True
 
@@ -77,6 +83,7 @@ __all__ = [
     "keep_logs",
     "note_test_streams",
     "output_mode_applies",
+    "outer_cap",
     "outer_limit",
     "output_mode",
     "pick",
@@ -151,13 +158,13 @@ def world_size(owner: Any, method_name: str | None = None) -> int:
     """The number of ranks to start for ``owner`` (a test case or its class)
     running ``method_name``: the method's recorded size, else the class's."""
     cls = owner if isinstance(owner, type) else type(owner)
-    # The instance's method first: the pytest plugin marks the one it runs.
-    recorded = None
+    # The pytest marker's first, then requires_world_size's on the method.
+    recorded: Any = marked_world_size(cls, method_name)
     for where in (owner, cls):
-        method = getattr(where, method_name, None) if method_name else None
-        recorded = getattr(method, "_required_world_size", None)
         if recorded is not None:
             break
+        method = getattr(where, method_name, None) if method_name else None
+        recorded = getattr(method, "_required_world_size", None)
     if recorded is not None:
         return parse_world_size(recorded, f"the world size recorded on {cls.__name__}.{method_name}")
     return parse_world_size(_static(owner, "world_size"), f"{cls.__name__}.world_size")
@@ -184,12 +191,23 @@ def test_timeout(owner: Any, test_id: str | None) -> float | None:
         if isinstance(raw, timedelta):
             raw = raw.total_seconds()
         limit = parse_timeout(raw, f"{cls.__name__}.timeout")
-    outer = _outer.get()
-    if outer is not None and limit is not None:
-        inner = max(min(outer * OUTER_SHARE, outer - OUTER_RESERVE), outer * OUTER_SHARE_SHORT)
-        if 0 < inner < limit:
-            limit = int(inner) if float(inner).is_integer() else round(inner, 3)
+    inner = outer_cap()
+    if inner is not None and limit is not None and inner < limit:
+        limit = inner
     return limit
+
+
+def outer_cap() -> float | None:
+    """The most disttest may wait of the outer limit (pytest-timeout's) the
+    current test runs under, leaving the rest for stacks and the report;
+    None without one."""
+    outer = _outer.get()
+    if outer is None:
+        return None
+    inner = max(min(outer * OUTER_SHARE, outer - OUTER_RESERVE), outer * OUTER_SHARE_SHORT)
+    if inner <= 0:
+        return None
+    return int(inner) if float(inner).is_integer() else round(inner, 3)
 
 
 def _env_or_class(env: str, cls: type | None, attr: str, default: Any) -> tuple[Any, str]:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest._typing import F
-from disttest.config import ConfigError, parse_world_size
+from disttest.config import ConfigError, marked_world_size, parse_world_size
 from disttest.support.devices import (
     ACCELERATOR_DIST_BACKENDS,
     accelerator_count,
@@ -510,6 +510,9 @@ def get_required_world_size(obj: Any, default: int) -> int:
     that is not a test case, as upstream's."""
     current = getattr(obj, "_current_test_name", None)
     name = current() if callable(current) else getattr(obj, "_testMethodName", None)
+    marked = marked_world_size(type(obj), name) if isinstance(name, str) else None
+    if marked is not None:
+        return marked
     method = getattr(obj, name, None) if isinstance(name, str) else None
     value = getattr(method, "_required_world_size", None)
     return default if value is None else int(value)
