@@ -200,6 +200,35 @@ class Phases(disttest.MultiProcContinousTest):
         self.assertEqual(t.item(), 2.0)
 
 
+class InitSkips(disttest.MultiProcContinousTest):
+    """A rank skips the class while the pool starts; its peer waits in the rendezvous."""
+
+    @classmethod
+    def _init_pg(cls, rank, world_size, rdvz_file):
+        if rank == 1:
+            raise unittest.SkipTest("rank 1 has no such device")
+        super()._init_pg(rank, world_size, rdvz_file)
+
+    def test_a(self):
+        pass
+
+
+class InitHangs(disttest.MultiProcContinousTest):
+    """A rank hangs while the pool starts: its peer waits in the rendezvous."""
+
+    @classmethod
+    def _init_pg(cls, rank, world_size, rdvz_file):
+        if rank == 1:
+            time.sleep(600)
+        super()._init_pg(rank, world_size, rdvz_file)
+
+    def test_a(self):
+        pass
+
+    def test_b(self):
+        pass
+
+
 class StartDies(disttest.MultiProcContinousTest):
     """A rank dies while the pool starts: every test fails, only the first waits."""
 

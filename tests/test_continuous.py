@@ -16,6 +16,7 @@ import pool_cases as cases
 from runner_cases import live_ranks
 
 import disttest
+from disttest._runner.pool import NOT_STARTED
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -229,6 +230,25 @@ class PoolHygieneTest(unittest.TestCase):
             self.assertIn("the pool of StartDies could not start", errors[name])
             self.assertIn("exited with code 3", errors[name])
         self.assertLess(elapsed, 20)
+
+    def test_a_rank_that_skips_while_the_pool_starts_skips_the_class_at_once(self):
+        # (its peer waited in the rendezvous for the whole start limit, 30 s)
+        result, elapsed = run_class(cases.InitSkips)
+        self.assertEqual(by_name(result.skipped), {"test_a": "rank 1 has no such device"})
+        self.assertLess(elapsed, 15)
+
+    def test_a_pool_start_that_hangs_under_an_outer_limit_is_reported_within_it(self):
+        # (pytest-timeout's limit ended it with no report, and each test waited again)
+        from disttest._runner import settings
+
+        with settings.outer_limit(8):
+            result, elapsed = run_class(cases.InitHangs)
+        errors = by_name(result.errors)
+        self.assertEqual(set(errors), {"test_a", "test_b"})
+        self.assertIn(NOT_STARTED.format(what="make their group", timeout=3), errors["test_a"])
+        self.assertRegex(errors["test_a"], r"(?s)rank 1/2's stack:.*in _init_pg")
+        self.assertIn("the pool of InitHangs could not start", errors["test_b"])
+        self.assertLess(elapsed, 8)
 
     def test_a_pool_the_system_refuses_is_not_tried_again(self):
         from disttest._runner import thread_pool

@@ -7,7 +7,7 @@ current (crashing) one not necessarily first, each going on into the
 frames that made the rank (a forked rank's stack continues into its
 parent's test runner), then a long "Extension modules: ..." line. The report
 wants the crashing thread first and no list of extension modules; the
-report's stack filter (``report._user_stack``) then cuts the launcher's
+report's stack filter (``report.user_stack``) then cuts the launcher's
 frames.
 """
 

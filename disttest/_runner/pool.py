@@ -25,6 +25,7 @@ from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
+from disttest._runner.report import user_stack
 from disttest.support import janitor
 
 __unittest = True
@@ -34,6 +35,8 @@ __all__ = ["POOL_START_TIMEOUT", "Pool", "PoolUnavailable", "TestRun"]
 POOL_START_TIMEOUT = 120.0  # default seconds for every worker to connect and make its group
 EXIT_WAIT = 2.0  # seconds for workers to leave after "exit"
 INIT_GRACE = 0.5  # seconds the others get once a worker could not make its group
+#: No worker made the group in time (the stacks of those that hang follow).
+NOT_STARTED = "the pool's ranks did not {what} within {timeout}s"
 BROKEN_KINDS = (Kind.CRASHED, Kind.TIMED_OUT, Kind.DESYNC, Kind.DEADLOCK, Kind.STOPPED)
 
 
@@ -75,9 +78,9 @@ class Pool:
         deadline = time.monotonic() + self.start_timeout
         ready = self.channel.ready
         while len(ready) < self.world_size:
-            if any(o is not None and o.kind.is_cause for o in ready.values()):
-                # A peer could not make the group: the others wait in its
-                # rendezvous for nothing.
+            if any(o is not None and (o.kind.is_cause or o.kind is Kind.SKIPPED) for o in ready.values()):
+                # A peer could not make the group (or skips the class): the
+                # others wait in its rendezvous for nothing.
                 deadline = min(deadline, time.monotonic() + INIT_GRACE)
             dead = self.launcher.poll()
             if dead:
@@ -86,11 +89,12 @@ class Pool:
                     + ("while making its group" if r in self.channel.conns else "while starting")
                     for r, s in dead.items()) + _tail(self.launcher, dead))
             if time.monotonic() > deadline:
-                if not any(o is not None for o in ready.values()):
-                    what = "make their group" if len(self.channel.conns) == self.world_size else "start"
-                    raise PoolUnavailable(f"the pool's ranks did not {what} within {self.start_timeout}s")
                 waiting = [r for r in range(self.world_size) if r not in ready]
                 stacks = self.launcher.dump_stacks(waiting)
+                if not any(o is not None for o in ready.values()):
+                    what = "make their group" if len(self.channel.conns) == self.world_size else "start"
+                    raise PoolUnavailable(NOT_STARTED.format(what=what, timeout=self.start_timeout) + "".join(
+                        f"\nrank {r}/{self.world_size}'s stack:\n{user_stack(stacks[r])}" for r in waiting if stacks.get(r)))
                 for r in waiting:
                     self.init_outcomes[r] = Outcome(
                         r, Kind.STOPPED, stacks=stacks.get(r, ""),

@@ -37,6 +37,7 @@ __all__ = [
     "raise_for",
     "raise_for_outcomes",
     "report_parts",
+    "user_stack",
     "user_traceback",
 ]
 
@@ -148,7 +149,7 @@ _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _ENTRIES = (" in run_rank_process", " in _main")
 
 
-def _user_stack(stacks: str) -> str:
+def user_stack(stacks: str) -> str:
     """A stack dump without disttest's own frames, cut at the rank's entry;
     threads left with no frame of their own (disttest's watcher) are dropped."""
     blocks: list[list[str]] = []  # a header (or ""), then its kept frames
@@ -209,7 +210,7 @@ def _body(o: Outcome, stacks: str = "") -> str:
         parts.append(stacks)
     elif o.stacks:
         where = "where it crashed" if o.kind is Kind.CRASHED else "its stack"
-        parts.append(f"{where}:\n" + _user_stack(o.stacks))
+        parts.append(f"{where}:\n" + user_stack(o.stacks))
     if o.output_tail.strip() and o.kind.is_cause:
         parts.append("its output ends:\n" + o.output_tail[-TAIL_CHARS:].rstrip())
     return "\n".join(parts)
@@ -222,7 +223,7 @@ def _stacks_of(group: Sequence[Outcome], world_size: int) -> str:
     stacks: dict[str, tuple[str, list[int]]] = {}  # the waiting thread's frames -> (a stack, its ranks)
     for o in group:
         if o.stacks:
-            stack = _user_stack(o.stacks)
+            stack = user_stack(o.stacks)
             stacks.setdefault(_waiting_frames(stack), (stack, []))[1].append(o.rank)
     if len(stacks) < 2:
         return _body(group[0])
@@ -391,7 +392,7 @@ def _stack_tb_data(stacks: str) -> dict[str, Any] | None:
     recent call first) as tblib data: one thread's, the current one first."""
     blocks: list[list[re.Match[str]]] = []
     current = -1
-    for line in _user_stack(stacks).splitlines():
+    for line in user_stack(stacks).splitlines():
         match = _STACK_FRAME.match(line)
         if match is None:
             blocks.append([])

@@ -54,6 +54,9 @@ __all__ = ["MultiProcContinousTest", "MultiProcContinuousTest"]
 PG_TIMEOUT_MARGIN = 60
 #: The longest group timeout given (24 days: gloo keeps it in an int of milliseconds).
 PG_TIMEOUT_MAX = (2**31 - 1) / 1000
+#: Seconds a pool may take to start at least, whatever the class's per-test
+#: limit (one under an outer limit, pytest-timeout's, takes its share of it).
+START_FLOOR = 30.0
 POOL_FAILED = "the pool of {cls} could not start, so its tests do not run (disttest): {cause}"
 REBUILD_CAP = (
     "the pool of {cls} broke and was rebuilt {n} times (max_pool_rebuilds); "
@@ -215,7 +218,13 @@ class MultiProcContinousTest(TestCase):
             "scheduling": settings.rank_scheduling(cls),
             "environ": {**os.environ, **janitor.rank_environ()}, "cwd": os.getcwd(), "sys_path": list(sys.path),
         }
-        start_limit = max(30.0, cls._limit(None) or 0)
+        # NB: a start takes longer than a test may (the fork server, the
+        # module's import), but never past an outer limit: pytest-timeout's
+        # would end it with no report, and each test of the class would wait again.
+        start_limit: float = max(START_FLOOR, cls._limit(None) or 0)
+        outer = settings.outer_cap()
+        if outer is not None:
+            start_limit = min(start_limit, outer)
         try:
             try:
                 pool = Pool(cls, world_size, _LAUNCHERS[method], fields, start_limit)
