@@ -17,7 +17,8 @@ from disttest.migrate._cli import HOMES, NEEDS_LIBCST
 from disttest.migrate._rewrite import module_names, rewrite
 
 OFFERED = {
-    "disttest": {"MultiProcessTestCase", "skip_if_lt_x_gpu", "find_free_port", "FakeStore", "TestCase"},
+    "disttest": {"MultiProcessTestCase", "skip_if_lt_x_gpu", "find_free_port", "FakeStore", "TestCase",
+                 "FaultyRpcAgentTestFixture", "TensorPipeRpcAgentTestFixture"},
     "disttest.bases.dtensor": {"DTensorTestBase", "with_comms", "skip_if_lt_x_gpu"},
     "disttest.bases.fsdp": {"FSDPTest"},
 }
@@ -72,6 +73,26 @@ class RewriteTest(unittest.TestCase):
         """)
         self.assertIn("import torch.testing._internal.common_distributed as cd\n", out)
         self.assertIn("module as cd from common_distributed kept (cd.not_offered is not in disttest; ", changes[0])
+
+    def test_rpc_fixtures_stay_upstream_where_upstream_s_suites_do(self):
+        # (upstream's suites derive from upstream's fixture: with disttest's,
+        # the generated classes stayed abstract and no test was collected)
+        source = """
+            from torch.testing._internal.common_distributed import MultiProcessTestCase
+            from torch.testing._internal.distributed.rpc.faulty_rpc_agent_test_fixture import (
+                FaultyRpcAgentTestFixture,
+            )
+            from torch.testing._internal.distributed.rpc_utils import FAULTY_AGENT_TESTS, generate_tests
+        """
+        out, changes = migrated(source)
+        self.assertIn("from disttest import MultiProcessTestCase\n", out)
+        self.assertIn("from torch.testing._internal.distributed.rpc.faulty_rpc_agent_test_fixture import (", out)
+        self.assertTrue(any("FaultyRpcAgentTestFixture" in c and "FAULTY_AGENT_TESTS, generate_tests" in c
+                            and "abstract" in c for c in changes), changes)
+        # A file with its own tests on the fixture (no upstream suite) moves it.
+        out, _ = migrated("from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture "
+                          "import TensorPipeRpcAgentTestFixture\n")
+        self.assertEqual(out, "from disttest import TensorPipeRpcAgentTestFixture\n")
 
     def test_star_imports_and_what_a_person_must_change(self):
         out, changes = migrated("""

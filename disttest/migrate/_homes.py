@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __unittest = True
 
-__all__ = ["FALLBACK", "HOMES", "ONLY", "PREFIX"]
+__all__ = ["FALLBACK", "HOMES", "ONLY", "PREFIX", "RPC_FIXTURES", "RPC_SUITES"]
 
 PREFIX = "torch.testing._internal"
 #: The disttest module to look in first for the names of each upstream module
@@ -36,3 +36,14 @@ ONLY = {
                      "skip_but_pass_in_sandcastle_if"},
 }
 
+#: Upstream's RPC agent fixtures. disttest has its own, but upstream's RPC
+#: suites derive from upstream's fixture: a file that keeps a suite keeps its
+#: fixtures too (mixed, the test classes stay abstract and nothing runs).
+RPC_FIXTURES = {
+    "distributed.rpc.rpc_agent_test_fixture",
+    "distributed.rpc.faulty_rpc_agent_test_fixture",
+    "distributed.rpc.tensorpipe_rpc_agent_test_fixture",
+}
+#: Where upstream's RPC suites live (module names, or their packages with a dot).
+RPC_SUITES = ("distributed.rpc.", "distributed.rpc_utils", "distributed.ddp_under_dist_autograd_test",
+              "distributed.nn.api.")

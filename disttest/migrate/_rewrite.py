@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX
+from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX, RPC_FIXTURES, RPC_SUITES
 
 __unittest = True
 
@@ -205,11 +205,14 @@ _STATEMENT_CONTAINERS = (cst.Module, cst.BaseCompoundStatement, cst.IndentedBloc
 class _Rewriter(m.MatcherDecoratableTransformer):
     METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
 
-    def __init__(self, offers: Lookup, attributes: _Attributes, unbound: Callable[[], set[str]]) -> None:
+    def __init__(self, offers: Lookup, attributes: _Attributes, unbound: Callable[[], set[str]],
+                 rpc_suites: Sequence[str] = ()) -> None:
         super().__init__()
         self.offers = offers
         self.attributes = attributes
         self._unbound = unbound
+        #: Upstream RPC suites the file keeps: its fixtures stay upstream's too.
+        self.rpc_suites = rpc_suites
         self.changes: list[Change] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -270,10 +273,13 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         kept: list[cst.ImportAlias] = []
         for alias in stmt.names:
             name = _dotted(alias.name)
-            home = _home_for(upstream, name, self.offers)
+            fixture = upstream in RPC_FIXTURES and bool(self.rpc_suites)
+            home = None if fixture else _home_for(upstream, name, self.offers)
             if home is None:
                 kept.append(alias)
                 why = "" if upstream not in ONLY else "disttest moves only the distributed names of this module"
+                if fixture:
+                    why = RPC_FIXTURE_KEPT.format(suites=", ".join(self.rpc_suites))
                 self.changes.append(Change("kept", line, upstream, name, why=why))
             else:
                 by_home.setdefault(home, []).append(alias)
@@ -479,7 +485,7 @@ def rewrite(source: str | bytes, offers: Lookup) -> Result:
             unbound.append(_unbound(tree))
         return unbound[0]
 
-    rewriter = _Rewriter(offers, attributes, unbound_names)
+    rewriter = _Rewriter(offers, attributes, unbound_names, _rpc_suites(tree, source, offers))
     # (no copy of the tree: nothing changes it, and a copy costs a fifth of the run)
     new = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True).visit(rewriter)
     code, data = new.code, new.bytes
@@ -489,6 +495,29 @@ def rewrite(source: str | bytes, offers: Lookup) -> Result:
         code += "\r"
         data += "\r".encode(new.encoding)
     return Result(code, tuple(sorted(rewriter.changes, key=lambda c: c.line)), data, new.encoding)
+
+
+#: Why an RPC fixture disttest offers stays upstream's.
+RPC_FIXTURE_KEPT = ("the file keeps upstream's RPC suites ({suites}), which derive from upstream's fixture; "
+                    "with disttest's the classes would stay abstract and no test would run")
+
+
+def _rpc_suites(tree: cst.Module, source: str | bytes, offers: Lookup) -> list[str]:
+    """The names the file keeps from upstream's RPC suite modules (sorted)."""
+    if b"rpc" not in (source.encode("utf-8", "replace") if isinstance(source, str) else source):
+        return []
+    kept = set()
+    for stmt in m.findall(tree, m.ImportFrom()):
+        if not isinstance(stmt, cst.ImportFrom) or stmt.relative:
+            continue
+        upstream = _upstream(_dotted(stmt.module))
+        if upstream is None or upstream in RPC_FIXTURES or not upstream.startswith(RPC_SUITES):
+            continue
+        if isinstance(stmt.names, cst.ImportStar):
+            kept.add(f"{upstream}.*")
+            continue
+        kept |= {_dotted(a.name) for a in stmt.names if _home_for(upstream, _dotted(a.name), offers) is None}
+    return sorted(kept)
 
 
 def _nothing_upstream(source: str | bytes) -> bool:
