@@ -48,6 +48,14 @@ class Outcomes(Base):
         if self.rank == 0:
             sys.exit(5)
 
+    def test_os_exit_zero_in_rank_1(self):
+        if self.rank == 1:
+            os._exit(0)
+
+    def test_sys_exit_zero_in_rank_1(self):
+        if self.rank == 1:
+            sys.exit(0)
+
 
 def stuck_in_a_helper():
     time.sleep(60)

@@ -57,6 +57,14 @@ class OutcomesTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("Fatal Python error: Segmentation fault", text)  # faulthandler's dump
         self.assertIn("test_signal_in_rank_1", text)
 
+    def test_an_exit_with_status_0_before_the_test_finished_is_an_error(self):
+        # (upstream passes it: the rest of the rank's test never ran; documented)
+        result, _ = run(cases.Outcomes, "test_os_exit_zero_in_rank_1")
+        self.assertIn("rank 1/2 exited with code 0 before finishing 'test_os_exit_zero_in_rank_1'",
+                      self.only(result.errors))
+        result, _ = run(cases.Outcomes, "test_sys_exit_zero_in_rank_1")
+        self.assertTrue(result.wasSuccessful(), result.errors)
+
     def test_sys_exit_nonzero_is_an_error(self):
         result, _ = run(cases.Outcomes, "test_sys_exit_nonzero")
         self.assertIn("rank 0/2: SystemExit: sys.exit(5) in the test", self.only(result.errors))
