@@ -78,6 +78,10 @@ class Processes(DTensorTestBase):
     def test_mpi(self):
         raise AssertionError("a rank started on a host without MPI")
 
+    @with_comms(backend="ucc")
+    def test_ucc(self):
+        raise AssertionError("a rank ran a test whose backend with_comms does not take")
+
     @with_comms(backend=" GLOO ")
     def test_gloo_as_torch_reads_it(self):
         self.assertEqual(dist.get_backend(), "gloo")

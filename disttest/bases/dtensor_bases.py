@@ -217,23 +217,43 @@ def with_comms(eager_init: Any = False, backend: str | None = None) -> Any:
     the group's destruction), a failing one destroys the group at once. On a
     base without ``init_pg`` (``DTensorOpTestBase``, the pool) the test runs
     unchanged. A backend that needs more accelerators than the host has,
-    or one this torch was built without (``mpi``, ``ucc``), skips the test in
+    or one this torch was built without (``mpi``), skips the test in
     the parent, before any rank starts. ``backend`` is read as c10d reads it
-    (``"GLOO"`` is gloo); a name that is no backend is a ``ConfigError`` where
-    the decorator is written.
+    (``"GLOO"`` is gloo); a name that is no backend is a ``ConfigError`` when
+    the test runs, in the parent (as upstream's fails that test alone, not
+    the import of its file).
     """
     if callable(eager_init):
         return _with_comms(eager_init, False, None)
     if not isinstance(eager_init, bool):
         raise ConfigError("eager_init", eager_init, "with_comms(eager_init=...)", "expected True or False")
     if backend is not None:
-        backend = _backend_name(backend)
+        try:
+            backend = _backend_name(backend)
+        except ConfigError as e:
+            return functools.partial(_refused, error=e)
     return functools.partial(_with_comms, eager_init=eager_init, backend=backend)
+
+
+def _refused(func: Callable[..., Any], error: ConfigError) -> Callable[..., Any]:
+    """``func`` under a ``with_comms`` whose backend is no backend: the test
+    raises ``error`` (in the parent, where its skip checks run, before any
+    rank starts; and in a rank, for a runner that has none)."""
+    @functools.wraps(func)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    def check(args: Sequence[Any]) -> TestSkip | None:
+        raise error
+
+    checks = getattr(func, "__disttest_skip_checks__", ())
+    wrapper.__disttest_skip_checks__ = (*checks, check)  # type: ignore[attr-defined]
+    return wrapper
 
 
 #: Process groups whose backend this host may lack: skipped in the parent
 #: with the reason, as ``requires_mpi()`` does (no rank starts to fail).
-_HOST_BACKENDS = {"mpi": "MPI", "ucc": "UCC"}
+_HOST_BACKENDS = {"mpi": "MPI"}
 
 
 def _backend_name(backend: Any) -> str:
