@@ -68,6 +68,21 @@ class Rpc(disttest.RpcTestCase):
             self.skip_return_code_checks = [getattr(self, self._testMethodName).__wrapped__]
 
 
+class RpcSkip(disttest.RpcTestCase):
+    timeout = 20
+
+    @property
+    def world_size(self):
+        return 2
+
+    @dist_init
+    def test_one_rank_skips(self):
+        # Rank 0's graceful shutdown waits for rank 1's.
+        if self.rank == 1:
+            self.skipTest("rank 1 has nothing to check")
+        self.assertEqual(rpc.rpc_sync(worker_name(0), add, args=(1, 2)), 3)
+
+
 class Faulty(disttest.FaultyRpcTestCase):
     timeout = 120
 

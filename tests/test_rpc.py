@@ -43,6 +43,15 @@ class RpcBetweenWorkersTest(unittest.TestCase):
     def test_killed_worker_detected(self):
         self.check(cases.Rpc, "test_killed_worker_is_detected")
 
+    def test_a_rank_that_skips_shuts_down_with_its_peers(self):
+        # (it shut RPC down as after a failure, and its peer's graceful
+        # shutdown waited for it until the test's limit)
+        start = time.monotonic()
+        result = run(cases.RpcSkip, "test_one_rank_skips")
+        self.assertEqual([reason for _, reason in result.skipped], ["rank 1 has nothing to check"])
+        self.assertEqual(result.errors + result.failures, [])
+        self.assertLess(time.monotonic() - start, 15)
+
     def test_delayed_message_type_times_out(self):
         self.check(cases.Faulty, "test_delayed_message_type_times_out")
 

@@ -16,6 +16,7 @@ import functools
 import os
 import re
 import time
+import unittest
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,6 +120,9 @@ def dist_init(
             result = old_test_method(self, *args, **kwargs)
             failed = False
             return result
+        except unittest.SkipTest:
+            failed = False  # NB: its peers shut down gracefully, waiting for it: so does it
+            raise
         finally:
             # After a failure, a graceful shutdown would wait for peers that
             # may never come: do not let it mask the test's own error.
