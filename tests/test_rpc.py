@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import unittest
 from types import SimpleNamespace
@@ -72,6 +73,10 @@ class HelpersTest(unittest.TestCase):
         env = {"RPC_INIT_WITH_TCP": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
         with mock.patch.dict("os.environ", env):
             self.assertEqual(fixture.init_method, "tcp://127.0.0.1:1234")
+        with mock.patch.dict("os.environ", {"RPC_INIT_WITH_TCP": "1", "MASTER_PORT": "1234"}), \
+                self.assertRaisesRegex(disttest.ConfigError, "MASTER_ADDR.*RPC_INIT_WITH_TCP=1"):
+            os.environ.pop("MASTER_ADDR", None)
+            fixture.init_method  # noqa: B018 (the property raises)
         self.assertEqual(fixture.get_timeout_error_regex(), "RPC ran for more than")
 
     def test_fixture_without_an_agent_names_the_missing_hook(self):

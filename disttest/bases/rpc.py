@@ -25,7 +25,7 @@ import torch.distributed.rpc as rpc
 
 from disttest import _compat
 from disttest._typing import F
-from disttest.config import parse_timeout
+from disttest.config import ConfigError, parse_timeout
 from disttest.runners.multiprocess import MultiProcessTestCase
 from disttest.support.devices import tp_transports
 from disttest.support.tempdirs import FILE_SCHEMA
@@ -210,6 +210,10 @@ class RpcAgentTestFixture:
         """``tcp://MASTER_ADDR:MASTER_PORT`` with ``RPC_INIT_WITH_TCP=1``, else
         the test's rendezvous file."""
         if os.environ.get("RPC_INIT_WITH_TCP") == "1":
+            unset = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v, "").strip()]
+            if unset:
+                raise ConfigError("environment variable", " and ".join(unset), "RPC_INIT_WITH_TCP=1",
+                                  "unset; a tcp:// rendezvous needs MASTER_ADDR and MASTER_PORT")
             return f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         return self.file_init_method
 
