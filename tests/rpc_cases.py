@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -80,6 +81,12 @@ class RpcSkip(disttest.RpcTestCase):
         # Rank 0's graceful shutdown waits for rank 1's.
         if self.rank == 1:
             self.skipTest("rank 1 has nothing to check")
+        self.assertEqual(rpc.rpc_sync(worker_name(0), add, args=(1, 2)), 3)
+
+    @dist_init
+    def test_one_rank_exits_with_a_skip_code(self):
+        if self.rank == 1:
+            sys.exit(disttest.TEST_SKIPS["multi-gpu-2"].exit_code)
         self.assertEqual(rpc.rpc_sync(worker_name(0), add, args=(1, 2)), 3)
 
 

@@ -28,6 +28,7 @@ from disttest._typing import F
 from disttest.config import ConfigError, parse_timeout
 from disttest.runners.multiprocess import MultiProcessTestCase
 from disttest.support.devices import tp_transports
+from disttest.support.skips import skip_for_exit_code
 from disttest.support.tempdirs import FILE_SCHEMA
 
 __unittest = True
@@ -122,6 +123,9 @@ def dist_init(
             return result
         except unittest.SkipTest:
             failed = False  # NB: its peers shut down gracefully, waiting for it: so does it
+            raise
+        except SystemExit as e:
+            failed = skip_for_exit_code(e.code) is None  # (upstream's skip: sys.exit(TEST_SKIPS[...].exit_code))
             raise
         finally:
             # After a failure, a graceful shutdown would wait for peers that
