@@ -109,7 +109,7 @@ def chaos_delay(rng: random.Random) -> float:
 
 def _bound_world() -> Any:
     try:
-        from disttest.pg.threaded import _thread_world
+        from disttest.pg._world import _thread_world
     except ImportError:  # pragma: no cover
         return None
     return getattr(_thread_world, "world", None)
