@@ -42,6 +42,7 @@ from disttest.pg.threaded import (
 )
 from disttest.runners.case import TestCase, assert_equal, set_rng_seed
 from disttest.runners.continuous import MultiProcContinousTest, MultiProcContinuousTest
+from disttest.runners.main import run_tests
 from disttest.runners.modes import MODE_ENV, MODES, run_in
 from disttest.runners.multiprocess import DistributedTestBase, MultiProcessTestCase
 from disttest.runners.multithread import MultiThreadedTestCase, spawn_threads_and_init_comms
@@ -234,6 +235,7 @@ __all__ = [
     "run_in",
     "run_simulated",
     "run_subtests",
+    "run_tests",
     "set_rng_seed",
     "setup_torchcomms_pg",
     "simple_sparse_reduce_tests",

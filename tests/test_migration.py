@@ -105,7 +105,7 @@ class MigrationGuideTest(unittest.TestCase):
             "from disttest import FakeStore",
             "from disttest import dist_init",
             "from disttest import RpcAgentTestFixture",
-            "from torch.testing._internal.common_utils import run_tests",
+            "from disttest import run_tests",
             "from disttest.bases.dtensor import (",  # only the module changes: the layout stays
             "    DTensorTestBase,",
             ")",

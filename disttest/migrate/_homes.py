@@ -33,7 +33,7 @@ FALLBACK = ("disttest", "disttest.bases.dtensor", "disttest.bases.fsdp")
 #: is upstream's general test framework, which disttest does not replace).
 ONLY = {
     "common_utils": {"find_free_port", "retry_on_connect_failures", "skip_but_pass_in_sandcastle",
-                     "skip_but_pass_in_sandcastle_if"},
+                     "skip_but_pass_in_sandcastle_if", "run_tests"},
 }
 
 #: Upstream's RPC agent fixtures. disttest has its own, but upstream's RPC

@@ -1,0 +1,178 @@
+"""``run_tests()``: the ``if __name__ == "__main__"`` line of a test file,
+as upstream's ``common_utils.run_tests``.
+
+Upstream's refuses to run a file whose test classes do not derive from its
+own ``TestCase`` ("This test class should extend from
+torch.testing._internal.common_utils.TestCase"), so a file migrated to
+disttest's bases could not be run as ``python test_file.py``; this one runs
+any ``unittest`` classes. It takes upstream's command-line flags that mean
+something outside PyTorch's CI (``--accept``, ``--repeat``, ``--subprocess``,
+``--use-pytest``, ``--discover-tests``, ``--showlocals``, ``--save-xml``) and
+refuses, naming it, each flag it does not act on, rather than ignore it.
+Every other argument goes to ``unittest`` (a test name, ``-k``, ``-v``...).
+
+Runs in the test process, never at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import unittest
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
+
+from disttest.runners.case import set_rng_seed
+
+__unittest = True
+
+__all__ = ["run_tests"]
+
+#: A flag of upstream's ``run_tests`` that this one does not act on.
+REFUSED = "{flag} (from the command line) is not taken by disttest's run_tests: {why} (disttest)"
+#: ``--save-xml`` without the package upstream uses for it.
+NO_XMLRUNNER = ("--save-xml (from the command line) needs the unittest-xml-reporting package "
+                "(pip install unittest-xml-reporting), or run with --use-pytest --junit-xml=PATH (disttest)")
+#: Upstream's summary of ``--subprocess`` failures, and how to rerun one.
+SUBPROCESS_FAILED = "{n} unit test(s) failed:\n\t{names}"
+RERUN = "Test exited with non-zero exitcode {code}. Command to reproduce: {command}"
+#: A test run in its own process with ``--subprocess`` gets this long (upstream's limit).
+SUBPROCESS_TIMEOUT = 15 * 60
+
+_CI_ONLY = "it serves PyTorch's own CI"
+_REFUSALS = {
+    "jit_executor": ("--jit-executor", "it sets upstream TestCase's TorchScript executor; run TorchScript "
+                                       "tests with upstream's run_tests"),
+    "test_bailouts": ("--test-bailouts", "it serves upstream TestCase's TorchScript tests"),
+    "run_parallel": ("--run-parallel", "run the file with pytest-xdist: --use-pytest -n N"),
+    "import_slow_tests": ("--import-slow-tests", _CI_ONLY),
+    "import_disabled_tests": ("--import-disabled-tests", _CI_ONLY),
+    "rerun_disabled_tests": ("--rerun-disabled-tests", _CI_ONLY),
+    "pytest_single_test": ("--pytest-single-test", _CI_ONLY),
+    "log_suffix": ("--log-suffix", "it names upstream's XML reports; give --save-xml a path"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Upstream's flags, as its parse_cmd_line_args declares them.
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--subprocess", action="store_true")
+    p.add_argument("--accept", action="store_true")
+    p.add_argument("--jit-executor", "--jit_executor", type=str)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--test-bailouts", "--test_bailouts", action="store_true")
+    p.add_argument("--use-pytest", action="store_true")
+    p.add_argument("--save-xml", nargs="?", type=str, const=os.path.join("test-reports", "python-unittest"))
+    p.add_argument("--discover-tests", action="store_true")
+    p.add_argument("--log-suffix", type=str)
+    p.add_argument("--run-parallel", type=int)
+    p.add_argument("--import-slow-tests", type=str, nargs="?", const="")
+    p.add_argument("--import-disabled-tests", type=str, nargs="?", const="")
+    p.add_argument("--rerun-disabled-tests", action="store_true")
+    p.add_argument("--pytest-single-test", type=str, nargs=1)
+    p.add_argument("--showlocals", action=argparse.BooleanOptionalAction, default=False)
+    return p
+
+
+def _usage_error(message: str) -> NoReturn:
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _cases(suite: unittest.TestSuite) -> Iterator[unittest.TestCase]:
+    for test in suite:
+        if isinstance(test, unittest.TestSuite):
+            yield from _cases(test)
+        else:
+            yield test
+
+
+def _each_in_a_process(program: str, rest: list[str], names: list[str]) -> None:
+    """Run each of the tests ``names`` in a new interpreter, one at a time; exit 1
+    naming those whose process failed or outlived :data:`SUBPROCESS_TIMEOUT`."""
+    failed = []
+    for name in names:
+        command = [sys.executable, program, *rest, name]
+        child = subprocess.Popen(command, start_new_session=True)
+        try:
+            code = child.wait(timeout=SUBPROCESS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = -signal.SIGKILL
+        except BaseException:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        finally:
+            # The test's own leftovers (its session) go with it.
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+        if code != 0:
+            print(RERUN.format(code=code, command=" ".join(command)))
+            failed.append(name)
+    if failed:
+        print(SUBPROCESS_FAILED.format(n=len(failed), names="\n\t".join(failed)), file=sys.stderr)
+        raise SystemExit(1)
+
+
+def run_tests(argv: Sequence[str] | None = None) -> None:
+    """Run the tests of the ``__main__`` module, as upstream's ``run_tests``.
+
+    ``argv``: the command line, program first (default ``sys.argv``). The
+    process's generators are seeded first (:func:`disttest.set_rng_seed`),
+    as upstream's are. Exits as ``unittest.main`` does (status 1 when a test failed); a
+    flag of upstream's this does not act on exits with status 2 and names it.
+    """
+    given = list(sys.argv if argv is None else argv)
+    program, args = given[0], given[1:]
+    flags, rest = _parser().parse_known_args(args)
+    for dest, (flag, why) in _REFUSALS.items():
+        if getattr(flags, dest) not in (None, False):
+            _usage_error(REFUSED.format(flag=flag, why=why))
+    if flags.repeat < 1:
+        _usage_error(REFUSED.format(flag=f"--repeat {flags.repeat}", why="it needs a count of 1 or more"))
+    import expecttest
+
+    if not getattr(expecttest, "ACCEPT", False):  # (EXPECTTEST_ACCEPT=1 set it already)
+        expecttest.ACCEPT = flags.accept
+    set_rng_seed()  # as upstream's run starts
+    main = sys.modules["__main__"]
+    if flags.discover_tests:
+        for case in _cases(unittest.defaultTestLoader.loadTestsFromModule(main)):
+            print(case.id().split(".", 1)[1])
+        return
+    if flags.subprocess:
+        names = [c.id().split(".", 1)[1] for c in _cases(unittest.defaultTestLoader.loadTestsFromModule(main))]
+        if flags.use_pytest:  # pytest's node ids: file::Class::test
+            names = [f"{program}::{n.replace('.', '::')}" for n in names]
+            rest = [*rest, "--use-pytest"]
+        _each_in_a_process(program, rest, names)
+        return
+    if flags.use_pytest:
+        import pytest
+
+        extra = ["--showlocals", "--tb=long"] if flags.showlocals else []
+        # A node id of the file (a --subprocess child's) names the file itself.
+        file = [] if any(a.startswith(f"{program}::") for a in rest) else [program]
+        code = pytest.main([*file, *extra, *rest])
+        # 5: no tests collected (upstream: a file may hold none for a config)
+        raise SystemExit(0 if code == 5 else int(code))
+    unittest_argv = [program, *(["--locals"] if flags.showlocals else []), *rest]
+    if flags.save_xml is not None:
+        try:
+            import xmlrunner  # type: ignore[import-not-found]
+        except ImportError:
+            _usage_error(NO_XMLRUNNER)
+        verbose = "-v" in rest or "--verbose" in rest
+        unittest.main(module=main, argv=unittest_argv,
+                      testRunner=xmlrunner.XMLTestRunner(output=flags.save_xml, verbosity=2 if verbose else 1))
+        return
+    for _ in range(flags.repeat - 1):
+        if not unittest.main(module=main, argv=unittest_argv, exit=False).result.wasSuccessful():
+            raise SystemExit(1)
+    unittest.main(module=main, argv=unittest_argv)
