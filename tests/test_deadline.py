@@ -202,3 +202,48 @@ class LingeringTest(unittest.TestCase):
         while logging.getLogRecordFactory() is not factory and time.monotonic() < end:
             time.sleep(0.01)
         self.assertIs(logging.getLogRecordFactory(), factory)
+
+
+class CurrentFramesTest(unittest.TestCase):
+    """``sys._current_frames()`` allocates under CPython's lock of its thread
+    list; a collection there that frees a tensor releases the GIL, and a
+    thread ending (holding the GIL, waiting for that lock) hangs the process.
+    It was seen with 1024 rank threads: the stack dump of a test past its
+    limit never returned, and SIGTERM could not end the process."""
+
+    def test_no_collection_can_run_while_the_frames_are_read(self):
+        import gc
+        from unittest import mock
+
+        from disttest._runner import deadline
+
+        seen = []
+
+        def frames():
+            seen.append(gc.isenabled())
+            return {threading.get_ident(): sys._getframe()}
+
+        with mock.patch.object(deadline.sys, "_current_frames", frames):
+            self.assertIn(threading.get_ident(), deadline.current_frames())
+            self.assertTrue(gc.isenabled())
+            gc.disable()
+            try:
+                deadline.current_frames()
+                self.assertFalse(gc.isenabled())  # left as it was found
+            finally:
+                gc.enable()
+        self.assertEqual(seen, [False, False])
+
+    def test_the_runners_read_frames_only_through_it(self):
+        import disttest
+
+        root = os.path.dirname(disttest.__file__)
+        callers = []
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path) as f:
+                        if "sys._current_frames()" in f.read():
+                            callers.append(os.path.relpath(path, root))
+        self.assertEqual(callers, [os.path.join("_runner", "deadline.py")])

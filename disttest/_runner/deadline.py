@@ -23,6 +23,7 @@ later look.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -36,7 +37,7 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["Deadline", "DeadlinePassed", "holds_locks", "mid_change", "raise_in", "stop_when_safe", "stoppable"]
+__all__ = ["Deadline", "DeadlinePassed", "current_frames", "holds_locks", "mid_change", "raise_in", "stop_when_safe", "stoppable"]
 
 #: Where an asynchronous exception can leave a lock held: logging takes its
 #: handlers' locks with acquire() before a try.
@@ -68,6 +69,26 @@ LINGER_LOOK_MAX = 0.25
 #: before it is raised into there all the same: most such code is quick,
 #: but a context manager may poll in its ``__enter__`` for ever.
 MID_CHANGE_GRACE = 1.0
+
+
+def current_frames() -> dict[int, FrameType]:
+    """``sys._current_frames()``, with the garbage collector held off.
+
+    NB: CPython (3.11) builds that dict while it holds the lock of its list
+    of threads; an allocation there can run a collection, which can free a
+    tensor, whose deallocation releases the GIL. A thread that holds the GIL
+    while it waits for that lock (a thread starting or ending, a
+    ``threading.local`` it sets) then never gets it, and this thread never
+    gets the GIL back: the whole process hangs, deaf to SIGTERM (seen with
+    1024 rank threads, in the stack dump of a test past its limit).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def holds_locks(frame: FrameType | None) -> bool:
@@ -211,7 +232,7 @@ def _stop_lingering() -> None:
             if len(_lingering) > known:  # (a thread just handed over: looked at often again)
                 pause = LOOK_AGAIN
             known = len(_lingering)
-            frames = sys._current_frames()
+            frames = current_frames()
             now = time.monotonic()
             for thread, exc_type, _, times in _lingering.values():
                 ok, times[1] = stoppable(frames.get(thread.ident or -1), times[1], now)
@@ -348,7 +369,7 @@ class Deadline:
                         self._sent = True
                         signal.pthread_kill(self._thread.ident or 0, STOP_SIGNAL)  # type: ignore[arg-type]
                 else:
-                    frame = sys._current_frames().get(self._thread.ident or -1)
+                    frame = current_frames().get(self._thread.ident or -1)
                     ok, self._waiting_since = stoppable(frame, self._waiting_since, time.monotonic())
                     if self._armed and ok:
                         self.frames = (traceback.extract_stack(frame) if frame is not None

@@ -35,9 +35,9 @@ disttest's default; else they are forked with one OpenMP thread each, with
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 
+from disttest._runner.deadline import current_frames
 from disttest._runner.messages import UNSAFE_THREADS, UNSAFE_THREADS_EARLIER
 
 __unittest = True
@@ -129,7 +129,7 @@ def _python_threads() -> int:
     """How many threads of this process run Python, those started with
     ``_thread`` included (pytest-xdist's receiver), which ``threading`` does
     not list."""
-    return len(sys._current_frames())
+    return len(current_frames())
 
 
 def parent_refusal(threads: int | None) -> str | None:

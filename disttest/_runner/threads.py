@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from disttest._runner import settings, thread_pool
-from disttest._runner.deadline import raise_in, stop_when_safe, stoppable
+from disttest._runner.deadline import current_frames, raise_in, stop_when_safe, stoppable
 from disttest._runner.launcher import stream_lines
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
@@ -279,7 +279,7 @@ class ThreadLauncher:
         return found
 
     def dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
-        frames = sys._current_frames()
+        frames = current_frames()
         stacks = {}
         for r in ranks:
             frame = None if r in self._done else frames.get(self.threads[r].ident or -1)
@@ -337,7 +337,7 @@ class ThreadLauncher:
             # lands later than the look at its frame, inside a lock it took:
             # the world's, logging's, and every rank hung.)
             if time.monotonic() - start > 0.2 + RAISE_DELAY_PER_RANK * len(self.threads):
-                frames, now = sys._current_frames(), time.monotonic()
+                frames, now = current_frames(), time.monotonic()
                 for r in (set(live) & self._in_body) - raised:
                     ok, waiting[r] = stoppable(frames.get(self.threads[r].ident or -1), waiting.get(r), now)
                     if not ok:
