@@ -214,7 +214,7 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
     def test_upstream_hook_names(self):
         from disttest.pg import threaded as threaded_pg
 
-        self.assertIs(disttest._install_threaded_pg, threaded_pg.install_threaded_pg)
+        self.assertIs(disttest._install_threaded_pg, threaded_pg._install_threaded_pg)
         self.assertIs(disttest._uninstall_threaded_pg, threaded_pg.uninstall_threaded_pg)
         self.assertTrue(issubclass(disttest.ProcessLocalGroup, dist.ProcessGroup))
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)

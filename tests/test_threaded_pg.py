@@ -20,6 +20,7 @@ import torch.distributed as dist
 import disttest
 from disttest import CollectiveAborted, CollectiveMismatch, spawn_threads_and_init_comms
 from disttest.conformance.reference import expected_reduce
+from disttest.pg.threaded import install_threaded_pg
 
 SIZES = (1, 2, 3, 4)
 R = dist.ReduceOp
@@ -605,7 +606,7 @@ class GroupTimeoutTest(unittest.TestCase):
 
 class WorldTest(unittest.TestCase):
     def test_abort_releases_waiting_ranks(self):
-        world = disttest._install_threaded_pg()
+        world = install_threaded_pg()
         self.addCleanup(disttest._uninstall_threaded_pg)
         errors = []
 
@@ -640,12 +641,30 @@ class WorldTest(unittest.TestCase):
         self.assertIs(disttest._compat.c10d_world(), before)
         self.assertFalse(dist.is_initialized())
 
+    def test_upstream_s_install_returns_c10d_s_world_as_upstream_s(self):
+        # Upstream's harness keeps it to ask whether its world is still the
+        # installed one (world == c10d._world), and destroys its group only then.
+        from torch.distributed import distributed_c10d
+
+        self.assertTrue(torch.autograd.is_multithreading_enabled())
+        self.addCleanup(torch.autograd.set_multithreading_enabled, True)
+        before = distributed_c10d._world
+        world = disttest._install_threaded_pg()
+        try:
+            self.assertIs(world, distributed_c10d._world)
+            self.assertIsNot(world, before)
+            self.assertFalse(torch.autograd.is_multithreading_enabled())  # upstream's does it too
+        finally:
+            disttest._uninstall_threaded_pg()
+        self.assertIs(distributed_c10d._world, before)
+        self.assertTrue(torch.autograd.is_multithreading_enabled())
+
     def test_a_group_made_in_the_installing_thread_is_undone_there(self):
         # The group turns autograd's device threads off in the thread that
         # makes it; the uninstall puts this thread's flag back.
         self.assertTrue(torch.autograd.is_multithreading_enabled())
         self.addCleanup(torch.autograd.set_multithreading_enabled, True)
-        world = disttest._install_threaded_pg()
+        world = install_threaded_pg()
         try:
             from disttest.pg.threaded import _bind_thread
 

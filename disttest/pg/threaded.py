@@ -457,6 +457,18 @@ def uninstall_threaded_pg() -> None:
                 _unregister.pop()()
 
 
-# Upstream's names.
-_install_threaded_pg = install_threaded_pg
+def _install_threaded_pg() -> Any:
+    """Upstream's name for :func:`install_threaded_pg`, with upstream's
+    result: c10d's registry of groups it installed (``world ==
+    dist.distributed_c10d._world`` is how upstream's harness asks whether
+    its world is still there), and, as upstream's, autograd's device
+    threads turned off in the calling thread. :func:`install_threaded_pg`
+    returns the :class:`ThreadedWorld` instead. Undo with
+    :func:`_uninstall_threaded_pg`, which puts the flag back."""
+    install_threaded_pg()
+    torch.autograd.set_multithreading_enabled(False)
+    return _compat.c10d_world()
+
+
+# Upstream's name.
 _uninstall_threaded_pg = uninstall_threaded_pg
