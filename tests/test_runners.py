@@ -264,7 +264,7 @@ class BehaviourTest(unittest.TestCase):
                     text = self.only(result.errors)
                     if sub.runner is cases.ThreadRunner:  # the threaded group compares the calls itself
                         self.assertIn("collective #1 on group 0 does not match across ranks (disttest): rank 0 "
-                                      "called all_reduce, rank 1 called broadcast", text)
+                                      "called all_reduce; rank 1 called broadcast", text)
                     else:
                         self.assertIn(f"'{name}' errored (disttest): deadlock: ranks 0, 1/2 wait for each other in "
                                       "calls that cannot match: rank 0/2 in all_reduce #1 of the default group, "
@@ -280,7 +280,7 @@ class BehaviourTest(unittest.TestCase):
                 text = self.only(result.errors)
                 if sub.runner is cases.ThreadRunner:
                     self.assertIn("broadcast #1 on group 0: ranks pass different src (disttest): rank 0 passed "
-                                  "src=0, rank 1 passed src=1", text)
+                                  "src=0; rank 1 passed src=1", text)
                 else:
                     self.assertIn("'test_async_roots_differ' errored (disttest): deadlock: ranks 0, 1/2 wait for "
                                   "each other in calls that cannot match: rank 0/2 in broadcast #1 of the default "

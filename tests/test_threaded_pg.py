@@ -434,7 +434,22 @@ class ArgumentErrorsTest(unittest.TestCase):
                 dist.broadcast(torch.ones(1), src=0)
 
         self.errors_on_every_rank(2, fn, CollectiveMismatch,
-                                  "rank 0 called all_reduce, rank 1 called broadcast")
+                                  "rank 0 called all_reduce; rank 1 called broadcast")
+
+    def test_a_mismatch_names_ranks_that_did_the_same_together(self):
+        # Each rank named apart made a 60 KB report at 512 ranks, the odd one buried.
+        def fn(rank, n):
+            if rank == 5:
+                dist.broadcast(torch.ones(1), src=0)
+            else:
+                dist.all_reduce(torch.ones(1))
+
+        self.errors_on_every_rank(8, fn, CollectiveMismatch,
+                                  "does not match across ranks (disttest): ranks 0-4, 6-7 called all_reduce; "
+                                  "rank 5 called broadcast")
+        self.errors_on_every_rank(8, lambda rank, n: dist.broadcast(torch.ones(1), src=int(rank in (2, 3))),
+                                  CollectiveMismatch, "ranks pass different src (disttest): ranks 0-1, 4-7 passed "
+                                                      "src=0; ranks 2-3 passed src=1")
 
     def test_bitwise_op_on_floats(self):
         self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1), op=R.BAND),
@@ -517,16 +532,16 @@ class RankChecksTest(unittest.TestCase):
     def test_ranks_passing_different_sources(self):
         self.raises_at_once(lambda rank, n: dist.broadcast(torch.zeros(1), src=rank), CollectiveMismatch,
                             "broadcast #1 on group 0: ranks pass different src (disttest): "
-                            "rank 0 passed src=0, rank 1 passed src=1")
+                            "rank 0 passed src=0; rank 1 passed src=1")
 
     def test_ranks_passing_different_ops(self):
         self.raises_at_once(lambda rank, n: dist.all_reduce(torch.ones(1), op=(R.SUM, R.MAX)[rank]),
-                            CollectiveMismatch, "rank 0 passed op=SUM, rank 1 passed op=MAX")
+                            CollectiveMismatch, "rank 0 passed op=SUM; rank 1 passed op=MAX")
         self.raises_at_once(lambda rank, n: dist.reduce(torch.ones(1), dst=0, op=(R.MIN, R.MAX)[rank]),
-                            CollectiveMismatch, "rank 0 passed op=MIN, rank 1 passed op=MAX")
+                            CollectiveMismatch, "rank 0 passed op=MIN; rank 1 passed op=MAX")
         self.raises_at_once(
             lambda rank, n: dist.all_reduce(torch.ones(1), op=dist._make_nccl_premul_sum(1.0 + rank)),
-            CollectiveMismatch, "rank 0 passed op=PREMUL_SUM(1.0), rank 1 passed op=PREMUL_SUM(2.0)")
+            CollectiveMismatch, "rank 0 passed op=PREMUL_SUM(1.0); rank 1 passed op=PREMUL_SUM(2.0)")
 
     def test_split_sizes_in_every_form_torch_takes(self):
         forms = ([1, 3], (1, 3), torch.tensor([1, 3]), torch.tensor([1, 3], dtype=torch.int32))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import RECORDER, InFlight
-from disttest._runner.progress import _runs as runs_of
+from disttest.pg._local import rank_runs
 from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
@@ -109,8 +109,7 @@ def who(ranks: Sequence[int], world: int) -> str:
         return RANK.format(rank=ranks[0], world=world)
     if len(ranks) <= LISTED:
         return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs_of(sorted(ranks)))
-    return RANKS.format(ranks=text, world=world)
+    return RANKS.format(ranks=rank_runs(ranks), world=world)
 
 
 def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, tuple[int, InFlight]],

@@ -4,7 +4,7 @@ a Work over a Future, reductions, argument checks and copies."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +16,8 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "completed_work"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "completed_work",
+           "each_rank", "rank_runs"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, {whose} (disttest): {why}"
 #: Whose limit a timed-out Work waited for (TIMED_OUT's ``{whose}``).
@@ -284,6 +285,27 @@ def op_label(op: Any) -> str:
     return f"{name}({value})"
 
 
+def rank_runs(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``: how reports name many ranks."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def each_rank(values: Sequence[Any], did: str) -> str:
+    """What each rank did, ranks that did the same together (``did`` formats
+    the value): ``ranks 0-16, 18-511 called all_reduce; rank 17 called
+    broadcast``, of a size that does not grow with the world."""
+    groups: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        groups.setdefault(did.format(v), []).append(r)
+    return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {rank_runs(rs)} {text}" for text, rs in groups.items())
+
+
 def check_agree(what: str, seq: int, group: str, agree: Sequence[dict[str, Any] | None]) -> None:
     """Raise CollectiveMismatch when ranks passed different values for an
     argument every rank of a collective must share (its root, its op)."""
@@ -291,7 +313,7 @@ def check_agree(what: str, seq: int, group: str, agree: Sequence[dict[str, Any] 
     for name, value in first.items():
         values = [(a or {}).get(name) for a in agree]
         if any(v != value for v in values):
-            told = ", ".join(f"rank {r} passed {name}={v}" for r, v in enumerate(values))
+            told = each_rank(values, f"passed {name}={{}}")
             raise CollectiveMismatch(DISAGREE.format(what=what, seq=seq, group=group, name=name, values=told))
 
 

@@ -27,6 +27,7 @@ from disttest.pg._local import (
     _copyable,
     check_agree,
     check_rank,
+    each_rank,
     seconds,
 )
 
@@ -236,7 +237,7 @@ class ThreadedWorld:
         try:
             ops = {c.op for c in ordered}
             if len(ops) > 1:
-                described = ", ".join(f"rank {r} called {c.op}" for r, c in enumerate(ordered))
+                described = each_rank([c.op for c in ordered], "called {}")
                 raise CollectiveMismatch(MISMATCH.format(seq=seq, group=pg.group_name, calls=described))
             check_agree(op, seq, pg.group_name, [c.agree for c in ordered])
             with torch.no_grad():
