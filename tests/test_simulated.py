@@ -659,6 +659,18 @@ class SimulatedTestCaseTest(unittest.TestCase):
         result = run(Letters)
         self.assertIn("Invalid local-tensor speedups 'rng' from Letters.speedups (disttest)", result.errors[0][1])
 
+    def test_an_unknown_speedup_is_named_with_its_source(self):
+        class Unknown(disttest.SimulatedTestCase):
+            world_size = 2
+            speedups = ("rng", "warp_drive")
+
+            def test_it(self):
+                pass
+
+        result = run(Unknown)
+        self.assertIn("Invalid local-tensor speedups ('rng', 'warp_drive') from Unknown.speedups (disttest): "
+                      "expected a tuple of names from", result.errors[0][1])
+
     def test_a_mapping_that_misses_ranks_names_them(self):
         class Missing(disttest.SimulatedTestCase):
             world_size = 4

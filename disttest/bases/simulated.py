@@ -297,8 +297,10 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         if reason is not None:
             raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
         size = parse_world_size(self.world_size, f"{type(self).__name__}.world_size")
-        if isinstance(self.speedups, str) or not all(isinstance(n, str) for n in self.speedups):
-            # (a string would be read letter by letter)
+        if isinstance(self.speedups, str) or not all(isinstance(n, str) and n in _compat.LOCAL_TENSOR_SPEEDUPS
+                                                     for n in self.speedups):
+            # (a string would be read letter by letter; an unknown name was a
+            # ValueError that did not say where it came from)
             raise ConfigError("local-tensor speedups", self.speedups, f"{type(self).__name__}.speedups",
                               f"expected a tuple of names from {_compat.LOCAL_TENSOR_SPEEDUPS}, or ()")
         # (c10d's fake backend: registered by disttest.TestCase.run around the test)
