@@ -193,9 +193,43 @@ class RewriteTest(unittest.TestCase):
         self.assertIn("(one of several statements on a line)", changes[0])
 
     def test_an_import_that_registered_a_backend_is_noted(self):
-        _, changes = migrated("from torch.testing._internal.distributed.fake_pg import FakeStore\n")
-        self.assertIn("FakeStore from distributed.fake_pg -> disttest", changes)
-        self.assertTrue(any("the 'fake' backend" in c and "disttest.register_fake_backend()" in c for c in changes))
+        _, changes = migrated("from torch.testing._internal.distributed.distributed_utils import mock_init_dist\n")
+        self.assertTrue(any("the 'mock_process_group' backend" in c and "disttest.mock_init_dist" in c
+                            for c in changes))
+
+    def test_the_fake_backend_is_registered_where_upstream_s_import_registered_it(self):
+        # A "fake" group made in a script, setUpClass or a pytest function
+        # failed after migration ("Unknown c10d backend type FAKE"): importing
+        # upstream's fake_pg had registered the backend.
+        added = ("from disttest import register_fake_backend  # importing upstream's fake_pg registered the "
+                 "'fake' backend (disttest.migrate)\nregister_fake_backend()\n")
+        out, changes = migrated("from torch.testing._internal.distributed.fake_pg import FakeStore\n")
+        self.assertEqual(out, "from disttest import FakeStore\n" + added)
+        self.assertIn("register_fake_backend() added after it (importing upstream's fake_pg registered the 'fake' "
+                      "backend (disttest.migrate))", changes)
+        self.assertEqual(migrated(out)[0], out)  # once
+        out, _ = migrated("""
+            from torch.testing._internal.distributed import fake_pg
+            try:
+                import torch.testing._internal.distributed.fake_pg as fpg
+            except ImportError:
+                pass
+            fake_pg.FakeStore, fpg.FakeStore
+        """)
+        self.assertEqual(out, textwrap.dedent("""
+            import disttest as fake_pg
+            """) + added + textwrap.dedent("""\
+            try:
+                import disttest as fpg
+            """) + textwrap.indent(added, "    ") + textwrap.dedent("""\
+            except ImportError:
+                pass
+            fake_pg.FakeStore, fpg.FakeStore
+        """))
+        # Where upstream's module is still imported, it still registers it.
+        out, changes = migrated("from torch.testing._internal.distributed.fake_pg import FakeStore, not_offered\n")
+        self.assertNotIn("register_fake_backend", out)
+        self.assertIn("from torch.testing._internal.distributed.fake_pg import not_offered", out)
 
     def test_the_files_encoding_bom_and_line_endings_are_kept(self):
         line = b"from torch.testing._internal.common_distributed import MultiProcessTestCase  # c"

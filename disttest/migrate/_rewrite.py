@@ -43,7 +43,8 @@ Lookup = Callable[[str, str], bool]
 @dataclasses.dataclass(frozen=True)
 class Change:
     """One finding in a file: ``moved`` (to ``home``), ``kept`` (no disttest
-    home, still imported from torch) or ``noted`` (left for a person);
+    home, still imported from torch), ``added`` (a line the import did the
+    work of) or ``noted`` (left for a person);
     ``why``: the reason a name was kept or noted."""
 
     kind: str
@@ -57,6 +58,8 @@ class Change:
         """What a person reads after ``file:line:``."""
         if self.kind == "moved":
             return f"{self.name} from {self.upstream} -> {self.home}"
+        if self.kind == "added":
+            return f"{self.name} added after it ({self.why})"
         if self.kind == "kept":
             return (f"{self.name} from {self.upstream} kept ({self.why or 'disttest has no such name'}; "
                     f"upstream's is used)")
@@ -190,9 +193,16 @@ def _unbound(tree: cst.Module) -> set[str]:
 #: Upstream modules whose import registers a c10d backend as it runs, which
 #: disttest does only inside its ranks (never at import).
 REGISTERS = {
-    "distributed.fake_pg": ("fake", "call disttest.register_fake_backend() first"),
     "distributed.distributed_utils": ("mock_process_group", "use disttest.mock_init_dist or with_dist"),
 }
+#: Of those, the ones whose registration the file is given where its import
+#: of the module was (the file registered it there before): the backend and
+#: the disttest function that registers it.
+REGISTERED_HERE = {
+    "distributed.fake_pg": ("fake", "register_fake_backend"),
+}
+#: The comment on the import of that function.
+REGISTERED_WHY = "importing upstream's {module} registered the {backend!r} backend (disttest.migrate)"
 
 
 #: The nodes that hold statements (the walk goes on into them): the module,
@@ -288,7 +298,8 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             return updated
         if len(by_home) == 1 and not kept:  # one home: only the module changes, every byte else stays
             (home,) = by_home
-            return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
+            return self._registered(upstream, line,
+                                    updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))]))
         statements: list[cst.BaseStatement] = []
         groups = [(h, names) for h, names in by_home.items()] + ([(module, kept)] if kept else [])
         comments = _alias_comments(stmt)
@@ -304,10 +315,11 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             if i:  # the comments above the original stay with the first
                 line_stmt = line_stmt.with_changes(leading_lines=[])
             statements.append(line_stmt)
-        return cst.FlattenSentinel(statements)
+        result = cst.FlattenSentinel(statements)
+        return result if kept else self._registered(upstream, line, result)
 
     def _star(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine, upstream: str,
-              line: int) -> cst.BaseStatement:
+              line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         home = HOMES.get(upstream)
         if home is None or not self.offers(home, "*"):
             self.changes.append(Change("kept", line, upstream, "*", why="no disttest module stands for it"))
@@ -332,7 +344,8 @@ class _Rewriter(m.MatcherDecoratableTransformer):
                                        "file keeps from upstream above it; import the names it uses one by one"))
             return updated
         self.changes.append(Change("moved", line, upstream, "*", home))
-        return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
+        return self._registered(upstream, line,
+                                updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))]))
 
     def _note_registration(self, upstream: str, line: int) -> None:
         registers = REGISTERS.get(upstream)
@@ -340,9 +353,26 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             backend, advice = registers
             self.changes.append(Change(
                 "noted", line, upstream, f"the {backend!r} backend",
-                why=f"importing upstream's module registered it, disttest registers it only in its ranks"
-                    f"{' and its TestCase' if backend == 'fake' else ''}: where the file makes a "
-                    f"{backend!r} group outside them, {advice}"))
+                why=f"importing upstream's module registered it, disttest registers it only in its ranks: "
+                    f"where the file makes a {backend!r} group outside them, {advice}"))
+
+    def _registered(self, upstream: str, line: int,
+                    result: cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]
+                    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        """``result`` (the rewritten import of ``upstream``, which no longer
+        imports it), followed by the registration that importing it did, for
+        a module of :data:`REGISTERED_HERE` (a ``fake`` group made in a
+        script, ``setUpClass`` or a pytest function needs it)."""
+        registers = REGISTERED_HERE.get(upstream)
+        if registers is None:
+            return result
+        backend, function = registers
+        why = REGISTERED_WHY.format(module=upstream.rpartition(".")[2], backend=backend)
+        self.changes.append(Change("added", line, upstream, f"{function}()", why=why))
+        added = [cst.parse_statement(f"from disttest import {function}  # {why}\n"),
+                 cst.parse_statement(f"{function}()\n")]
+        before = list(result) if isinstance(result, cst.FlattenSentinel) else [result]
+        return cst.FlattenSentinel([*before, *added])
 
     @staticmethod
     def _imports_modules(stmt: cst.ImportFrom, module: str) -> bool:
@@ -368,7 +398,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         return home, ""
 
     def _module_names(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine, module: str,
-                      line: int) -> cst.BaseStatement:
+                      line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         if isinstance(stmt.names, cst.ImportStar) or len(stmt.names) != 1:
             for alias in [] if isinstance(stmt.names, cst.ImportStar) else stmt.names:
                 self.changes.append(Change("noted", line, f"{module}.{_dotted(alias.name)}", "import",
@@ -388,12 +418,13 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         new_alias = cst.ImportAlias(name=cst.Name(leaf), asname=cst.AsName(name=cst.Name(bound))
                                     if bound != leaf else None)
         if not parent:  # disttest itself: import disttest as <bound>
-            return updated.with_changes(body=[cst.Import(names=[new_alias])])
+            return self._registered(upstream, line, updated.with_changes(body=[cst.Import(names=[new_alias])]))
         module_expr = cst.parse_expression(parent)
         assert isinstance(module_expr, (cst.Attribute, cst.Name))
-        return updated.with_changes(body=[cst.ImportFrom(module=module_expr, names=[new_alias])])
+        return self._registered(upstream, line,
+                                updated.with_changes(body=[cst.ImportFrom(module=module_expr, names=[new_alias])]))
 
-    def _import(self, stmt: cst.Import, updated: cst.SimpleStatementLine, line: int) -> cst.BaseStatement:
+    def _import(self, stmt: cst.Import, updated: cst.SimpleStatementLine, line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         if len(stmt.names) != 1:
             self._note_imports([stmt], line, "several modules in one statement")
             return updated
@@ -412,8 +443,8 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             self.changes.append(Change("kept", line, upstream, f"module as {bound}", why=why))
             return updated
         self.changes.append(Change("moved", line, upstream, f"module as {bound}", home))
-        return updated.with_changes(body=[stmt.with_changes(
-            names=[alias.with_changes(name=cst.parse_expression(home))])])
+        return self._registered(upstream, line, updated.with_changes(body=[stmt.with_changes(
+            names=[alias.with_changes(name=cst.parse_expression(home))])]))
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if PREFIX in node.value:
