@@ -38,6 +38,24 @@ class DeadlineTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 2)
         self.assertEqual([f.name for f in watch.frames][-2:], ["test_raised_into_the_block_with_its_stack", "spin"])
 
+    def test_a_limit_longer_than_a_wait_can_take_is_still_watched(self):
+        # DISTTEST_TIMEOUT=1e10 (past threading.TIMEOUT_MAX): the watcher
+        # died of an OverflowError in its first wait and the block ran unwatched.
+        from unittest import mock
+
+        from disttest._runner import deadline
+
+        raised = []
+        self.addCleanup(setattr, threading, "excepthook", threading.excepthook)
+        threading.excepthook = lambda args: raised.append(args.exc_value)
+        with Deadline(1e10):
+            time.sleep(0.1)
+        time.sleep(0.1)
+        self.assertEqual(raised, [])
+        # And it acts when the limit comes, waiting in steps meanwhile.
+        with mock.patch.object(deadline, "WAIT_STEP", 0.05), self.assertRaises(DeadlinePassed), Deadline(0.3):
+            spin()
+
     def test_not_while_the_thread_is_in_code_that_takes_locks(self):
         start = time.monotonic()
         with self.assertRaises(DeadlinePassed), Deadline(0.05):

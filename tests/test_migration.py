@@ -103,6 +103,10 @@ class MigrationGuideTest(unittest.TestCase):
         self.assertEqual(ported, [
             "from disttest import MultiProcessTestCase, skip_if_lt_x_gpu",
             "from disttest import FakeStore",
+            # (upstream's fake_pg registered the fake backend when imported)
+            "from disttest import register_fake_backend  # importing upstream's fake_pg registered the 'fake' "
+            "backend (disttest.migrate)",
+            "register_fake_backend()",
             "from disttest import dist_init",
             "from disttest import RpcAgentTestFixture",
             "from disttest import run_tests",

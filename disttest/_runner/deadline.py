@@ -69,6 +69,9 @@ LINGER_LOOK_MAX = 0.25
 #: before it is raised into there all the same: most such code is quick,
 #: but a context manager may poll in its ``__enter__`` for ever.
 MID_CHANGE_GRACE = 1.0
+#: The longest single wait of the watcher (a day): a limit longer than a
+#: thread's wait can take is waited for in such steps.
+WAIT_STEP = 86400.0
 
 
 def current_frames() -> dict[int, FrameType]:
@@ -354,8 +357,13 @@ class Deadline:
         raise DeadlinePassed(self.message)
 
     def _watch(self) -> None:
-        if self._over.wait(self.seconds):
-            return
+        # NB: in steps a thread's wait can take: a limit past
+        # threading.TIMEOUT_MAX (DISTTEST_TIMEOUT=1e10) raised OverflowError
+        # here, the watch ended and the test ran unwatched.
+        end = time.monotonic() + self.seconds
+        while (left := end - time.monotonic()) > 0:
+            if self._over.wait(min(left, WAIT_STEP)):
+                return
         while True:
             with self._lock:
                 if self._over.is_set():
