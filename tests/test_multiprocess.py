@@ -107,7 +107,7 @@ class HooksTest(OutcomeMixin, unittest.TestCase):
 
     def test_bad_world_size_and_timeout_are_named(self):
         result, _ = run(cases.BadWorldSize, "test_any")
-        self.assertIn("Invalid world size 0 from BadWorldSize.world_size", self.only(result.errors))
+        self.assertIn("Invalid world size -2 from BadWorldSize.world_size", self.only(result.errors))
         result, _ = run(cases.BadTimeout, "test_any")
         self.assertIn("Invalid timeout -3 from BadTimeout.timeout", self.only(result.errors))
 

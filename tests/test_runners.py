@@ -650,6 +650,22 @@ class DeclaredOptionsTest(unittest.TestCase):
             with self.subTest(attrs=attrs):
                 self.assertIn(text, self.only_error(cases.PoolRunner, attrs))
 
+    def test_a_world_size_of_0_skips_the_test(self):
+        # PyTorch's FSDP tests declare min(4, torch.cuda.device_count()): 0
+        # on a host without GPUs, where upstream starts no rank and passes.
+        from disttest._runner import settings
+
+        for runner in (cases.ProcessRunner, cases.ThreadRunner, cases.PoolRunner):
+            cls = type(f"No{runner.__name__}", (runner,), {"world_size": property(lambda self: 0)})
+            with self.subTest(runner.__name__):
+                result, elapsed = run(cls, "test_pass")
+                self.assertEqual((result.errors, result.failures), ([], []))
+                self.assertEqual([reason for _, reason in result.skipped], [settings.NO_RANKS.format(cls=cls.__name__)])
+                self.assertLess(elapsed, 10)
+        # Anything else that is no world size is still an error naming it.
+        result, _ = run(type("Negative", (cases.ThreadRunner,), {"world_size": -1}), "test_pass")
+        self.assertIn("Invalid world size -1 from Negative.world_size (disttest)", result.errors[0][1])
+
     def test_a_pool_with_a_limit_beyond_the_groups(self):
         # The group's own timeout is the limit plus a margin, capped where
         # gloo keeps it (milliseconds in a C int): 1e13 s broke the start.
