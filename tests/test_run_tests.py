@@ -138,6 +138,9 @@ class RunTestsTest(unittest.TestCase):
                 self.assertEqual(result.returncode, 2)
                 self.assertIn(f"{flag} (from the command line) is not taken by disttest's run_tests", result.stderr)
                 self.assertNotIn("Ran ", result.stderr)
+        # Upstream's default, which does nothing, is taken.
+        result = run_file("--run-parallel", "1", "Plain.test_seeded_and_accept")
+        self.assertEqual(result.returncode, 0, result.stderr)
 
     def test_save_xml_without_its_package_is_refused(self):
         try:

@@ -132,7 +132,8 @@ def run_tests(argv: Sequence[str] | None = None) -> None:
     program, args = given[0], given[1:]
     flags, rest = _parser().parse_known_args(args)
     for dest, (flag, why) in _REFUSALS.items():
-        if getattr(flags, dest) not in (None, False):
+        value = getattr(flags, dest)
+        if value not in (None, False) and not (dest == "run_parallel" and value == 1):  # (1: upstream's default)
             _usage_error(REFUSED.format(flag=flag, why=why))
     if flags.repeat < 1:
         _usage_error(REFUSED.format(flag=f"--repeat {flags.repeat}", why="it needs a count of 1 or more"))
