@@ -3,11 +3,15 @@ classes on disttest's bases, with upstream's command-line flags."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 from disttest.runners import main
@@ -16,6 +20,7 @@ from disttest.runners import main
 #: beside a plain unittest class, and upstream's ``__main__`` line.
 FILE = textwrap.dedent('''
     import os
+    import time
     import unittest
 
     import expecttest
@@ -50,6 +55,12 @@ FILE = textwrap.dedent('''
             if os.environ.get("FAIL_ONE"):
                 self.fail("asked to fail")
 
+        def test_waits_when_asked(self):
+            if os.environ.get("WAIT_IN"):  # (it says it has started, then sleeps)
+                with open(os.environ["WAIT_IN"], "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(300)
+
 
     class Case(TestCase):
         def test_case(self):
@@ -60,13 +71,40 @@ FILE = textwrap.dedent('''
 ''')
 
 
-def run_file(*args: str, fail: bool = False, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+#: A file whose inline expectation is wrong: ``--accept`` rewrites it.
+EXPECT_FILE = textwrap.dedent('''
+    from disttest import TestCase, run_tests
+
+
+    class Expect(TestCase):
+        def test_inline(self):
+            self.assertExpectedInline(str(1 + 1), """3""")
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+
+def environ(fail: bool = False) -> dict[str, str]:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("EXPECTTEST_ACCEPT", None)
     if fail:
         env["FAIL_ONE"] = "1"
-    return subprocess.run([sys.executable, "test_file.py", *args], cwd=run_file.dir, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return env
+
+
+def run_file(*args: str, fail: bool = False, timeout: float = 240,
+             file: str = "test_file.py") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, file, *args], cwd=run_file.dir, capture_output=True,
+                          text=True, timeout=timeout, env=environ(fail))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class RunTestsTest(unittest.TestCase):
@@ -86,7 +124,7 @@ class RunTestsTest(unittest.TestCase):
         # derive from upstream's TestCase.
         result = run_file("-v")
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("Ran 4 tests", result.stderr)
+        self.assertIn("Ran 5 tests", result.stderr)
         self.assertIn("SEEDED True ACCEPT False", result.stdout)
         self.assertNotIn("should extend from", result.stdout + result.stderr)
 
@@ -94,53 +132,104 @@ class RunTestsTest(unittest.TestCase):
         result = run_file("Plain", fail=True)
         self.assertEqual(result.returncode, 1)
         self.assertIn("asked to fail", result.stderr)
-        self.assertIn("Ran 2 tests", result.stderr)
+        self.assertIn("Ran 3 tests", result.stderr)
         self.assertIn("FAILED (failures=1)", result.stderr)
 
     def test_accept_repeat_and_discover(self):
-        result = run_file("--accept", "--repeat", "2", "Plain.test_seeded_and_accept")
+        # (--run-parallel 1: upstream's default, which does nothing, is taken)
+        result = run_file("--accept", "--repeat", "2", "--run-parallel", "1", "Plain.test_seeded_and_accept")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.count("SEEDED True ACCEPT True"), 2)
         self.assertEqual(result.stderr.count("Ran 1 test"), 2)
         # A failure ends the repeats at once, with status 1.
         result = run_file("--repeat", "3", "Plain", fail=True)
         self.assertEqual(result.returncode, 1)
-        self.assertEqual(result.stderr.count("Ran 2 tests"), 1)
+        self.assertEqual(result.stderr.count("Ran 3 tests"), 1)
         result = run_file("--discover-tests")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(sorted(result.stdout.split()), [
             "Case.test_case", "Plain.test_fails_when_asked", "Plain.test_seeded_and_accept",
-            "Threads.test_all_reduce"])
-
-    def test_each_test_in_its_own_process(self):
-        result = run_file("--subprocess", fail=True)
-        self.assertEqual(result.returncode, 1)
-        self.assertEqual(result.stderr.count("Ran 1 test"), 4)
-        self.assertIn(main.SUBPROCESS_FAILED.format(n=1, names="Plain.test_fails_when_asked"), result.stderr)
-        self.assertIn("Command to reproduce: ", result.stdout)
-        self.assertIn("test_file.py Plain.test_fails_when_asked", result.stdout)
+            "Plain.test_waits_when_asked", "Threads.test_all_reduce"])
 
     def test_with_pytest(self):
         result = run_file("--use-pytest", "-q", "-p", "no:cacheprovider", "-k", "Threads or Case")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertIn("2 passed, 2 deselected", result.stdout)
+        self.assertIn("2 passed, 3 deselected", result.stdout)
         # No test selected: a pass, as upstream's (a file may hold none for a configuration).
         result = run_file("--use-pytest", "-q", "-p", "no:cacheprovider", "-k", "nothing_is_called_this")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
 
     def test_a_flag_it_does_not_act_on_is_refused_by_name(self):
+        # (refused before anything runs, so in this process)
         for args, flag in [(["--run-parallel", "2"], "--run-parallel"),
+                           (["--run-parallel", "0"], "--run-parallel"),
                            (["--import-disabled-tests"], "--import-disabled-tests"),
                            (["--jit-executor", "legacy"], "--jit-executor"),
-                           (["--repeat", "0"], "--repeat 0")]:
-            with self.subTest(flag=flag):
-                result = run_file(*args)
-                self.assertEqual(result.returncode, 2)
-                self.assertIn(f"{flag} (from the command line) is not taken by disttest's run_tests", result.stderr)
-                self.assertNotIn("Ran ", result.stderr)
-        # Upstream's default, which does nothing, is taken.
-        result = run_file("--run-parallel", "1", "Plain.test_seeded_and_accept")
+                           (["--repeat", "0"], "--repeat 0"),
+                           (["--use-pytest", "--repeat", "2"], "--repeat 2 with --use-pytest"),
+                           (["--subprocess", "--use-pytest", "--repeat", "2"], "--repeat 2 with --use-pytest")]:
+            with self.subTest(flag=flag), contextlib.redirect_stderr(io.StringIO()) as stderr, \
+                    self.assertRaises(SystemExit) as exited:
+                main.run_tests(["test_file.py", *args])
+            self.assertEqual(exited.exception.code, 2)
+            self.assertIn(f"{flag} (from the command line) is not taken by disttest's run_tests", stderr.getvalue())
+
+    def test_accept_rewrites_an_inline_expectation(self):
+        # expecttest's assertExpectedInline reads EXPECTTEST_ACCEPT, not the
+        # flag upstream's run_tests sets: upstream's --accept failed here.
+        with open(os.path.join(run_file.dir, "test_expect.py"), "w") as f:
+            f.write(EXPECT_FILE)
+        result = run_file("--accept", file="test_expect.py")
         self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(run_file.dir, "test_expect.py")) as f:
+            self.assertIn('self.assertExpectedInline(str(1 + 1), """2""")', f.read())
+        self.assertEqual(run_file(file="test_expect.py").returncode, 0)
+
+    def test_each_test_in_its_own_process_with_the_flags_it_was_run_with(self):
+        result = run_file("--subprocess", "--accept", "--showlocals", "--repeat", "2", fail=True)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(main.SUBPROCESS_FAILED.format(n=1, names="Plain.test_fails_when_asked"), result.stderr)
+        self.assertIn("Command to reproduce: ", result.stdout)
+        # Upstream's children lost --accept, --showlocals and --repeat.
+        self.assertEqual(result.stdout.count("SEEDED True ACCEPT True"), 2)
+        self.assertEqual(result.stderr.count("Ran 1 test"), 9)  # (the failing one is not repeated)
+        self.assertIn("test_file.py --accept --showlocals --repeat 2 Plain.test_fails_when_asked", result.stdout)
+        self.assertIn("self = <__main__.Plain testMethod=test_fails_when_asked>", result.stderr)  # (--locals)
+
+    def test_a_child_of_subprocess_ends_with_its_parent(self):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):
+            with self.subTest(signal=sig.name), tempfile.TemporaryDirectory() as tmp:
+                started = os.path.join(tmp, "pid")
+                parent = subprocess.Popen([sys.executable, "test_file.py", "--subprocess", "Plain.test_waits_when_asked"],
+                                          cwd=run_file.dir, env={**environ(), "WAIT_IN": started},
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    deadline = time.monotonic() + 120
+                    while not (os.path.exists(started) and os.path.getsize(started)):
+                        self.assertIsNone(parent.poll(), "the parent ended before its child started")
+                        self.assertLess(time.monotonic(), deadline, "the child did not start")
+                        time.sleep(0.05)
+                    with open(started) as f:
+                        child = int(f.read())
+                    parent.send_signal(sig)
+                    self.assertNotEqual(parent.wait(timeout=30), 0)
+                    deadline = time.monotonic() + 15
+                    while alive(child) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    # (its own session: the signal to the parent did not reach it)
+                    self.assertFalse(alive(child), f"the test's process outlived its parent ended by {sig.name}")
+                finally:
+                    parent.kill()
+                    parent.wait()
+
+    def test_save_xml_with_pytest(self):
+        result = run_file("--use-pytest", "--save-xml", "reports", "-q", "-p", "no:cacheprovider", "-k", "Case")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        line = next(out for out in result.stdout.splitlines() if out.startswith("Test results will be stored in "))
+        path = os.path.join(run_file.dir, line.split(" in ", 1)[1])
+        self.assertTrue(path.startswith(os.path.join(run_file.dir, "reports", "test_file", "test_file-")), path)
+        with open(path) as f:
+            self.assertIn('name="test_case"', f.read())
 
     def test_save_xml_without_its_package_is_refused(self):
         try:

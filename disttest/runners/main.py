@@ -10,6 +10,9 @@ something outside PyTorch's CI (``--accept``, ``--repeat``, ``--subprocess``,
 ``--use-pytest``, ``--discover-tests``, ``--showlocals``, ``--save-xml``) and
 refuses, naming it, each flag it does not act on, rather than ignore it.
 Every other argument goes to ``unittest`` (a test name, ``-k``, ``-v``...).
+Where upstream's dropped a flag, this one acts on it: ``--accept`` reaches
+``assertExpectedInline``, ``--save-xml`` works with ``--use-pytest``, and a
+``--subprocess`` child gets the flags its parent was given and ends with it.
 
 Runs in the test process, never at import.
 """
@@ -26,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from disttest.runners.case import set_rng_seed
+from disttest.support import janitor
 
 __unittest = True
 
@@ -35,7 +39,9 @@ __all__ = ["run_tests"]
 REFUSED = "{flag} (from the command line) is not taken by disttest's run_tests: {why} (disttest)"
 #: ``--save-xml`` without the package upstream uses for it.
 NO_XMLRUNNER = ("--save-xml (from the command line) needs the unittest-xml-reporting package "
-                "(pip install unittest-xml-reporting), or run with --use-pytest --junit-xml=PATH (disttest)")
+                "(pip install unittest-xml-reporting), or add --use-pytest: pytest writes the report (disttest)")
+#: ``--save-xml`` with ``--use-pytest``: where pytest writes the report (upstream's words).
+XML_AT = "Test results will be stored in {path}"
 #: Upstream's summary of ``--subprocess`` failures, and how to rerun one.
 SUBPROCESS_FAILED = "{n} unit test(s) failed:\n\t{names}"
 RERUN = "Test exited with non-zero exitcode {code}. Command to reproduce: {command}"
@@ -68,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--save-xml", nargs="?", type=str, const=os.path.join("test-reports", "python-unittest"))
     p.add_argument("--discover-tests", action="store_true")
     p.add_argument("--log-suffix", type=str)
-    p.add_argument("--run-parallel", type=int)
+    p.add_argument("--run-parallel", type=int, default=1)
     p.add_argument("--import-slow-tests", type=str, nargs="?", const="")
     p.add_argument("--import-disabled-tests", type=str, nargs="?", const="")
     p.add_argument("--rerun-disabled-tests", action="store_true")
@@ -97,27 +103,65 @@ def _each_in_a_process(program: str, rest: list[str], names: list[str]) -> None:
     for name in names:
         command = [sys.executable, program, *rest, name]
         child = subprocess.Popen(command, start_new_session=True)
-        try:
-            code = child.wait(timeout=SUBPROCESS_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            code = -signal.SIGKILL
-        except BaseException:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            raise
-        finally:
+
+        def kill(child: subprocess.Popen[bytes] = child) -> None:
             # The test's own leftovers (its session) go with it.
             try:
                 os.killpg(child.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             child.wait()
+
+        # Its own session, so a signal to this one's does not reach it: the
+        # janitor kills it if this process is ended (SIGTERM, SIGHUP, exit),
+        # its reaper if it is killed.
+        cleanup = janitor.register(kill)
+        janitor.hold_groups([child.pid])
+        try:
+            code = child.wait(timeout=SUBPROCESS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = -signal.SIGKILL
+        finally:
+            kill()
+            janitor.unregister(cleanup)
+            janitor.release_groups([child.pid])
         if code != 0:
             print(RERUN.format(code=code, command=" ".join(command)))
             failed.append(name)
     if failed:
         print(SUBPROCESS_FAILED.format(n=len(failed), names="\n\t".join(failed)), file=sys.stderr)
         raise SystemExit(1)
+
+
+def _forwarded(flags: argparse.Namespace) -> list[str]:
+    """The flags a ``--subprocess`` child needs to run its test as this
+    process was asked to (upstream's children lost ``--accept``,
+    ``--showlocals`` and ``--repeat``)."""
+    return [*(["--accept"] if flags.accept else []), *(["--showlocals"] if flags.showlocals else []),
+            *(["--repeat", str(flags.repeat)] if flags.repeat != 1 else []),
+            *(["--save-xml", flags.save_xml] if flags.save_xml is not None else []),
+            *(["--use-pytest"] if flags.use_pytest else [])]
+
+
+def _report_name(program: str) -> str:
+    """The file's name in its report's path, as upstream's: ``dir.test_x``
+    for ``dir/test_x.py`` under the working directory."""
+    relative = os.path.relpath(os.path.abspath(program))
+    if relative.startswith(os.pardir):
+        relative = os.path.basename(program)
+    return os.path.splitext(relative)[0].replace(os.sep, ".")
+
+
+def _refuse_what_it_does_not_act_on(parser: argparse.ArgumentParser, flags: argparse.Namespace) -> None:
+    for dest, (flag, why) in _REFUSALS.items():
+        # A flag left at upstream's default (--run-parallel 1) does nothing there either.
+        if getattr(flags, dest) != parser.get_default(dest):
+            _usage_error(REFUSED.format(flag=flag, why=why))
+    if flags.repeat < 1:
+        _usage_error(REFUSED.format(flag=f"--repeat {flags.repeat}", why="it needs a count of 1 or more"))
+    if flags.repeat > 1 and flags.use_pytest:
+        _usage_error(REFUSED.format(flag=f"--repeat {flags.repeat} with --use-pytest",
+                                    why="pytest runs the file once; repeat with pytest-repeat's --count N"))
 
 
 def run_tests(argv: Sequence[str] | None = None) -> None:
@@ -127,20 +171,22 @@ def run_tests(argv: Sequence[str] | None = None) -> None:
     process's generators are seeded first (:func:`disttest.set_rng_seed`),
     as upstream's are. Exits as ``unittest.main`` does (status 1 when a test failed); a
     flag of upstream's this does not act on exits with status 2 and names it.
+    ``--accept`` also sets ``EXPECTTEST_ACCEPT=1``, which expecttest's
+    ``assertExpectedInline`` reads (upstream's flag does not reach it).
     """
     given = list(sys.argv if argv is None else argv)
     program, args = given[0], given[1:]
-    flags, rest = _parser().parse_known_args(args)
-    for dest, (flag, why) in _REFUSALS.items():
-        value = getattr(flags, dest)
-        if value not in (None, False) and not (dest == "run_parallel" and value == 1):  # (1: upstream's default)
-            _usage_error(REFUSED.format(flag=flag, why=why))
-    if flags.repeat < 1:
-        _usage_error(REFUSED.format(flag=f"--repeat {flags.repeat}", why="it needs a count of 1 or more"))
+    parser = _parser()
+    flags, rest = parser.parse_known_args(args)
+    _refuse_what_it_does_not_act_on(parser, flags)
     import expecttest
 
-    if not getattr(expecttest, "ACCEPT", False):  # (EXPECTTEST_ACCEPT=1 set it already)
+    if flags.accept or not expecttest.ACCEPT:  # (else EXPECTTEST_ACCEPT=1 set it already)
         expecttest.ACCEPT = flags.accept
+    if flags.accept:
+        # NB: expecttest's assertExpectedInline reads the environment, not
+        # ACCEPT (upstream's flag never reached it).
+        os.environ["EXPECTTEST_ACCEPT"] = "1"
     set_rng_seed()  # as upstream's run starts
     main = sys.modules["__main__"]
     if flags.discover_tests:
@@ -151,29 +197,36 @@ def run_tests(argv: Sequence[str] | None = None) -> None:
         names = [c.id().split(".", 1)[1] for c in _cases(unittest.defaultTestLoader.loadTestsFromModule(main))]
         if flags.use_pytest:  # pytest's node ids: file::Class::test
             names = [f"{program}::{n.replace('.', '::')}" for n in names]
-            rest = [*rest, "--use-pytest"]
-        _each_in_a_process(program, rest, names)
+        _each_in_a_process(program, [*_forwarded(flags), *rest], names)
         return
     if flags.use_pytest:
         import pytest
 
         extra = ["--showlocals", "--tb=long"] if flags.showlocals else []
+        if flags.save_xml is not None:
+            name = _report_name(program)
+            folder = os.path.join(flags.save_xml.replace("python-unittest", "python-pytest"), name)
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"{name}-{os.urandom(8).hex()}.xml")
+            print(XML_AT.format(path=path))
+            extra.append(f"--junit-xml={path}")
         # A node id of the file (a --subprocess child's) names the file itself.
         file = [] if any(a.startswith(f"{program}::") for a in rest) else [program]
         code = pytest.main([*file, *extra, *rest])
         # 5: no tests collected (upstream: a file may hold none for a config)
         raise SystemExit(0 if code == 5 else int(code))
     unittest_argv = [program, *(["--locals"] if flags.showlocals else []), *rest]
+    runner: unittest.TextTestRunner | None = None  # (unittest.main's default)
     if flags.save_xml is not None:
         try:
             import xmlrunner  # type: ignore[import-not-found]
         except ImportError:
             _usage_error(NO_XMLRUNNER)
         verbose = "-v" in rest or "--verbose" in rest
-        unittest.main(module=main, argv=unittest_argv,
-                      testRunner=xmlrunner.XMLTestRunner(output=flags.save_xml, verbosity=2 if verbose else 1))
-        return
+        folder = os.path.join(flags.save_xml, _report_name(program))
+        os.makedirs(folder, exist_ok=True)
+        runner = xmlrunner.XMLTestRunner(output=folder, verbosity=2 if verbose else 1)
     for _ in range(flags.repeat - 1):
-        if not unittest.main(module=main, argv=unittest_argv, exit=False).result.wasSuccessful():
+        if not unittest.main(module=main, argv=unittest_argv, exit=False, testRunner=runner).result.wasSuccessful():
             raise SystemExit(1)
-    unittest.main(module=main, argv=unittest_argv)
+    unittest.main(module=main, argv=unittest_argv, testRunner=runner)
