@@ -252,6 +252,31 @@ class CurrentFramesTest(unittest.TestCase):
                 gc.enable()
         self.assertEqual(seen, [False, False])
 
+    def test_two_readers_at_once_keep_the_collector_off(self):
+        import gc
+        from unittest import mock
+
+        from disttest._runner import deadline
+
+        seen = []
+
+        def frames():  # a slow read: the second reader starts during the first
+            seen.append(gc.isenabled())
+            time.sleep(0.3)
+            seen.append(gc.isenabled())
+            return {}
+
+        with mock.patch.object(deadline.sys, "_current_frames", frames):
+            first = threading.Thread(target=deadline.current_frames)
+            first.start()
+            time.sleep(0.1)
+            deadline.current_frames()
+            first.join()
+        self.assertTrue(gc.isenabled())
+        # Without one reader at a time, the first turned the collector back on
+        # under the second one's read.
+        self.assertEqual(seen, [False] * 4)
+
     def test_the_runners_read_frames_only_through_it(self):
         import disttest
 

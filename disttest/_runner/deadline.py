@@ -84,14 +84,25 @@ def current_frames() -> dict[int, FrameType]:
     ``threading.local`` it sets) then never gets it, and this thread never
     gets the GIL back: the whole process hangs, deaf to SIGTERM (seen with
     1024 rank threads, in the stack dump of a test past its limit).
+    Reads are taken one at a time: the collector is the process's, and a
+    second reader would turn it back on under the first one's read (the wait
+    is bounded: a fork copies the lock held, and a read must still happen).
     """
-    enabled = gc.isenabled()
-    gc.disable()
+    held = _FRAMES_READ.acquire(timeout=5)
     try:
-        return sys._current_frames()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return sys._current_frames()
+        finally:
+            if enabled:
+                gc.enable()
     finally:
-        if enabled:
-            gc.enable()
+        if held:
+            _FRAMES_READ.release()
+
+
+_FRAMES_READ = threading.Lock()
 
 
 def holds_locks(frame: FrameType | None) -> bool:
