@@ -231,6 +231,54 @@ class RewriteTest(unittest.TestCase):
         self.assertNotIn("register_fake_backend", out)
         self.assertIn("from torch.testing._internal.distributed.fake_pg import not_offered", out)
 
+    def test_the_fake_backend_registration_binds_nothing_of_the_file_s(self):
+        why = "  # importing upstream's fake_pg registered the 'fake' backend (disttest.migrate)\n"
+        # Once a block; not under TYPE_CHECKING (the import never ran there);
+        # in a class body, no name is left behind (it would be a method).
+        out, changes = migrated("""
+            from typing import TYPE_CHECKING
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+            from torch.testing._internal.distributed.fake_pg import FakeStore as F2
+            if TYPE_CHECKING:
+                from torch.testing._internal.distributed.fake_pg import FakeStore as F3
+            else:
+                from torch.testing._internal.distributed.fake_pg import FakeStore as F4
+
+            class T:
+                from torch.testing._internal.distributed.fake_pg import FakeStore as F5
+        """)
+        added = "from disttest import register_fake_backend" + why + "register_fake_backend()\n"
+        self.assertEqual(out, "\n".join([
+            "",
+            "from typing import TYPE_CHECKING",
+            "from disttest import FakeStore",
+            added + "from disttest import FakeStore as F2",
+            "if TYPE_CHECKING:",
+            "    from disttest import FakeStore as F3",
+            "else:",
+            "    from disttest import FakeStore as F4",
+            textwrap.indent(added, "    "),
+            "class T:",
+            "    from disttest import FakeStore as F5",
+            textwrap.indent(added + "del register_fake_backend\n", "    ")]))
+        self.assertEqual(sum("register_fake_backend() added" in c for c in changes), 3)
+        # A file with a name of its own that the added line would bind:
+        # disttest's is imported under another.
+        out, _ = migrated("""
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+
+            def register_fake_backend():
+                pass
+        """)
+        self.assertEqual(out, textwrap.dedent("""
+            from disttest import FakeStore
+            from disttest import register_fake_backend as disttest_register_fake_backend""") + why + textwrap.dedent("""            disttest_register_fake_backend()
+
+            def register_fake_backend():
+                pass
+        """))
+        self.assertEqual(migrated(out)[0], out)
+
     def test_the_files_encoding_bom_and_line_endings_are_kept(self):
         line = b"from torch.testing._internal.common_distributed import MultiProcessTestCase  # c"
         new = b"from disttest import MultiProcessTestCase  # c"

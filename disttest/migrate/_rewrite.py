@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -212,11 +212,23 @@ _STATEMENT_CONTAINERS = (cst.Module, cst.BaseCompoundStatement, cst.IndentedBloc
                          cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
 
 
+@dataclasses.dataclass
+class _Block:
+    """A block of statements the rewriter is in: ``module``, ``class`` (a
+    class body), ``typing`` (``if TYPE_CHECKING:``) or ``block``; whether it
+    is under ``if TYPE_CHECKING:``, and the modules whose registration it
+    was given."""
+
+    kind: str
+    typing: bool = False
+    registered: set[str] = dataclasses.field(default_factory=set)
+
+
 class _Rewriter(m.MatcherDecoratableTransformer):
     METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
 
     def __init__(self, offers: Lookup, attributes: _Attributes, unbound: Callable[[], set[str]],
-                 rpc_suites: Sequence[str] = ()) -> None:
+                 rpc_suites: Sequence[str] = (), names: Container[str] = ()) -> None:
         super().__init__()
         self.offers = offers
         self.attributes = attributes
@@ -224,6 +236,10 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         #: Upstream RPC suites the file keeps: its fixtures stay upstream's too.
         self.rpc_suites = rpc_suites
         self.changes: list[Change] = []
+        #: The names the file's text holds (a name an added line binds must not be one of them).
+        self._names = names
+        self._blocks = [_Block("module")]
+        self._kinds: dict[int, str] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         # Imports are statements: below a simple statement line, or in a
@@ -245,10 +261,11 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             self._note_imports(updated.body, line, "one of several statements on a line")
             return updated
         stmt = updated.body[0]
+        before = len(self.changes)
         if isinstance(stmt, cst.ImportFrom):
-            return self._from(stmt, updated, line)
+            return self._registered(self._from(stmt, updated, line), self.changes[before:])
         if isinstance(stmt, cst.Import):
-            return self._import(stmt, updated, line)
+            return self._registered(self._import(stmt, updated, line), self.changes[before:])
         return updated
 
     def leave_SimpleStatementSuite(self, original: cst.SimpleStatementSuite,
@@ -298,8 +315,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             return updated
         if len(by_home) == 1 and not kept:  # one home: only the module changes, every byte else stays
             (home,) = by_home
-            return self._registered(upstream, line,
-                                    updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))]))
+            return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
         statements: list[cst.BaseStatement] = []
         groups = [(h, names) for h, names in by_home.items()] + ([(module, kept)] if kept else [])
         comments = _alias_comments(stmt)
@@ -315,8 +331,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             if i:  # the comments above the original stay with the first
                 line_stmt = line_stmt.with_changes(leading_lines=[])
             statements.append(line_stmt)
-        result = cst.FlattenSentinel(statements)
-        return result if kept else self._registered(upstream, line, result)
+        return cst.FlattenSentinel(statements)
 
     def _star(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine, upstream: str,
               line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
@@ -344,8 +359,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
                                        "file keeps from upstream above it; import the names it uses one by one"))
             return updated
         self.changes.append(Change("moved", line, upstream, "*", home))
-        return self._registered(upstream, line,
-                                updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))]))
+        return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
 
     def _note_registration(self, upstream: str, line: int) -> None:
         registers = REGISTERS.get(upstream)
@@ -356,23 +370,56 @@ class _Rewriter(m.MatcherDecoratableTransformer):
                 why=f"importing upstream's module registered it, disttest registers it only in its ranks: "
                     f"where the file makes a {backend!r} group outside them, {advice}"))
 
-    def _registered(self, upstream: str, line: int,
-                    result: cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]
-                    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        """``result`` (the rewritten import of ``upstream``, which no longer
-        imports it), followed by the registration that importing it did, for
-        a module of :data:`REGISTERED_HERE` (a ``fake`` group made in a
-        script, ``setUpClass`` or a pytest function needs it)."""
-        registers = REGISTERED_HERE.get(upstream)
-        if registers is None:
-            return result
-        backend, function = registers
-        why = REGISTERED_WHY.format(module=upstream.rpartition(".")[2], backend=backend)
-        self.changes.append(Change("added", line, upstream, f"{function}()", why=why))
-        added = [cst.parse_statement(f"from disttest import {function}  # {why}\n"),
-                 cst.parse_statement(f"{function}()\n")]
-        before = list(result) if isinstance(result, cst.FlattenSentinel) else [result]
-        return cst.FlattenSentinel([*before, *added])
+    def _registered(self, result: cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement],
+                    changes: Sequence[Change]) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        """``result`` (an import statement, rewritten as ``changes`` say),
+        followed by the registration that importing a module of
+        :data:`REGISTERED_HERE` did, where the statement no longer imports
+        it (a ``fake`` group made in a script, ``setUpClass`` or a pytest
+        function needs it): once a block, not where the import never ran
+        (``if TYPE_CHECKING:``), and leaving no name in a class body."""
+        for upstream in dict.fromkeys(c.upstream for c in changes if c.kind == "moved"):
+            registers = REGISTERED_HERE.get(upstream)
+            if registers is None or any(c.kind == "kept" and c.upstream == upstream for c in changes):
+                continue  # (upstream's module is still imported: it still registers)
+            block = self._blocks[-1]
+            if block.typing or upstream in block.registered:
+                continue
+            block.registered.add(upstream)
+            backend, function = registers
+            why = REGISTERED_WHY.format(module=upstream.rpartition(".")[2], backend=backend)
+            line = next(c.line for c in changes if c.upstream == upstream)
+            self.changes.append(Change("added", line, upstream, f"{function}()", why=why))
+            # The file's own name stays its own.
+            name = function if function not in self._names else f"disttest_{function}"
+            alias = "" if name == function else f" as {name}"
+            added = [cst.parse_statement(f"from disttest import {function}{alias}  # {why}\n"),
+                     cst.parse_statement(f"{name}()\n")]
+            if block.kind == "class":  # (a name bound there is a class attribute: a method)
+                added.append(cst.parse_statement(f"del {name}\n"))
+            result = cst.FlattenSentinel([*(result if isinstance(result, cst.FlattenSentinel) else [result]), *added])
+        return result
+
+    # The blocks the walk is in (the module's first): where an import is.
+    def visit_Module(self, node: cst.Module) -> None:
+        self._blocks = [_Block("module")]
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._kinds[id(node.body)] = "class"
+
+    def visit_If(self, node: cst.If) -> None:
+        test = node.test
+        if (isinstance(test, cst.Name) and test.value == "TYPE_CHECKING"
+                or isinstance(test, cst.Attribute) and test.attr.value == "TYPE_CHECKING"):
+            self._kinds[id(node.body)] = "typing"
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        kind = self._kinds.pop(id(node), "block")
+        self._blocks.append(_Block(kind, typing=kind == "typing" or self._blocks[-1].typing))
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        self._blocks.pop()
+        return updated
 
     @staticmethod
     def _imports_modules(stmt: cst.ImportFrom, module: str) -> bool:
@@ -418,11 +465,10 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         new_alias = cst.ImportAlias(name=cst.Name(leaf), asname=cst.AsName(name=cst.Name(bound))
                                     if bound != leaf else None)
         if not parent:  # disttest itself: import disttest as <bound>
-            return self._registered(upstream, line, updated.with_changes(body=[cst.Import(names=[new_alias])]))
+            return updated.with_changes(body=[cst.Import(names=[new_alias])])
         module_expr = cst.parse_expression(parent)
         assert isinstance(module_expr, (cst.Attribute, cst.Name))
-        return self._registered(upstream, line,
-                                updated.with_changes(body=[cst.ImportFrom(module=module_expr, names=[new_alias])]))
+        return updated.with_changes(body=[cst.ImportFrom(module=module_expr, names=[new_alias])])
 
     def _import(self, stmt: cst.Import, updated: cst.SimpleStatementLine, line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         if len(stmt.names) != 1:
@@ -443,8 +489,8 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             self.changes.append(Change("kept", line, upstream, f"module as {bound}", why=why))
             return updated
         self.changes.append(Change("moved", line, upstream, f"module as {bound}", home))
-        return self._registered(upstream, line, updated.with_changes(body=[stmt.with_changes(
-            names=[alias.with_changes(name=cst.parse_expression(home))])]))
+        return updated.with_changes(body=[stmt.with_changes(
+            names=[alias.with_changes(name=cst.parse_expression(home))])])
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if PREFIX in node.value:
@@ -516,7 +562,9 @@ def rewrite(source: str | bytes, offers: Lookup) -> Result:
             unbound.append(_unbound(tree))
         return unbound[0]
 
-    rewriter = _Rewriter(offers, attributes, unbound_names, _rpc_suites(tree, source, offers))
+    text = source if isinstance(source, str) else source.decode(tree.encoding, "replace")
+    names = {f for _, f in REGISTERED_HERE.values() if f in text}
+    rewriter = _Rewriter(offers, attributes, unbound_names, _rpc_suites(tree, source, offers), names)
     # (no copy of the tree: nothing changes it, and a copy costs a fifth of the run)
     new = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True).visit(rewriter)
     code, data = new.code, new.bytes
