@@ -444,12 +444,21 @@ class ArgumentErrorsTest(unittest.TestCase):
             else:
                 dist.all_reduce(torch.ones(1))
 
-        self.errors_on_every_rank(8, fn, CollectiveMismatch,
-                                  "does not match across ranks (disttest): ranks 0-4, 6-7 called all_reduce; "
+        self.errors_on_every_rank(10, fn, CollectiveMismatch,
+                                  "does not match across ranks (disttest): ranks 0-4, 6-9 called all_reduce; "
                                   "rank 5 called broadcast")
-        self.errors_on_every_rank(8, lambda rank, n: dist.broadcast(torch.ones(1), src=int(rank in (2, 3))),
-                                  CollectiveMismatch, "ranks pass different src (disttest): ranks 0-1, 4-7 passed "
-                                                      "src=0; ranks 2-3 passed src=1")
+        # A few ranks are named one by one, as every report names them.
+        self.errors_on_every_rank(10, lambda rank, n: dist.broadcast(torch.ones(1), src=int(rank in (2, 3))),
+                                  CollectiveMismatch, "ranks pass different src (disttest): ranks 0, 1, 4, 5, 6, 7, "
+                                                      "8, 9 passed src=0; ranks 2, 3 passed src=1")
+
+    def test_values_equal_but_of_other_types_are_told_apart(self):
+        from disttest.pg._local import each_rank
+
+        # "1" and 1 print alike: grouped by their text, rank 0's string was
+        # shown as the others' int. Values that print alike are shown as reprs.
+        self.assertEqual(each_rank(["1", 1, 1, [2], True], "passed x={}"),
+                         "rank 0 passed x='1'; ranks 1, 2 passed x=1; rank 3 passed x=[2]; rank 4 passed x=True")
 
     def test_bitwise_op_on_floats(self):
         self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1), op=R.BAND),
@@ -597,7 +606,7 @@ class GroupTimeoutTest(unittest.TestCase):
         self.assertLess(took, 5)
         self.assertIn("all_reduce on group", message)
         self.assertIn("did not complete within 0.5s, the group's timeout (disttest): "
-                      "collective #1: rank(s) [1] of the group never called it", message)
+                      "collective #1: rank 1 of the group never called it", message)
         self.assertIn("recv on group", recv_message)
         self.assertIn("no send from rank 1 with tag 0 arrived", recv_message)
 

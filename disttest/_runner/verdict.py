@@ -98,17 +98,11 @@ def reclassified(outcome: Outcome, kind: Kind, detail: str) -> Outcome:
     return dataclasses.replace(outcome, kind=kind, detail=detail)
 
 
-#: More ranks than this are named by runs (``ranks 0-516, 518-1023/1024``).
-LISTED = 8
-
-
 def who(ranks: Sequence[int], world: int) -> str:
     """``rank 2/4``, ``ranks 0, 1/4`` or, for many, ``ranks 0-516, 518-1023/1024``:
     how every report line names ranks."""
     if len(ranks) == 1:
         return RANK.format(rank=ranks[0], world=world)
-    if len(ranks) <= LISTED:
-        return RANKS.format(ranks=", ".join(map(str, ranks)), world=world)
     return RANKS.format(ranks=rank_runs(ranks), world=world)
 
 

@@ -4,7 +4,7 @@ a Work over a Future, reductions, argument checks and copies."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -285,10 +285,19 @@ def op_label(op: Any) -> str:
     return f"{name}({value})"
 
 
+#: Up to this many ranks are named one by one; more as runs (``0-516, 518-1023``).
+LISTED = 8
+
+
 def rank_runs(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2, 5``: how reports name many ranks."""
+    """How every report names ranks: ``1, 2, 5`` for a few (up to
+    :data:`LISTED`), ``0-516, 518-1023`` for many, of a size that does not
+    grow with the world."""
+    ordered = sorted(ranks)
+    if len(ordered) <= LISTED:
+        return ", ".join(map(str, ordered))
     runs: list[list[int]] = []
-    for r in sorted(ranks):
+    for r in ordered:
         if runs and r == runs[-1][1] + 1:
             runs[-1][1] = r
         else:
@@ -300,10 +309,19 @@ def each_rank(values: Sequence[Any], did: str) -> str:
     """What each rank did, ranks that did the same together (``did`` formats
     the value): ``ranks 0-16, 18-511 called all_reduce; rank 17 called
     broadcast``, of a size that does not grow with the world."""
-    groups: dict[str, list[int]] = {}
+    groups: dict[tuple[type, Any], list[int]] = {}
+    first: dict[tuple[type, Any], Any] = {}
     for r, v in enumerate(values):
-        groups.setdefault(did.format(v), []).append(r)
-    return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {rank_runs(rs)} {text}" for text, rs in groups.items())
+        # By type and value: 1 and True are equal and hash alike, "1" and 1
+        # print alike; each differs from the other.
+        key = (type(v), v if isinstance(v, Hashable) else repr(v))
+        groups.setdefault(key, []).append(r)
+        first.setdefault(key, v)
+    texts = {key: did.format(v) for key, v in first.items()}
+    alike = {t for t in texts.values() if list(texts.values()).count(t) > 1}
+    return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {rank_runs(rs)} "
+                     f"{did.format(repr(first[key])) if texts[key] in alike else texts[key]}"
+                     for key, rs in groups.items())
 
 
 def check_agree(what: str, seq: int, group: str, agree: Sequence[dict[str, Any] | None]) -> None:

@@ -28,6 +28,7 @@ from disttest.pg._local import (
     check_agree,
     check_rank,
     each_rank,
+    rank_runs,
     seconds,
 )
 
@@ -258,7 +259,7 @@ class ThreadedWorld:
             self._pending.discard(fut)
             joined = set(self._waiting.get((pg.group_name, seq), {}))
         missing = [r for r in range(pg.size()) if r not in joined]
-        return f"collective #{seq}: rank(s) {missing} of the group never called it"
+        return f"collective #{seq}: {'rank' if len(missing) == 1 else 'ranks'} {rank_runs(missing)} of the group never called it"
 
     def _finish(self, calls: Sequence[_Call], results: list[Any] | None = None,
                 error: BaseException | None = None) -> None:
