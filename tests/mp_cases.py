@@ -168,6 +168,15 @@ class Files(Base):
         dist.broadcast_object_list(sizes)
         self.assertTrue(os.path.isdir(sizes[0]))
 
+    def test_rank_0_dies_holding_a_rank_temp_file(self):
+        init_pg(self)
+        with disttest.rank_temp_file() as name:
+            if self.rank == 0:
+                with open(os.environ["TELL_NAME_IN"], "w") as f:
+                    f.write(name)
+                os._exit(1)
+            time.sleep(30)  # (rank 1: until the test ends)
+
 
 class Devices(disttest.DistributedTestBase):
     timeout = 30

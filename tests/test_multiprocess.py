@@ -207,6 +207,26 @@ class HygieneTest(OutcomeMixin, unittest.TestCase):
             self.assertFalse(os.path.exists(case.run_dir), case.run_dir)
             self.assertFalse(os.path.exists(case.file_name))
 
+    def test_a_rank_temp_file_goes_with_the_test_when_its_rank_dies(self):
+        # It was made in the system's temp folder, and only rank 0's own
+        # cleanup removed it: a rank that died in the body left it there.
+        with tempfile.TemporaryDirectory() as tmp:
+            told = os.path.join(tmp, "name")
+            with mock.patch.dict(os.environ, {"TELL_NAME_IN": told}):
+                os.environ.pop("TEMP_DIR", None)
+                result, _ = run(cases.Files, "test_rank_0_dies_holding_a_rank_temp_file")
+            self.assertEqual(len(result.errors), 1, result.failures)
+            with open(told) as f:
+                name = f.read()
+            self.assertTrue(os.path.basename(name).startswith("disttest-rank-"), name)
+            self.assertFalse(os.path.exists(name), f"{name} outlived its test")
+            # TEMP_DIR naming no folder: the error names it and its source.
+            with mock.patch.dict(os.environ, {"TELL_NAME_IN": told, "TEMP_DIR": os.path.join(tmp, "gone")}):
+                result, _ = run(cases.Files, "test_rank_0_dies_holding_a_rank_temp_file")
+            self.assertEqual(len(result.errors), 1, result.failures)
+            self.assertIn(f"Invalid temp folder {os.path.join(tmp, 'gone')!r} from TEMP_DIR (the environment) "
+                          "(disttest): it is not a folder", result.errors[0][1])
+
     def test_passing_ranks_leave_once_every_rank_has_answered(self):
         # The parent says Leave when all have answered; without it a passing
         # rank would stay LINGER_AFTER_PASS seconds (here 60: forked ranks

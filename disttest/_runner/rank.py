@@ -35,6 +35,7 @@ from disttest._runner import progress, rank_look, tracking
 from disttest._runner.channel import connect
 from disttest._runner.messages import Done, Hello, Ready, Run
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
+from disttest.support import tempdirs
 
 __unittest = True
 
@@ -528,6 +529,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         files = _prepare(spec, rank, parent_pid)
         ctx = _Context(rank, spec)
         _context[:] = [ctx]
+        tempdirs.use_run_folder(spec.run_dir)
         conn = connect(spec.address)
         conn.send(Hello(rank, spec.token))
         part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)

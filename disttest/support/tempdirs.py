@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from disttest.config import ConfigError
 from disttest.support import janitor
 
 __unittest = True
@@ -75,6 +76,33 @@ def cleanup_temp_dir() -> None:
             del os.environ["INIT_METHOD"]
 
 
+#: The run folder of the test this rank process runs (its launcher's, which
+#: the test process removes however the rank ends), set by the runner in
+#: each rank process it starts.
+_run_folder: list[str] = []
+
+
+def use_run_folder(path: str) -> None:
+    """Hook for the runners: ``path`` is this rank process's run folder,
+    where :func:`rank_temp_file` makes its file. (A rank process is the
+    runner's: nothing else runs in it before.)"""
+    _run_folder[:] = [path]
+
+
+def _rank_file_folder() -> str | None:
+    """Where rank 0 makes a :func:`rank_temp_file`: ``TEMP_DIR`` (upstream's
+    folder, which must exist), else the rank process's run folder, else the
+    system's temp folder."""
+    folder = os.environ.get("TEMP_DIR")
+    if folder:
+        if not os.path.isdir(folder):
+            raise ConfigError("temp folder", folder, "TEMP_DIR (the environment)",
+                              "it is not a folder; unset it, or call initialize_temp_directories() "
+                              "in the test process before the ranks start")
+        return folder
+    return _run_folder[0] if _run_folder and os.path.isdir(_run_folder[0]) else None
+
+
 @contextlib.contextmanager
 def rank_temp_file() -> Iterator[str]:
     """A temp file made by rank 0 and shared with every rank of the default
@@ -82,10 +110,12 @@ def rank_temp_file() -> Iterator[str]:
 
     The name travels by ``broadcast_object_list``. On a normal exit the ranks
     meet at a barrier before rank 0 removes the file, so no rank loses it
-    while still reading; if the body raises, rank 0 removes it at once.
+    while still reading; if the body raises, rank 0 removes it at once. In a
+    rank process the file is in the test's run folder (unless ``TEMP_DIR``
+    names one), so it goes with the test also when rank 0 dies in the body.
     """
     if dist.get_rank() == 0:
-        fd, name = tempfile.mkstemp(prefix="disttest-rank-", dir=os.environ.get("TEMP_DIR"))
+        fd, name = tempfile.mkstemp(prefix="disttest-rank-", dir=_rank_file_folder())
         os.close(fd)
         names: list[str | None] = [name]
     else:
