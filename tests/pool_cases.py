@@ -363,3 +363,49 @@ class TakesTheStackSignal(disttest.MultiProcContinousTest):
     def test_2_hangs(self):
         if self.rank == 0:
             time.sleep(30)
+
+
+class PointToPoint(disttest.MultiProcContinousTest):
+    """Tests that leave sends and receives unmatched, each followed by one
+    whose calls would match the leftovers (run in name order)."""
+
+    timeout = 20
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def _pid(self):
+        with open(os.environ["POOL_LOG"], "a") as f:
+            f.write(f"{self._testMethodName} {self.rank} {os.getpid()}\n")
+
+    def _send_recv(self):
+        self._pid()
+        if self.rank == 0:
+            dist.send(torch.ones(1) * 3, 1)
+        else:
+            t = torch.zeros(1)
+            dist.recv(t, 0)
+            self.assertEqual(t.item(), 3)  # not the message an earlier test left
+
+    def test_1_matched(self):
+        self._send_recv()
+
+    def test_2_matched(self):
+        self._send_recv()
+
+    def test_3_leaves_a_send(self):
+        self._pid()
+        if self.rank == 0:
+            dist.isend(torch.ones(1) * 7, 1)  # never received, never waited
+
+    def test_4_send_recv(self):
+        self._send_recv()
+
+    def test_5_leaves_a_receive(self):
+        self._pid()
+        if self.rank == 1:
+            dist.irecv(torch.zeros(1), 0)  # nothing is sent
+
+    def test_6_send_recv(self):
+        self._send_recv()

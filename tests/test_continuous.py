@@ -10,6 +10,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+import warnings
 from unittest import mock
 
 import pool_cases as cases
@@ -86,6 +87,38 @@ class SelfHealingTest(unittest.TestCase):
         self.assertEqual(pids[("test_01_pass", "0")], pids[("test_03_pass", "0")])
         # ...and a crash made a fresh pool.
         self.assertNotEqual(pids[("test_03_pass", "0")], pids[("test_05_pass", "0")])
+
+
+class PointToPointLeftoversTest(unittest.TestCase):
+    def test_a_test_that_leaves_calls_unmatched_gets_the_next_one_fresh_ranks(self):
+        # The leftover send was received by the next test's recv, whose own
+        # send then waited to the limit: a correct test failed for another's.
+        from disttest.runners.continuous import P2P_LEFT
+
+        with tempfile.NamedTemporaryFile() as log, mock.patch.dict(os.environ, {"POOL_LOG": log.name}), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result, elapsed = run_class(cases.PointToPoint)
+            with open(log.name) as f:
+                pids = {(name, rank): pid for name, rank, pid in (line.split() for line in f)}
+        self.assertEqual((result.testsRun, result.failures, result.errors), (6, [], []))
+        self.assertLess(elapsed, 40)
+        left = [str(w.message) for w in caught if "left point-to-point calls unmatched" in str(w.message)]
+        prefix = "pool_cases.PointToPoint."
+        self.assertEqual(left, [
+            P2P_LEFT.format(test=prefix + "test_3_leaves_a_send", what="rank 0 sent rank 1 1 message(s) it did not "
+                                                                          "receive"),
+            P2P_LEFT.format(test=prefix + "test_5_leaves_a_receive", what="rank 1 posted 1 receive(s) from rank 0 "
+                                                                             "it did not send")])
+        # At the line of the test that left them, not in disttest.
+        where = [w for w in caught if "left point-to-point" in str(w.message)][0]
+        self.assertEqual(os.path.basename(where.filename), "pool_cases.py")
+        # Matched calls keep the pool; leftovers get the next test fresh ranks.
+        self.assertEqual(pids[("test_1_matched", "0")], pids[("test_2_matched", "0")])
+        self.assertEqual(pids[("test_2_matched", "0")], pids[("test_3_leaves_a_send", "0")])
+        self.assertNotEqual(pids[("test_3_leaves_a_send", "1")], pids[("test_4_send_recv", "1")])
+        self.assertNotEqual(pids[("test_5_leaves_a_receive", "1")], pids[("test_6_send_recv", "1")])
+        self.assertEqual(live_ranks(), [])
 
 
 class PoolTest(unittest.TestCase):

@@ -34,7 +34,7 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "p2p_key"]
+__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "p2p_key", "unmatched_p2p"]
 
 SLOT = 4096  # bytes per rank at least; more for wide worlds (slot_size)
 _HEADER = struct.Struct("<IIB")  # seqlock version, payload length, state
@@ -610,6 +610,52 @@ def _recorded_abandoned(board: _Reads, rank: int, flight: InFlight, finished: li
         if done and confirmed - max(since, done) >= FR_SETTLE:
             return peer
     return None
+
+
+def unmatched_p2p(board: _Reads) -> str | None:
+    """After every rank's test ended: the point-to-point calls the ranks
+    posted that nothing matched, as ``rank 0 sent rank 1 2 message(s) it did
+    not receive`` (None: every call matched, or a count is unknown). Such a
+    message, or a posted receive, stays in the group, where the next test's
+    calls (a pool's) match it and then wait for ever."""
+    counts = [board.counts(r) or {} for r in range(board.world_size)]
+    if any(board.counts(r) is None for r in range(board.world_size)):
+        return None
+    pairs: set[tuple[int, str]] = set()  # (receiver, tag suffix)
+    for rank, mine in enumerate(counts):
+        for key in mine:
+            if key.startswith("send>"):
+                _, peer, tag = _p2p_parts(key)
+                if peer.isdigit():
+                    pairs.add((int(peer), tag))
+            elif key.startswith("recv<"):
+                pairs.add((rank, _p2p_parts(key)[2]))
+    left = []
+    for receiver, tag in sorted(pairs):
+        if receiver >= len(counts):
+            return None  # (a rank of a subgroup, numbered in it)
+        got = counts[receiver]
+        unnamed = got.get(f"recv<{ANY}{tag}", 0)
+        sent_all = 0
+        for sender, theirs in enumerate(counts):
+            sent, named = theirs.get(f"send>{receiver}{tag}", 0), got.get(f"recv<{sender}{tag}", 0)
+            sent_all += sent
+            if named > sent:
+                left.append(f"rank {receiver} posted {named - sent} receive(s) from rank {sender}{_tagged(tag)} "
+                            "it did not send")
+            elif sent > named + unnamed:
+                left.append(f"rank {sender} sent rank {receiver} {sent - named - unnamed} message(s){_tagged(tag)} "
+                            "it did not receive")
+        named_all = sum(v for k, v in got.items() if k.startswith("recv<") and _p2p_parts(k)[2] == tag
+                        and _p2p_parts(k)[1] != ANY)
+        if unnamed and sent_all < named_all + unnamed:
+            left.append(f"rank {receiver} posted {named_all + unnamed - sent_all} receive(s) from any rank"
+                        f"{_tagged(tag)} that no rank sent")
+    return "; ".join(left) or None
+
+
+def _tagged(tag: str) -> str:
+    return f" (tag {tag[1:]})" if tag else ""
 
 
 def _p2p_abandoned(board: _Reads, rank: int, flight: InFlight, finished: list[int]) -> int | None:

@@ -9,7 +9,10 @@ torch, numpy and ``random`` so that every rank starts from the same state.
 
 from __future__ import annotations
 
+import inspect
 import random
+import sys
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 from unittest.util import safe_repr
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
 
 __unittest = True
 
-__all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed"]
+__all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed", "warn_at_test"]
 
 #: The seed ``TestCase.setUp`` uses unless a class sets ``seed``.
 DEFAULT_SEED = settings.DEFAULT_SEED
@@ -52,6 +55,21 @@ def _chain_breaker(cls: type) -> type | None:
         if (klass.__module__, klass.__qualname__) in CHAIN_BREAKERS:
             return klass
     return None
+
+
+def warn_at_test(case: Any, message: str) -> None:
+    """Warn ``message`` (a ``UserWarning``) at the line of ``case``'s test
+    method, where the user looks, rather than at disttest's or unittest's
+    frame that noticed it (warning filters apply as to any warning there)."""
+    function = inspect.unwrap(getattr(type(case), case._testMethodName, None) or (lambda: None))
+    code = getattr(function, "__code__", None)
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    if code is None or module is None:
+        warnings.warn(message, stacklevel=3)
+        return
+    warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, module=module.__name__,
+                           registry=module.__dict__.setdefault("__warningregistry__", {}),
+                           module_globals=module.__dict__)
 
 
 def set_rng_seed(seed: int = DEFAULT_SEED) -> None:

@@ -41,7 +41,7 @@ from disttest.config import ConfigError, parse_world_size
 from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
-from disttest.runners.case import TestCase, set_rng_seed
+from disttest.runners.case import TestCase, set_rng_seed, warn_at_test
 from disttest.support import janitor
 from disttest.support.launchers import resolve_rank
 from disttest.support.skips import backend_skip_reason, check_backend_name, precheck_skip
@@ -62,6 +62,9 @@ REBUILD_CAP = (
     "the pool of {cls} broke and was rebuilt {n} times (max_pool_rebuilds); "
     "its remaining tests do not run (disttest)"
 )
+#: A test left sends or receives unmatched: warned, and the pool's ranks restart.
+P2P_LEFT = ("{test} left point-to-point calls unmatched in the class's process group ({what}); its ranks "
+            "were started afresh, as the next test's calls would have matched them and waited (disttest)")
 _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
     "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
 }
@@ -298,7 +301,10 @@ class MultiProcContinousTest(TestCase):
                 pool.broken = True
                 self._drop_pool(pool)
                 raise
-            pool.note(outcomes)  # a killed rank breaks the pool, injected or not: it is rebuilt
+            # A killed rank breaks the pool, injected or not: it is rebuilt.
+            left = pool.note(outcomes)
+            if left is not None:
+                warn_at_test(self, P2P_LEFT.format(test=self.id(), what=left))
             outcomes = injection.judge(outcomes)
         if pool.broken or pool.retired:
             self._drop_pool(pool)
