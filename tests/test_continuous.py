@@ -121,6 +121,34 @@ class PointToPointLeftoversTest(unittest.TestCase):
         self.assertEqual(live_ranks(), [])
 
 
+class GroupLimitTest(unittest.TestCase):
+    def test_the_class_s_group_times_out_after_its_longest_test_s_limit(self):
+        # Without a class timeout the group waited torch's 30 minutes, also
+        # under run_rank (torchrun), where nothing else bounds a rendezvous
+        # or a collective that hangs.
+        from datetime import timedelta
+
+        from disttest.runners import continuous
+
+        class Limits(disttest.MultiProcContinousTest):
+            def test_one(self):
+                pass
+
+            def test_ddp_uneven_inputs(self):  # (upstream's per-name override: 400 s)
+                pass
+
+        given = {}
+        with mock.patch.object(continuous.dist, "init_process_group", lambda **kw: given.update(kw)), \
+                mock.patch.object(continuous._compat, "default_group", lambda: None), \
+                mock.patch.object(continuous.settings, "outer_cap", lambda: None), \
+                mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "5"}):  # (no pytest-timeout share)
+            Limits._init_pg(0, 1, os.devnull)
+            self.assertEqual(given["timeout"], timedelta(seconds=400 + continuous.PG_TIMEOUT_MARGIN))
+            del Limits.test_ddp_uneven_inputs
+            Limits._init_pg(0, 1, os.devnull)
+            self.assertEqual(given["timeout"], timedelta(seconds=5 + continuous.PG_TIMEOUT_MARGIN))
+
+
 class PoolTest(unittest.TestCase):
     def tearDown(self):
         self.assertEqual(live_ranks(), [])

@@ -140,10 +140,11 @@ class MultiProcContinousTest(TestCase):
         os.environ["LOCAL_RANK"] = os.environ.get("LOCAL_RANK", str(rank))
         kwargs: dict[str, Any] = {"backend": cls.backend_str(), "world_size": world_size,
                                   "rank": rank, "pg_options": cls.opts()}
-        limit = cls._limit(None)
+        limit = cls._group_limit()
         if limit is not None:
             # A backstop beyond the test's limit: the join loop reports a
-            # hang first, with the stack of a rank still waiting in it.
+            # hang first, with the stack of a rank still waiting in it
+            # (under run_rank, where no join loop watches, it is the limit).
             kwargs["timeout"] = timedelta(seconds=min(limit + PG_TIMEOUT_MARGIN, PG_TIMEOUT_MAX))
         if rdvz_file is not None:
             kwargs["store"] = dist.FileStore(rdvz_file, world_size)
@@ -157,6 +158,15 @@ class MultiProcContinousTest(TestCase):
     @classmethod
     def _limit(cls, test_id: str | None) -> float | None:
         return settings.test_timeout(cls, test_id)
+
+    @classmethod
+    def _group_limit(cls) -> float | None:
+        """The longest limit a test of the class has (``DISTTEST_TIMEOUT``,
+        upstream's per-name overrides, the class's ``timeout``): the group
+        outlives none of them by more than its margin."""
+        prefix = f"{cls.__module__}.{cls.__qualname__}."
+        limits = [cls._limit(prefix + name) for name in unittest.defaultTestLoader.getTestCaseNames(cls)]
+        return max((x for x in limits if x is not None), default=cls._limit(prefix + "setUpClass"))
 
     @classmethod
     def _pool_world_size(cls, method_name: str | None = None) -> int:
