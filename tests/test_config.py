@@ -84,6 +84,24 @@ class TimeoutTest(unittest.TestCase):
         with settings.outer_limit(100):  # a shorter limit of the class's own stays
             self.assertEqual(settings.test_timeout(type("Short", (), {"timeout": 20}), "m.Short.test_x"), 20)
 
+    def test_kept_below_what_is_left_of_an_outer_limit(self):
+        # A pool's start in the test's first call took part of pytest-timeout's
+        # limit: the test's join took the whole share again, and pytest-timeout
+        # ended the test with no report of disttest's.
+        from disttest._runner import settings
+
+        cls = type("Case", (), {"timeout": None})
+        clock = [1000.0]
+        with mock.patch.object(settings.time, "monotonic", lambda: clock[0]), \
+                mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "300"}):
+            with settings.outer_limit(100):
+                clock[0] += 85  # 15 s left
+                self.assertEqual(settings.test_timeout(cls, "m.Case.test_x"), 10)
+                clock[0] += 15  # none left: disttest reports at once
+                self.assertEqual(settings.outer_cap(), settings.OUTER_LEFT_FLOOR)
+            with settings.outer_limit(0):  # (pytest-timeout's 0: no limit)
+                self.assertIsNone(settings.outer_cap())
+
 
 class TimeoutTextTest(unittest.TestCase):
     def test_a_string_is_a_number_only_from_text(self):

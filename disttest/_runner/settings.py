@@ -51,6 +51,7 @@ import inspect
 import operator
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -124,15 +125,21 @@ OUTER_RESERVE = 5.0  # seconds kept back at least...
 #: takes 35% of it (a 5 s limit kept disttest's at 300 s: 5 - 5 = 0), which
 #: leaves the 2 s a thread runner waits for a rank it cannot stop, and the report.
 OUTER_SHARE_SHORT = 0.35
+#: What disttest still waits when nothing is left of the outer limit: it
+#: reports at once, maybe before the outer limit's end.
+OUTER_LEFT_FLOOR = 0.1
 
-_outer: contextvars.ContextVar[float | None] = contextvars.ContextVar("disttest_outer_limit", default=None)
+#: (the outer limit in seconds, when it started on the monotonic clock)
+_outer: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar("disttest_outer_limit",
+                                                                                   default=None)
 
 
 @contextlib.contextmanager
 def outer_limit(seconds: float | None) -> Iterator[None]:
     """While the block runs, the current test is killed by something else
-    after ``seconds`` (pytest-timeout): disttest's own limit stays below."""
-    token = _outer.set(seconds)
+    ``seconds`` after the block began (pytest-timeout): disttest's own limit
+    stays below what is left of it."""
+    token = _outer.set(None if seconds is None else (seconds, time.monotonic()))
     try:
         yield
     finally:
@@ -212,15 +219,19 @@ def test_timeout(owner: Any, test_id: str | None) -> float | None:
 
 
 def outer_cap() -> float | None:
-    """The most disttest may wait of the outer limit (pytest-timeout's) the
-    current test runs under, leaving the rest for stacks and the report;
-    None without one."""
-    outer = _outer.get()
-    if outer is None:
+    """The most disttest may wait of what is left of the outer limit
+    (pytest-timeout's) the current test runs under, leaving the rest for
+    stacks and the report; None without one. (What is left: a pool's start
+    in the test's first call took its part.)"""
+    given = _outer.get()
+    if given is None:
         return None
-    inner = max(min(outer * OUTER_SHARE, outer - OUTER_RESERVE), outer * OUTER_SHARE_SHORT)
-    if inner <= 0:
+    seconds, since = given
+    if seconds <= 0:  # (pytest-timeout's 0: no limit)
         return None
+    # (in tenths of a second: a limit reads 3s, not 2.998s, in reports)
+    outer = max(seconds - int((time.monotonic() - since) * 10) / 10, 0.0)
+    inner = max(min(outer * OUTER_SHARE, outer - OUTER_RESERVE), outer * OUTER_SHARE_SHORT, OUTER_LEFT_FLOOR)
     return int(inner) if float(inner).is_integer() else round(inner, 3)
 
 
