@@ -276,7 +276,17 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     result = yield
     report = result.get_result()
     excinfo = call.excinfo
-    if call.when != "call" or excinfo is None or not isinstance(excinfo.value, RankReport):
+    if call.when != "call" or excinfo is None:
+        return
+    if not isinstance(excinfo.value, RankReport):
+        if report.failed and _raised_by_the_harness(excinfo.value):
+            # Only disttest's and unittest's frames: pytest, which hides
+            # them unless nothing is left, showed pages of disttest's source.
+            # The test method's line stands for them, as in a rank's report.
+            tb = user_traceback([], item.obj)
+            if tb is not None:
+                report.longrepr = item.repr_failure(
+                    pytest.ExceptionInfo.from_exception(excinfo.value.with_traceback(tb)))
         return
     exc = excinfo.value
     if report.failed:
@@ -295,6 +305,19 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         item.user_properties.append((f"disttest_rank_{o.rank}", o.kind.value))
         if o.output_tail.strip():
             item.user_properties.append((f"disttest_rank_{o.rank}_output", o.output_tail[-TAIL_CHARS:]))
+
+
+def _raised_by_the_harness(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in disttest's code with no frame of the
+    user's on the way (a pool that could not start, a bad setting)."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        if "__unittest" not in tb.tb_frame.f_globals:
+            return False
+        last = tb
+        tb = tb.tb_next
+    return last is not None and str(last.tb_frame.f_globals.get("__name__", "")).startswith("disttest.")
 
 
 def _summary_only(exc: RankReport, test: Any) -> RankReport:

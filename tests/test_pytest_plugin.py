@@ -268,6 +268,30 @@ class MarkerErrorsTest(unittest.TestCase):
                     self.assertIn("1 passed", out)
 
 
+class HarnessErrorsTest(unittest.TestCase):
+    def test_an_error_raised_in_disttest_alone_points_at_the_test(self):
+        # A pool's bad setting has no frame of the user's: pytest, which hides
+        # disttest's and unittest's frames unless nothing is left, showed
+        # about 70 lines of disttest's source.
+        source = textwrap.dedent("""
+            import disttest
+
+            class BadBackend(disttest.MultiProcContinousTest):
+                @classmethod
+                def backend_str(cls):
+                    return "glooo"
+
+                def test_x(self):
+                    pass
+        """)
+        code, out = usage_errors({"test_bad_pool.py": source})["test_bad_pool.py"]
+        self.assertEqual(code, 1, out)
+        self.assertIn("Invalid backend 'glooo' from BadBackend.backend_str() (disttest)", out)
+        self.assertIn("test_bad_pool.py:9: ConfigError", out)
+        self.assertNotIn("continuous.py", out)
+        self.assertNotIn("settings.py", out)
+
+
 class ModeVariableTest(unittest.TestCase):
     def test_a_bad_disttest_mode_is_a_usage_error(self):
         # (It was an error collecting each file that uses run_in, with disttest's frames.)
