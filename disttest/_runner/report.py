@@ -39,6 +39,7 @@ __all__ = [
     "report_parts",
     "user_stack",
     "user_traceback",
+    "warn_at",
 ]
 
 HEADER = "{test!r} {verdict} (disttest): {summary}"
@@ -241,6 +242,22 @@ def _waiting_frames(stack: str) -> str:
     return "\n".join(line for line in (current[0] if current else stack).splitlines()[1:])
 
 
+def warn_at(where: Callable[..., Any] | None, message: str) -> None:
+    """Warn ``message`` (a ``UserWarning``) at the first line of the test
+    function ``where``, where the user looks, rather than at disttest's or
+    unittest's frame that noticed it (warning filters apply as to any
+    warning there); without one, at the caller's caller."""
+    function = inspect.unwrap(where) if where is not None else None
+    code = getattr(function, "__code__", None)
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    if code is None or module is None:
+        warnings.warn(message, stacklevel=3)
+        return
+    warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, module=module.__name__,
+                           registry=module.__dict__.setdefault("__warningregistry__", {}),
+                           module_globals=module.__dict__)
+
+
 def left_running_lines(outcomes: Sequence[Outcome], world_size: int) -> list[str]:
     """One line per rank that left processes running (killed by disttest)."""
     return [LEFT_RUNNING.format(who=RANK.format(rank=o.rank, world=world_size), procs="; ".join(o.left_running))
@@ -334,7 +351,7 @@ def raise_for(verdict: Verdict, test: str, world_size: int, timeout: float | Non
     if verdict.status is Status.PASSED:
         left = left_running_lines(verdict.outcomes, world_size)
         if left:
-            warnings.warn(f"{test!r} (disttest): " + "; ".join(left), stacklevel=3)
+            warn_at(where, f"{test!r} (disttest): " + "; ".join(left))
         return
     failed = verdict.status is Status.FAILED
     causes = [o for o in verdict.outcomes if o.kind.is_cause]

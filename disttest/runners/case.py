@@ -9,10 +9,7 @@ torch, numpy and ``random`` so that every rank starts from the same state.
 
 from __future__ import annotations
 
-import inspect
 import random
-import sys
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 from unittest.util import safe_repr
@@ -23,6 +20,7 @@ import torch
 
 from disttest import _compat
 from disttest._runner import settings
+from disttest._runner.report import warn_at
 from disttest.runners.case_equal import assert_equal
 from disttest.runners.case_parity import CaseParityMixin
 from disttest.support.devices import has_accelerator
@@ -59,17 +57,8 @@ def _chain_breaker(cls: type) -> type | None:
 
 def warn_at_test(case: Any, message: str) -> None:
     """Warn ``message`` (a ``UserWarning``) at the line of ``case``'s test
-    method, where the user looks, rather than at disttest's or unittest's
-    frame that noticed it (warning filters apply as to any warning there)."""
-    function = inspect.unwrap(getattr(type(case), case._testMethodName, None) or (lambda: None))
-    code = getattr(function, "__code__", None)
-    module = sys.modules.get(getattr(function, "__module__", "") or "")
-    if code is None or module is None:
-        warnings.warn(message, stacklevel=3)
-        return
-    warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, module=module.__name__,
-                           registry=module.__dict__.setdefault("__warningregistry__", {}),
-                           module_globals=module.__dict__)
+    method, where the user looks (:func:`disttest._runner.report.warn_at`)."""
+    warn_at(getattr(type(case), case._testMethodName, None), message)
 
 
 def set_rng_seed(seed: int = DEFAULT_SEED) -> None:

@@ -36,7 +36,13 @@ from disttest._runner.outcome import (
     in_phase,
     subtests_named,
 )
-from disttest._runner.report import NO_RANKS_STARTED, RankError, RankFailure, raise_for_outcomes
+from disttest._runner.report import (
+    NO_RANKS_STARTED,
+    RankError,
+    RankFailure,
+    raise_for_outcomes,
+    warn_at,
+)
 from disttest._runner.threads import ThreadLauncher
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
 from disttest.faults import SPAWNS, chaos_seed, test_faults
@@ -151,7 +157,7 @@ class _ThreadRun:
                             timeout, outcomes)
 
 
-def _hold_rank_processes(test: str) -> Callable[[], None]:
+def _hold_rank_processes(test: str, where: Callable[..., Any] | None) -> Callable[[], None]:
     """Keep the processes that ``test``'s rank threads start from outliving
     it; return what ends the hold, killing those still running (a warning
     names them).
@@ -176,8 +182,8 @@ def _hold_rank_processes(test: str) -> Callable[[], None]:
         killed = rank_mod.kill_descendants(keep=children | janitor.reaper_pids())
         undo_subreaper()
         if killed:
-            warnings.warn(f"{test!r} (disttest): the test left processes running; "
-                          f"disttest killed them: {'; '.join(killed)}", stacklevel=2)
+            warn_at(where, f"{test!r} (disttest): the test left processes running; "
+                           f"disttest killed them: {'; '.join(killed)}")
 
     return release
 
@@ -332,7 +338,7 @@ class MultiThreadedTestCase(RankDispatch):
         self.threads: list[Any] = []
         before = set(threading.enumerate())
         self.addCleanup(lambda: check_left_running(before, self._current_test_name))
-        self.addCleanup(_hold_rank_processes(self._current_test_name))
+        self.addCleanup(_hold_rank_processes(self._current_test_name, getattr(type(self), self._testMethodName, None)))
         self.addCleanup(self._cleanup_threads)
 
     def _cleanup_threads(self) -> None:
@@ -471,7 +477,7 @@ def threads_test(func: Callable[..., Any], size: int, limit: float | None, alway
         before = set(threading.enumerate())
         seconds = limit if limit is not None else get_timeout(test)
         restore = _process_state()  # what the ranks change for the whole process ends with them
-        release = _hold_rank_processes(test)
+        release = _hold_rank_processes(test, func)
         try:
             run = _ThreadRun(size, body, test, seconds, owner=owner)
             outcomes = run.join(seconds)
