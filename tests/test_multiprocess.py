@@ -57,6 +57,21 @@ class OutcomesTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("Fatal Python error: Segmentation fault", text)  # faulthandler's dump
         self.assertIn("test_signal_in_rank_1", text)
 
+    def test_a_streamed_crash_dump_is_left_to_the_report(self):
+        # Streamed, faulthandler's whole dump (every launcher frame, the
+        # extension modules) came after the report's ordered, trimmed one.
+        import io
+
+        from disttest._runner.launcher import STREAM_DUMP_NOTE
+
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, {"DISTTEST_OUTPUT": "stream"}), mock.patch.object(sys, "stdout", out):
+            result, _ = run(cases.Outcomes, "test_signal_in_rank_1")
+        self.assertIn("Fatal Python error: Segmentation fault", self.only(result.errors))
+        self.assertIn(f"[rank 1] {STREAM_DUMP_NOTE}", out.getvalue())
+        self.assertNotIn("Fatal Python error", out.getvalue())
+        self.assertNotIn("Extension modules", out.getvalue())
+
     def test_an_exit_with_status_0_before_the_test_finished_is_an_error(self):
         # (upstream passes it: the rest of the rank's test never ran; documented)
         result, _ = run(cases.Outcomes, "test_os_exit_zero_in_rank_1")

@@ -142,6 +142,7 @@ class ProcessLauncher:
         self._released: set[int] = set()
         self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
         self._partial: dict[int, str] = {}  # a line not yet ended
+        self._dumped: set[int] = set()  # ranks whose fatal-error dump began (no more output shown)
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)
 
     # -- subclasses --
@@ -307,9 +308,18 @@ class ProcessLauncher:
             except OSError:
                 continue
             self._offsets[r] = self._offsets.get(r, 0) + len(data)
+            if r in self._dumped:
+                continue
             text, rest = stream_lines(r, self._partial.pop(r, "") + data.decode(errors="replace"), final)
             if rest:
                 self._partial[r] = rest
+            cut = text.find(f"[rank {r}] {FATAL}")
+            if cut >= 0:
+                # A fatal-error dump: the report shows where it crashed, its
+                # frames in order and trimmed; the stream would show them twice.
+                self._dumped.add(r)
+                self._partial.pop(r, None)
+                text = text[:cut] + f"[rank {r}] {STREAM_DUMP_NOTE}\n"
             sink.write(text)
         sink.flush()
 
@@ -318,6 +328,10 @@ class ProcessLauncher:
 
     def processes(self) -> list[RankProcess]:
         return [RankProcess(self, r, self.pids[r]) for r in sorted(self.pids)]
+
+
+#: What the streamed output shows of a rank's fatal-error dump.
+STREAM_DUMP_NOTE = "(a fatal error: where it crashed is in the test's report)"
 
 
 def stream_lines(rank: int, text: str, final: bool = False) -> tuple[str, str]:
