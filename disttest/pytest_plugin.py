@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import unittest
 from typing import Any
 
@@ -127,7 +128,14 @@ def pytest_unconfigure(config: Any) -> None:
             os.environ[name] = value
 
 
+#: When the item's protocol began (pytest-timeout's clock).
+_STARTED = pytest.StashKey[float]()
+
+
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> bool | None:
+    # pytest-timeout's clock starts about here (setup and teardown count),
+    # unless func_only says the test function alone.
+    item.stash[_STARTED] = time.monotonic()
     return _faults_pytest.runtest_protocol(item, nextitem)
 
 
@@ -263,7 +271,15 @@ def pytest_runtest_setup(item: Any) -> Any:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: Any) -> Any:
-    with settings.outer_limit(_pytest_timeout(item)):
+    marker = item.get_closest_marker("timeout")
+    func_only = marker.kwargs.get("func_only") if marker is not None else None
+    if func_only is None:
+        try:
+            func_only = item.config.getini("timeout_func_only")
+        except (ValueError, KeyError):
+            func_only = False
+    since = None if func_only else item.stash.get(_STARTED, None)
+    with settings.outer_limit(_pytest_timeout(item), since):
         yield
 
 

@@ -292,6 +292,37 @@ class HarnessErrorsTest(unittest.TestCase):
         self.assertNotIn("settings.py", out)
 
 
+class OuterLimitTest(unittest.TestCase):
+    def test_the_report_names_the_limit_the_join_kept(self):
+        # Under pytest-timeout disttest's limit is a share of what is left: the
+        # report worked it out again after the join had used it up
+        # ("within 1.75s" for a join that waited 10 s).
+        source = textwrap.dedent("""
+            import time
+
+            import pytest
+            import disttest
+
+            class Hangs(disttest.MultiProcessTestCase):
+                world_size = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_processes()
+
+                @pytest.mark.timeout(20)
+                def test_hang(self):
+                    if self.rank == 0:
+                        time.sleep(60)
+        """)
+        code, out = usage_errors({"test_outer.py": source})["test_outer.py"]
+        self.assertEqual(code, 1, out)
+        limits = [float(x) for x in re.findall(r"did not finish 'test_hang' within ([\d.]+)s", out)]
+        self.assertTrue(limits, out[-3000:])
+        self.assertGreaterEqual(min(limits), 6, out[-3000:])  # (about 14 s where starting took a few)
+        self.assertNotIn("Timeout (>20.0s) from pytest-timeout", out)
+
+
 class ModeVariableTest(unittest.TestCase):
     def test_a_bad_disttest_mode_is_a_usage_error(self):
         # (It was an error collecting each file that uses run_in, with disttest's frames.)

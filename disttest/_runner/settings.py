@@ -135,11 +135,12 @@ _outer: contextvars.ContextVar[tuple[float, float] | None] = contextvars.Context
 
 
 @contextlib.contextmanager
-def outer_limit(seconds: float | None) -> Iterator[None]:
+def outer_limit(seconds: float | None, since: float | None = None) -> Iterator[None]:
     """While the block runs, the current test is killed by something else
-    ``seconds`` after the block began (pytest-timeout): disttest's own limit
-    stays below what is left of it."""
-    token = _outer.set(None if seconds is None else (seconds, time.monotonic()))
+    ``seconds`` after ``since`` (on the monotonic clock; default: when the
+    block began), as pytest-timeout does: disttest's own limit stays below
+    what is left of it."""
+    token = _outer.set(None if seconds is None else (seconds, time.monotonic() if since is None else since))
     try:
         yield
     finally:

@@ -288,6 +288,9 @@ class MultiProcContinousTest(TestCase):
         pool = self._pool_in_use
         name = self._testMethodName
         keep = None
+        # NB: once: under an outer limit it shrinks as time passes, and the
+        # report names the limit the join kept.
+        limit = settings.test_timeout(self, self.id())
         if any(o.kind.is_cause for o in pool.init_outcomes.values()):
             # The group could not be made: the class's remaining tests fail
             # at once with this cause instead of trying again.
@@ -302,7 +305,7 @@ class MultiProcContinousTest(TestCase):
             try:
                 run = pool.dispatch(name)
                 keep = run.keep_logs
-                outcomes = join(run, settings.test_timeout(self, self.id()) or 0,
+                outcomes = join(run, limit or 0,
                                 expected_end=injection.expected_end)
             except BaseException:
                 # NB: interrupted (pytest-timeout's exception, Ctrl-C): the
@@ -321,7 +324,7 @@ class MultiProcContinousTest(TestCase):
             if pool.broken:
                 cls = type(self)
                 cls._pool_breaks = cls.__dict__.get("_pool_breaks", 0) + 1
-        report = (name, pool.world_size, settings.test_timeout(self, self.id()), outcomes)
+        report = (name, pool.world_size, limit, outcomes)
         causes = [o for o in outcomes if o.kind.is_cause]
         if any(o.phase and not o.phase.startswith("test") for o in causes):
             # A rank's setUp, tearDown or cleanups failed, not only the test:

@@ -241,8 +241,10 @@ class MultiProcessTestCase(RankDispatch):
             test = self._current_test_name()
             raise RankError(NO_RANKS_STARTED.format(test=test), test, 0, None, [])
         start = time.monotonic()
-        self._outcomes = join(self._launcher, self._test_timeout(),
-                              expected_end=self._injection.expected_end)
+        # NB: once: under an outer limit it shrinks as time passes, and the
+        # report names the limit the join kept.
+        self._joined_limit = self._test_timeout()
+        self._outcomes = join(self._launcher, self._joined_limit, expected_end=self._injection.expected_end)
         crashed = self._crashed(self._outcomes)
         if crashed and zygote.from_copy(self._launcher):
             self._again_in_a_fresh_server(crashed)
@@ -272,10 +274,11 @@ class MultiProcessTestCase(RankDispatch):
         self._start_processes("zygote")
         again = self._launcher
         assert again is not None  # (started, or it raised)
-        self._outcomes = join(again, self._test_timeout(), expected_end=self._injection.expected_end)
+        first_limit, self._joined_limit = self._joined_limit, self._test_timeout()
+        self._outcomes = join(again, self._joined_limit, expected_end=self._injection.expected_end)
         if self._crashed(self._outcomes):
             zygote.trust_copies_again(reason)
-            self._outcomes = first_outcomes
+            self._outcomes, self._joined_limit = first_outcomes, first_limit
             return
         who = verdict_who([o.rank for o in crashed], len(self._outcomes))
         warnings.warn(COPY_CRASHED.format(test=f"{type(self).__qualname__}.{self._current_test_name()}", who=who,
@@ -299,7 +302,8 @@ class MultiProcessTestCase(RankDispatch):
         verdict = judge(outcomes, expected_exit_codes=() if expected is None else (expected,),
                         lenient_exits=fn in self.skip_return_code_checks)
         keep = self._launcher.keep_logs if self._launcher is not None else None
-        raise_for(verdict, self._current_test_name(), len(outcomes), self._test_timeout(), keep, where=fn)
+        limit = getattr(self, "_joined_limit", None) or self._test_timeout()
+        raise_for(verdict, self._current_test_name(), len(outcomes), limit, keep, where=fn)
 
     # --- inside a rank -----------------------------------------------------
 
