@@ -572,3 +572,46 @@ class PointToPointTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class UnmatchedPointToPointTest(unittest.TestCase):
+    """What a pool's parent reads after each test: the point-to-point calls
+    of the ranks that nothing matched (they would match the next test's)."""
+
+    class Board:
+        def __init__(self, counts):
+            self.c = counts
+            self.world_size = len(counts)
+
+        def counts(self, rank):
+            return self.c[rank]
+
+    def left(self, *counts):
+        from disttest._runner.progress import unmatched_p2p
+
+        return unmatched_p2p(self.Board(list(counts)))
+
+    def test_matched_calls_leave_nothing(self):
+        self.assertIsNone(self.left({"send>1": 2, "recv<1#7": 1}, {"recv<0": 2, "send>0#7": 1}))
+        # Receives from any rank take whatever the senders sent.
+        self.assertIsNone(self.left({"send>2": 2}, {"send>2": 1}, {"recv<0": 1, "recv<*": 2}))
+        self.assertIsNone(self.left({"send>1": 1, "all_reduce": 3}, {"recv<*": 1, "all_reduce": 3}))
+        # A count that is unknown decides nothing.
+        self.assertIsNone(self.left({"send>1": 1}, None))
+
+    def test_what_is_left_is_named(self):
+        self.assertEqual(self.left({"send>1": 1}, {}), "rank 0 sent rank 1 1 message(s) it did not receive")
+        self.assertEqual(self.left({}, {"recv<0#7": 2}),
+                         "rank 1 posted 2 receive(s) from rank 0 (tag 7) it did not send")
+        # Any-source receives take one message each, whoever sent it: one
+        # receive for two senders' messages leaves one (it counted once per sender).
+        self.assertEqual(self.left({"send>2": 1}, {"send>2": 1}, {"recv<*": 1}),
+                         "ranks 0, 1 sent rank 2 1 message(s) it did not receive")
+        self.assertEqual(self.left({"send>2": 2}, {"send>2": 1}, {"recv<0": 1, "recv<*": 1}),
+                         "ranks 0, 1 sent rank 2 1 message(s) it did not receive")
+        self.assertEqual(self.left({"send>1": 1}, {"recv<*": 3}),
+                         "rank 1 posted 2 receive(s) from any rank that no rank sent")
+        # Tags match only their own.
+        self.assertEqual(self.left({"send>1#3": 1}, {"recv<0": 1}),
+                         "rank 1 posted 1 receive(s) from rank 0 it did not send; "
+                         "rank 0 sent rank 1 1 message(s) (tag 3) it did not receive")

@@ -636,21 +636,22 @@ def unmatched_p2p(board: _Reads) -> str | None:
             return None  # (a rank of a subgroup, numbered in it)
         got = counts[receiver]
         unnamed = got.get(f"recv<{ANY}{tag}", 0)
-        sent_all = 0
+        extra: dict[int, int] = {}  # sender: messages no receive naming it took
         for sender, theirs in enumerate(counts):
             sent, named = theirs.get(f"send>{receiver}{tag}", 0), got.get(f"recv<{sender}{tag}", 0)
-            sent_all += sent
             if named > sent:
                 left.append(f"rank {receiver} posted {named - sent} receive(s) from rank {sender}{_tagged(tag)} "
                             "it did not send")
-            elif sent > named + unnamed:
-                left.append(f"rank {sender} sent rank {receiver} {sent - named - unnamed} message(s){_tagged(tag)} "
-                            "it did not receive")
-        named_all = sum(v for k, v in got.items() if k.startswith("recv<") and _p2p_parts(k)[2] == tag
-                        and _p2p_parts(k)[1] != ANY)
-        if unnamed and sent_all < named_all + unnamed:
-            left.append(f"rank {receiver} posted {named_all + unnamed - sent_all} receive(s) from any rank"
-                        f"{_tagged(tag)} that no rank sent")
+            elif sent > named:
+                extra[sender] = sent - named
+        # The receives from any rank take what is left, from whoever sent it.
+        over = sum(extra.values()) - unnamed
+        if over > 0:
+            senders = sorted(extra)
+            who = f"rank {senders[0]}" if len(senders) == 1 else f"ranks {', '.join(map(str, senders))}"
+            left.append(f"{who} sent rank {receiver} {over} message(s){_tagged(tag)} it did not receive")
+        elif over < 0:
+            left.append(f"rank {receiver} posted {-over} receive(s) from any rank{_tagged(tag)} that no rank sent")
     return "; ".join(left) or None
 
 
