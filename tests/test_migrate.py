@@ -262,6 +262,19 @@ class RewriteTest(unittest.TestCase):
             "    from disttest import FakeStore as F5",
             textwrap.indent(added + "del register_fake_backend\n", "    ")]))
         self.assertEqual(sum("register_fake_backend() added" in c for c in changes), 3)
+        # A block in a class body is the class's too; a method's is not.
+        out, _ = migrated("""
+            class T:
+                try:
+                    from torch.testing._internal.distributed.fake_pg import FakeStore
+                except ImportError:
+                    pass
+
+                def f(self):
+                    from torch.testing._internal.distributed.fake_pg import FakeStore
+        """)
+        self.assertEqual(out.count("del register_fake_backend"), 1)
+        self.assertIn("        register_fake_backend()\n        del register_fake_backend\n    except", out)
         # A file with a name of its own that the added line would bind:
         # disttest's is imported under another.
         out, _ = migrated("""

@@ -215,12 +215,14 @@ _STATEMENT_CONTAINERS = (cst.Module, cst.BaseCompoundStatement, cst.IndentedBloc
 @dataclasses.dataclass
 class _Block:
     """A block of statements the rewriter is in: ``module``, ``class`` (a
-    class body), ``typing`` (``if TYPE_CHECKING:``) or ``block``; whether it
-    is under ``if TYPE_CHECKING:``, and the modules whose registration it
-    was given."""
+    class body), ``function``, ``typing`` (``if TYPE_CHECKING:``) or
+    ``block``; whether it is under ``if TYPE_CHECKING:`` or in a class body,
+    and the modules whose registration it was given."""
 
     kind: str
     typing: bool = False
+    #: A class body, or a block in one (``try:``, ``if``...), not a function's.
+    in_class: bool = False
     registered: set[str] = dataclasses.field(default_factory=set)
 
 
@@ -395,7 +397,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             alias = "" if name == function else f" as {name}"
             added = [cst.parse_statement(f"from disttest import {function}{alias}  # {why}\n"),
                      cst.parse_statement(f"{name}()\n")]
-            if block.kind == "class":  # (a name bound there is a class attribute: a method)
+            if block.in_class:  # (a name bound there is a class attribute: a method)
                 added.append(cst.parse_statement(f"del {name}\n"))
             result = cst.FlattenSentinel([*(result if isinstance(result, cst.FlattenSentinel) else [result]), *added])
         return result
@@ -407,6 +409,9 @@ class _Rewriter(m.MatcherDecoratableTransformer):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._kinds[id(node.body)] = "class"
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._kinds[id(node.body)] = "function"
+
     def visit_If(self, node: cst.If) -> None:
         test = node.test
         if (isinstance(test, cst.Name) and test.value == "TYPE_CHECKING"
@@ -415,7 +420,9 @@ class _Rewriter(m.MatcherDecoratableTransformer):
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         kind = self._kinds.pop(id(node), "block")
-        self._blocks.append(_Block(kind, typing=kind == "typing" or self._blocks[-1].typing))
+        outer = self._blocks[-1]
+        self._blocks.append(_Block(kind, typing=kind == "typing" or outer.typing,
+                                   in_class=kind == "class" or kind != "function" and outer.in_class))
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         self._blocks.pop()
