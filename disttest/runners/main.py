@@ -20,6 +20,7 @@ Runs in the test process, never at import.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,29 +103,35 @@ def _each_in_a_process(program: str, rest: list[str], names: list[str]) -> None:
     failed = []
     for name in names:
         command = [sys.executable, program, *rest, name]
-        child = subprocess.Popen(command, start_new_session=True)
+        started: list[subprocess.Popen[bytes]] = []
 
-        def kill(child: subprocess.Popen[bytes] = child) -> None:
-            # The test's own leftovers (its session) go with it.
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            child.wait()
+        def kill(started: list[subprocess.Popen[bytes]] = started) -> None:
+            # The test's own leftovers (its session) go with it. NB: a wait
+            # with a limit: this may run in a signal handler while the
+            # ``finally`` below waits (a wait without one would wait on its lock).
+            for child in started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)
 
         # Its own session, so a signal to this one's does not reach it: the
         # janitor kills it if this process is ended (SIGTERM, SIGHUP, exit),
-        # its reaper if it is killed.
+        # its reaper if it is killed. (Registered first: nothing comes
+        # between its start and its registration.)
         cleanup = janitor.register(kill)
-        janitor.hold_groups([child.pid])
         try:
-            code = child.wait(timeout=SUBPROCESS_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            code = -signal.SIGKILL
+            started.append(subprocess.Popen(command, start_new_session=True))
+            janitor.hold_groups([started[0].pid])
+            try:
+                code = started[0].wait(timeout=SUBPROCESS_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = -signal.SIGKILL
         finally:
             kill()
             janitor.unregister(cleanup)
-            janitor.release_groups([child.pid])
+            if started:
+                janitor.release_groups([started[0].pid])
         if code != 0:
             print(RERUN.format(code=code, command=" ".join(command)))
             failed.append(name)
