@@ -278,7 +278,11 @@ def pytest_runtest_call(item: Any) -> Any:
             func_only = item.config.getini("timeout_func_only")
         except (ValueError, KeyError):
             func_only = False
-    since = None if func_only else item.stash.get(_STARTED, None)
+    # (--disttest-repeat runs the test many times under pytest-timeout's one
+    # limit: each run gets its share from its own start, and the repeats
+    # tell a limit over all of them from a seed's failure)
+    repeats = getattr(item.config, "_disttest_repeat", None)
+    since = None if func_only or repeats else item.stash.get(_STARTED, None)
     with settings.outer_limit(_pytest_timeout(item), since):
         yield
 
