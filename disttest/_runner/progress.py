@@ -618,9 +618,10 @@ def unmatched_p2p(board: _Reads) -> str | None:
     not receive`` (None: every call matched, or a count is unknown). Such a
     message, or a posted receive, stays in the group, where the next test's
     calls (a pool's) match it and then wait for ever."""
-    counts = [board.counts(r) or {} for r in range(board.world_size)]
-    if any(board.counts(r) is None for r in range(board.world_size)):
+    read = [board.counts(r) for r in range(board.world_size)]
+    if any(c is None for c in read):
         return None
+    counts = [c or {} for c in read]
     pairs: set[tuple[int, str]] = set()  # (receiver, tag suffix)
     for rank, mine in enumerate(counts):
         for key in mine:

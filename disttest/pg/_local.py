@@ -3,6 +3,7 @@ a Work over a Future, reductions, argument checks and copies."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from datetime import timedelta
@@ -318,7 +319,7 @@ def each_rank(values: Sequence[Any], did: str) -> str:
         groups.setdefault(key, []).append(r)
         first.setdefault(key, v)
     texts = {key: did.format(v) for key, v in first.items()}
-    alike = {t for t in texts.values() if list(texts.values()).count(t) > 1}
+    alike = {t for t, n in collections.Counter(texts.values()).items() if n > 1}
     return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {rank_runs(rs)} "
                      f"{did.format(repr(first[key])) if texts[key] in alike else texts[key]}"
                      for key, rs in groups.items())

@@ -20,7 +20,6 @@ import torch
 
 from disttest import _compat
 from disttest._runner import settings
-from disttest._runner.report import warn_at
 from disttest.runners.case_equal import assert_equal
 from disttest.runners.case_parity import CaseParityMixin
 from disttest.support.devices import has_accelerator
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
 __unittest = True
 
-__all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed", "warn_at_test"]
+__all__ = ["DEFAULT_SEED", "TestCase", "assert_equal", "set_rng_seed"]
 
 #: The seed ``TestCase.setUp`` uses unless a class sets ``seed``.
 DEFAULT_SEED = settings.DEFAULT_SEED
@@ -53,12 +52,6 @@ def _chain_breaker(cls: type) -> type | None:
         if (klass.__module__, klass.__qualname__) in CHAIN_BREAKERS:
             return klass
     return None
-
-
-def warn_at_test(case: Any, message: str) -> None:
-    """Warn ``message`` (a ``UserWarning``) at the line of ``case``'s test
-    method, where the user looks (:func:`disttest._runner.report.warn_at`)."""
-    warn_at(getattr(type(case), case._testMethodName, None), message)
 
 
 def set_rng_seed(seed: int = DEFAULT_SEED) -> None:

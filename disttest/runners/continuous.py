@@ -35,13 +35,13 @@ from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLaunch
 from disttest._runner.outcome import Kind, Outcome, PhaseResult, subtests_named
 from disttest._runner.pool import Pool, PoolUnavailable
 from disttest._runner.rank import run_dir as rank_run_dir
-from disttest._runner.report import raise_for_outcomes
+from disttest._runner.report import raise_for_outcomes, warn_at
 from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher
 from disttest.config import ConfigError, parse_world_size
 from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
-from disttest.runners.case import TestCase, set_rng_seed, warn_at_test
+from disttest.runners.case import TestCase, set_rng_seed
 from disttest.support import janitor
 from disttest.support.launchers import resolve_rank
 from disttest.support.skips import backend_skip_reason, check_backend_name, precheck_skip
@@ -317,7 +317,7 @@ class MultiProcContinousTest(TestCase):
             # A killed rank breaks the pool, injected or not: it is rebuilt.
             left = pool.note(outcomes)
             if left is not None:
-                warn_at_test(self, P2P_LEFT.format(test=self.id(), what=left))
+                warn_at(method, P2P_LEFT.format(test=self.id(), what=left))
             outcomes = injection.judge(outcomes)
         if pool.broken or pool.retired:
             self._drop_pool(pool)
