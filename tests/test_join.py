@@ -95,6 +95,39 @@ class JoinTest(unittest.TestCase):
         self.assertGreater(explain.call_count, 5)
 
 
+class StartUpTest(unittest.TestCase):
+    """A start-up (a spawned interpreter's) that the test's limit does not count."""
+
+    def test_the_limit_counts_from_the_last_ranks_start(self):
+        # Rank 1 starts after 0.5 s and ends 0.6 s later; the test's limit is 0.8 s.
+        launcher = SlowBoardLauncher(until=1.1, cost=0.0)
+        starts = time.monotonic() + 0.5
+        start_up = join_mod.StartUp(lambda: [0, 1] if time.monotonic() >= starts else [0], limit=30)
+        outcomes = join_mod.join(launcher, timeout=0.8, start_up=start_up)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "PASSED"])
+
+    def test_a_rank_that_never_starts_times_out_in_its_start_up(self):
+        launcher = SlowBoardLauncher(until=3600, cost=0.0)
+        began = time.monotonic()
+        outcomes = join_mod.join(launcher, timeout=30, test="test_x",
+                                 start_up=join_mod.StartUp(lambda: [0], limit=0.4))
+        self.assertLess(time.monotonic() - began, 5)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "TIMED_OUT"])
+        self.assertTrue(outcomes[1].detail.startswith("{who} had not started 'test_x' 0.4s after"), outcomes[1].detail)
+
+    def test_an_outer_cap_bounds_the_start_up_and_the_test_together(self):
+        # Started after 0.5 s, the test's 30 s limit would end at 30.5 s; the
+        # cap (pytest-timeout's share) ends the whole join at 1 s.
+        launcher = SlowBoardLauncher(until=3600, cost=0.0)
+        starts = time.monotonic() + 0.5
+        began = time.monotonic()
+        start_up = join_mod.StartUp(lambda: [0, 1] if time.monotonic() >= starts else [0], limit=30, cap=1.0)
+        outcomes = join_mod.join(launcher, timeout=30, start_up=start_up)
+        self.assertLess(time.monotonic() - began, 5)
+        self.assertEqual(outcomes[1].kind.name, "TIMED_OUT")
+        self.assertEqual(outcomes[1].detail, "")  # it had started: the test's own time out
+
+
 class FailingLauncher(SlowBoardLauncher):
     """Rank 0 fails at once; rank 1 never ends by itself, and its board says
     it waits in a collective rank 0 never entered (``stuck``) or not."""

@@ -158,6 +158,36 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
                 with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": method}):
                     self.assertPassed(run(cases.StartMethods, "test_pass")[0])
 
+    def test_a_spawned_ranks_start_up_does_not_count_against_the_tests_limit(self):
+        # Each rank's interpreter takes its start-up and 2 s more before its
+        # test begins; the test's own limit is 1 s.
+        import slow_import_cases
+
+        with mock.patch.dict(os.environ, {slow_import_cases.SLOW_SPAWN_ENV: "*=2"}):
+            result, elapsed = run(slow_import_cases.SlowToSpawn, "test_init_and_all_reduce")
+        self.assertPassed(result)
+        self.assertGreater(elapsed, 2)
+
+    def test_a_rank_that_does_not_start_is_named_by_the_start_ups_limit(self):
+        # Rank 1 is still importing the test's module when the start-up's
+        # limit runs out; rank 0, which started, waits for it in the
+        # rendezvous and is stopped as a consequence.
+        import slow_import_cases
+
+        from disttest._runner.join import NOT_STARTED
+        from disttest.runners import multiprocess
+
+        with mock.patch.dict(os.environ, {slow_import_cases.SLOW_SPAWN_ENV: "process 1=60"}), \
+                mock.patch.object(multiprocess, "START_UP_LIMIT", 6):
+            result, elapsed = run(slow_import_cases.SlowToSpawn, "test_init_and_all_reduce")
+        text = self.only(result.errors)
+        self.assertLess(elapsed, 25)
+        limit = float(text.split("had not started 'test_init_and_all_reduce' ")[1].split("s after")[0])
+        self.assertGreaterEqual(limit, 6)
+        self.assertIn(NOT_STARTED.format(who="rank 1/2", test="test_init_and_all_reduce", limit=limit), text)
+        self.assertIn("rank 0/2 stopped by disttest: rank 1/2 had not started the test", text)
+        self.assertNotIn("within 1s", text)
+
     def test_fork_after_parallel_work_in_the_parent(self):
         import torch
 

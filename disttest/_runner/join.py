@@ -10,7 +10,8 @@ ranks still running, then stops them. It never waits without a bound.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
@@ -20,7 +21,7 @@ from disttest._runner.verdict import DEADLOCK_DETAIL, DESYNC_DETAIL, WAITED_FOR,
 
 __unittest = True
 
-__all__ = ["POLL_INTERVAL", "join"]
+__all__ = ["NOT_STARTED", "POLL_INTERVAL", "WAITED_TO_START", "StartUp", "join"]
 
 POLL_INTERVAL = 0.01
 #: The join loop waits this many times as long as its last desync check
@@ -31,6 +32,26 @@ DESYNC_SHARE = 9
 #: once every live rank waits in a collective that an ended rank never
 #: entered (none of them can do anything more of its own).
 FAIL_GRACE = 0.5
+#: A rank that had not started its test when its start-up's limit ran out.
+NOT_STARTED = ("{who} had not started {test!r} {limit}s after it was launched (disttest: its interpreter's "
+               "start-up, which the test's own limit does not count)")
+#: A rank that had started, stopped because a peer never did.
+WAITED_TO_START = "{who} stopped by disttest: {peers} had not started the test {limit}s after launch"
+
+
+@dataclass(frozen=True)
+class StartUp:
+    """The ranks' start-up (a spawned interpreter's import of torch and of
+    the test's module), which the test's limit does not count: the limit
+    counts from the moment the last rank has started its test.
+
+    ``started()``: the ranks that have started their test; ``limit``: the
+    seconds the start-up may take; ``cap``: the seconds the whole join may
+    take, start-up included (an outer limit's share), or None."""
+
+    started: Callable[[], Collection[int]]
+    limit: float
+    cap: float | None = None
 
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
@@ -106,11 +127,24 @@ def _judged(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> dic
     return explain(outcomes, world, desyncs, flights)
 
 
+def _not_started(live: list[int], started: set[int], world: int, test: str,
+                 limit: float) -> tuple[dict[int, Kind], dict[int, str]]:
+    """The live ranks when the start-up's limit ran out: those that had not
+    started timed out in their start-up; those that had were stopped."""
+    late = [r for r in live if r not in started]
+    kinds = {r: Kind.TIMED_OUT if r in late else Kind.STOPPED for r in live}
+    details = {r: WAITED_TO_START.format(who="{who}", peers=who(late, world), limit=limit)
+               for r in live if r not in late}
+    details.update(dict.fromkeys(late, NOT_STARTED.format(who="{who}", test=test, limit=limit)))
+    return kinds, details
+
+
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
-          kind_of: dict[int, Kind], details: dict[int, str]) -> None:
+          kind_of: dict[int, Kind], details: dict[int, str], dump: list[int] | None = None) -> None:
     """Stop the live ranks; a rank that had reported a pass (and lingered)
-    keeps it, the others are what ``kind_of`` says (else STOPPED)."""
-    stacks = launcher.dump_stacks([r for r in live if not _passed(launcher.outcome(r))])
+    keeps it, the others are what ``kind_of`` says (else STOPPED). The
+    stacks of ``dump`` (default: every live rank) are taken first."""
+    stacks = launcher.dump_stacks([r for r in (live if dump is None else dump) if not _passed(launcher.outcome(r))])
     launcher.stop()
     for r in live:
         # It had passed (it was lingering after reporting): it keeps its report.
@@ -124,13 +158,20 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
 
 
 def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVAL,
-         expected_end: Callable[[int], bool] | None = None) -> list[Outcome]:
+         expected_end: Callable[[int], bool] | None = None, start_up: StartUp | None = None,
+         test: str = "") -> list[Outcome]:
     """Wait for all ranks of ``launcher``; return one outcome per rank.
 
     ``expected_end(rank)``: whether a rank's end was an injected death
-    (disttest.faults): it does not make the loop stop the others."""
+    (disttest.faults): it does not make the loop stop the others.
+    ``start_up``: the ranks' start-up, not counted in ``timeout``; ``test``
+    names the test in what a start-up that ran out says."""
     world = launcher.world_size
-    deadline = time.monotonic() + timeout
+    joined = time.monotonic()
+    cap = joined + start_up.cap if start_up is not None and start_up.cap is not None else float("inf")
+    # Until every rank has started, the start-up's limit; from then, the test's.
+    starting = start_up is not None
+    deadline = min(joined + (start_up.limit if start_up is not None else timeout), cap)
     grace_end: float | None = None
     outcomes: dict[int, Outcome] = {}  # the facts: as each rank ended
     next_check = 0.0  # when to look for a desync next
@@ -190,7 +231,19 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if stuck:
             _stop(launcher, _live(world, outcomes), outcomes, {}, {})
             break
-        if grace_end is None and time.monotonic() > deadline:
+        if starting:
+            assert start_up is not None
+            started = set(start_up.started())
+            if started.union(outcomes).issuperset(range(world)):
+                starting = False
+                deadline = min(time.monotonic() + timeout, cap)
+            elif grace_end is None and time.monotonic() > deadline:
+                live = _live(world, outcomes)
+                _stop(launcher, live, outcomes,
+                      *_not_started(live, started, world, test, round(time.monotonic() - joined, 1)),
+                      dump=[r for r in live if r in started])
+                break
+        if grace_end is None and not starting and time.monotonic() > deadline:
             live = _live(world, outcomes)
             _stop(launcher, live, outcomes, *_timed_out(launcher, live, world))
             break

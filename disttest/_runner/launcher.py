@@ -176,6 +176,10 @@ class ProcessLauncher:
                 self.channel.send(r, Leave())
                 self._released.add(r)
 
+    def started(self) -> set[int]:
+        """The ranks that have started their test (said they are ready)."""
+        return set(self.channel.ready)
+
     def outcome(self, rank: int) -> Outcome | None:
         # A copy: callers may change it (shallow, as dataclasses.replace's,
         # at a fifth of its cost: the join loop asks at every poll).

@@ -116,7 +116,8 @@ for _cls in (RankReport, RankFailure, RankError):
 
 def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
-        return TIMED_OUT.format(who=who, test=test, timeout=timeout)
+        # (with a detail: it timed out in its start-up, join.NOT_STARTED)
+        return _fill(o.detail, who) if o.detail else TIMED_OUT.format(who=who, test=test, timeout=timeout)
     if o.kind is Kind.DESYNC:
         if o.detail.endswith(CALLS_DIFFER):  # (it says what the collective is to its peer)
             return "desync: " + _fill(o.detail, who)
@@ -193,7 +194,7 @@ def _fill(detail: str, who: str) -> str:
 
 def _short(o: Outcome, who: str, timeout: float | None) -> str:
     if o.kind is Kind.TIMED_OUT:
-        return f"{who} timed out after {timeout}s"
+        return _fill(o.detail, who) if o.detail else f"{who} timed out after {timeout}s"
     if o.kind in (Kind.DESYNC, Kind.DEADLOCK):
         return f"{o.kind.value}: " + _fill(o.detail, who)
     if o.kind is Kind.CRASHED:

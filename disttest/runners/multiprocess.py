@@ -28,7 +28,7 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._runner import cuda_fork, settings, zygote
 from disttest._runner import rank as rank_mod
-from disttest._runner.join import join
+from disttest._runner.join import StartUp, join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import (
     Kind,
@@ -56,6 +56,10 @@ __unittest = True
 __all__ = ["COPY_CRASHED", "START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
 
 START_METHOD_ENV = settings.START_METHOD_ENV
+#: Seconds the ranks get to start, at the least (a spawned interpreter
+#: imports torch and the test's module, seconds on a busy machine): the
+#: test's own limit counts from the moment its last rank has started.
+START_UP_LIMIT = 60.0
 #: A test whose ranks crashed when forked by a copy of the test process
 #: did not crash when run again by a fresh fork server.
 COPY_CRASHED = (
@@ -244,11 +248,19 @@ class MultiProcessTestCase(RankDispatch):
         # NB: once: under an outer limit it shrinks as time passes, and the
         # report names the limit the join kept.
         self._joined_limit = self._test_timeout()
-        self._outcomes = join(self._launcher, self._joined_limit, expected_end=self._injection.expected_end)
+        self._outcomes = self._join_ranks(self._launcher, self._joined_limit)
         crashed = self._crashed(self._outcomes)
         if crashed and zygote.from_copy(self._launcher):
             self._again_in_a_fresh_server(crashed)
         self._check_return_codes(fn, time.monotonic() - start)
+
+    def _join_ranks(self, launcher: ProcessLauncher, limit: float) -> list[Outcome]:
+        """The ranks' outcomes, ``limit`` counted from when the last rank
+        started its test; under an outer limit (pytest-timeout's), the
+        start-up counts against its share too."""
+        start_up = StartUp(launcher.started, max(limit, START_UP_LIMIT), settings.outer_cap())
+        return join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up,
+                    test=self._current_test_name())
 
     def _crashed(self, outcomes: list[Outcome]) -> list[Outcome]:
         """The ranks that crashed (a fatal signal, not an injected death)."""
@@ -275,7 +287,7 @@ class MultiProcessTestCase(RankDispatch):
         again = self._launcher
         assert again is not None  # (started, or it raised)
         first_limit, self._joined_limit = self._joined_limit, self._test_timeout()
-        self._outcomes = join(again, self._joined_limit, expected_end=self._injection.expected_end)
+        self._outcomes = self._join_ranks(again, self._joined_limit)
         if self._crashed(self._outcomes):
             zygote.trust_copies_again(reason)
             self._outcomes, self._joined_limit = first_outcomes, first_limit
