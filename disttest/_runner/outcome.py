@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from disttest._runner.tb_data import POSITIONS, positions
 from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
@@ -145,7 +146,7 @@ _CONTEXT = "\nDuring handling of the above exception, another exception occurred
 
 
 def _tb_data(exc: BaseException) -> dict[str, Any] | None:
-    """The kept frames as tblib data (a chain of the user's frames only;
+    """The kept frames as tblib data with their columns (:mod:`.tb_data`: a chain of the user's frames only;
     None when the exception has none: the report then finds the user's
     frames elsewhere, and never shows disttest's own as the test's)."""
     kept = {id(f) for f, _ in _frames(exc) if "__unittest" not in f.f_globals}
@@ -159,6 +160,7 @@ def _tb_data(exc: BaseException) -> dict[str, Any] | None:
     chain = []
     while node is not None and tb is not None:
         if id(tb.tb_frame) in kept:
+            node[POSITIONS] = positions(tb)
             chain.append(node)
         node, tb = node.get("tb_next"), tb.tb_next
     for a, b in zip(chain, chain[1:], strict=False):

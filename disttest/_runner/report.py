@@ -22,6 +22,7 @@ from typing import Any
 
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
+from disttest._runner.tb_data import as_traceback
 from disttest._runner.verdict import CALLS_DIFFER, RANK, Status, Verdict, judge
 from disttest._runner.verdict import who as _who
 
@@ -388,10 +389,7 @@ def user_traceback(outcomes: Sequence[Outcome], where: Callable[..., Any] | None
     if data is None:
         return None
     try:
-        from tblib import Traceback
-
-        tb: TracebackType | None = Traceback.from_dict(data).as_traceback()
-        return tb
+        return as_traceback(data)
     except Exception:  # noqa: BLE001 (the message has the text anyway)
         return None
 
@@ -407,7 +405,7 @@ def _frame_data(filename: str, lineno: int, name: str, tb_next: dict[str, Any] |
 
 def _stack_tb_data(stacks: str) -> dict[str, Any] | None:
     """The user's frames of a rank's stack dump (faulthandler's layout, most
-    recent call first) as tblib data: one thread's, the current one first."""
+    recent call first) as tblib data (no columns): one thread's, the current one first."""
     blocks: list[list[re.Match[str]]] = []
     current = -1
     for line in user_stack(stacks).splitlines():

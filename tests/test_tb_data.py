@@ -1,0 +1,86 @@
+"""A rank's traceback rebuilt in the parent (disttest._runner.tb_data): the
+user's lines with the columns Python itself shows, or none; never the
+rebuilding stub's own."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import unittest
+
+from disttest._runner import tb_data
+from disttest._runner.outcome import outcome_from_exception
+from disttest._runner.report import _stack_tb_data, user_traceback
+
+
+def bad(value: int) -> int:
+    raise ValueError(f"bad {value}")
+
+
+def caught() -> BaseException:
+    try:
+        total = abs(-1) + bad(2)  # carets under bad(2) only
+        return RuntimeError(str(total))
+    except ValueError as e:
+        return e
+
+
+def lines(tb) -> list[str]:
+    return "".join(traceback.format_list(traceback.extract_tb(tb))).splitlines()
+
+
+class RebuiltTest(unittest.TestCase):
+    def test_the_rebuilt_traceback_reads_as_the_original(self):
+        exc = caught()
+        rebuilt = user_traceback([outcome_from_exception(0, exc)])  # what the report is raised with
+        original = lines(exc.__traceback__)
+        self.assertEqual(lines(rebuilt), original)
+        if sys.version_info >= (3, 11):  # (carets: 3.11 and later)
+            at = next(i for i, line in enumerate(original) if "abs(-1) + bad(2)" in line)
+            code, carets = original[at], original[at + 1]
+            self.assertEqual(carets.strip(), "^" * len("bad(2)"))
+            self.assertEqual(carets.index("^"), code.index("bad(2)"))
+
+    def test_frames_without_columns_show_no_carets(self):
+        # A frame read from a stack dump (faulthandler gives lines, not
+        # columns), and a frame whose columns are not of its line.
+        line = caught.__code__.co_firstlineno + 2
+        stack = f'Current thread 0x1 (most recent call first):\n  File "{__file__}", line {line} in caught\n'
+        data = _stack_tb_data(stack)
+        self.assertIsNotNone(data)
+        self.assertEqual(lines(tb_data.as_traceback(data)),
+                         [f'  File "{__file__}", line {line}, in caught', "    total = abs(-1) + bad(2)  # carets under bad(2) only"])
+        moved = outcome_from_exception(0, caught()).tb_data
+        assert moved is not None
+        moved["tb_lineno"] += 1  # (the file changed under it: the columns are another line's)
+        text = lines(tb_data.as_traceback(moved))
+        self.assertFalse(any(line.strip().startswith("^") for line in text), text)
+
+    def test_positions_of_a_traceback(self):
+        exc = caught()
+        tb = exc.__traceback__
+        assert tb is not None
+        where = tb_data.positions(tb)
+        if sys.version_info < (3, 11):
+            self.assertIsNone(where)
+            return
+        assert where is not None
+        line = traceback.extract_tb(tb)[0]
+        self.assertEqual(where, (line.lineno, line.end_lineno, line.colno, line.end_colno))
+
+    def test_long_and_far_columns_are_kept(self):
+        # Columns above 63 take more than one varint byte; a call over two
+        # lines ends on the next.
+        for where in [(10, 10, 70, 300), (10, 11, 4, 9), (10, 10, 0, 1)]:
+            with self.subTest(where=where):
+                node = {"tb_frame": {"f_code": {"co_filename": "x.py", "co_name": "f"}, "f_globals": {}},
+                        "tb_lineno": 10, "tb_next": None, tb_data.POSITIONS: where}
+                tb = tb_data.as_traceback(node)
+                assert tb is not None
+                self.assertEqual(tb.tb_lineno, 10)
+                if sys.version_info >= (3, 11):
+                    self.assertEqual(tb_data.positions(tb), where)
+
+
+if __name__ == "__main__":
+    unittest.main()
