@@ -503,6 +503,60 @@ class InstallAndUndoTest(unittest.TestCase):
 
 
 @needs_mode
+@needs_mode
+class RankBranchTest(unittest.TestCase):
+    """``self.rank`` compared where the ranks' answers differ: torch's
+    per-rank int answered ``self.rank == 0`` with False for every rank, and
+    a test's rank-0 checks silently never ran."""
+
+    def test_a_branch_on_the_rank_is_refused_not_skipped(self):
+        forms = {
+            "== 0": lambda r: r == 0, "!= 0": lambda r: r != 0, "< 2": lambda r: r < 2,
+            "in": lambda r: r in (0,), "bool": bool, "mod": lambda r: r % 2 == 0,
+            "int": int, "index": lambda r: [10, 11, 12, 13][r], "sum": lambda r: (r + 1) * 2 > 4,
+        }
+
+        class Branch(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_it(self):
+                for name, form in forms.items():
+                    with self.subTest(form=name), self.assertRaises(simulated.RankSplit) as caught:
+                        form(self.rank)
+                    self.assertIn("has no one answer in a simulated test (disttest)", str(caught.exception))
+
+            def test_answers(self):
+                with self.assertRaises(simulated.RankSplit) as caught:
+                    if self.rank == 0:
+                        self.fail("a branch for some ranks only was taken")
+                self.assertEqual(caught.exception.answers, {0: True, 1: False, 2: False, 3: False})
+                self.assertIn("(rank 0: True, rank 1: False, rank 2: False, rank 3: False)", str(caught.exception))
+
+            def test_agreed_answers_and_arithmetic_stay(self):
+                self.assertTrue(self.rank >= 0)
+                self.assertFalse(self.rank == 7)
+                self.assertTrue(self.rank * 0 == 0)  # one value on every rank: a plain answer
+                self.assertRanksEqual(torch.ones(2) * (self.rank + 1), lambda r: torch.full((2,), float(r + 1)))
+                self.assertRanksEqual(self.rank % 2, {r: r % 2 for r in range(4)})
+
+        result = run(Branch)
+        self.assertEqual(result.testsRun, 3)
+        self.assertEqual(problems(result), [])
+
+    def test_many_ranks_show_the_first_answers(self):
+        class Big(disttest.SimulatedTestCase):
+            world_size = 64
+
+            def test_it(self):
+                if self.rank < 32:
+                    pass
+
+        result = run(Big)
+        text = problems(result)[0]
+        self.assertIn("RankSplit: a per-rank int < 32 (self.rank, or an int made from it) has no one answer", text)
+        self.assertIn("rank 4: True, ... of 64 ranks)", text)
+
+
 class ReportsTest(unittest.TestCase):
     def test_a_mismatch_names_the_ranks_and_both_values(self):
         class Mismatch(disttest.SimulatedTestCase):

@@ -52,6 +52,8 @@ __unittest = True
 __all__ = [
     "MISSING_RANKS",
     "RANKS_DIFFER",
+    "RANK_SPLIT",
+    "RankSplit",
     "SIMULATED_MODE",
     "SimulatedTestCase",
     "SpmdMixin",
@@ -74,6 +76,13 @@ SIMULATED_TIMED_OUT = ("{test!r} did not finish within {timeout}s (disttest): it
 #: ``DISTTEST_FAULT`` or ``DISTTEST_CHAOS`` set for a run that has simulated tests.
 RUN_FAULTS_IDLE = ("{variable} does not act on {test!r} (disttest): a simulated world has no rank threads or "
                    "processes to inject into or reorder; it runs as it is")
+#: A comparison (or ``int()``, an index) of ``self.rank`` in a simulated test,
+#: or of an int made from it, whose answer differs between the ranks: every
+#: rank runs the line at once, so no one answer can be given (torch's own
+#: per-rank int answered ``==`` with False for every rank, rank 0 included).
+RANK_SPLIT = ("{what} has no one answer in a simulated test (disttest): every rank runs this line at once, "
+              "and their answers differ ({answers}); a simulated test cannot branch on its rank: make the "
+              "per-rank values with self.mode.rank_map(lambda rank: ...) and check them with assertRanksEqual")
 #: How many differing ranks a failure shows.
 SHOWN_RANKS = 5
 #: How many values of a tensor a failure shows.
@@ -111,6 +120,74 @@ def _per_rank(value: Any) -> dict[int, Any] | None:
     return {rank: pytree.tree_unflatten([leaf if values is None else values[rank]
                                          for leaf, values in zip(leaves, split, strict=True)], spec)
             for rank in ranks}
+
+
+class RankSplit(ValueError):
+    """A comparison of a simulated test's ``self.rank`` (or an int made from
+    it) whose answer differs between the ranks (:data:`RANK_SPLIT`), like
+    numpy's "truth value of an array is ambiguous". ``answers``: each rank's."""
+
+    def __init__(self, what: str, answers: Mapping[int, Any]) -> None:
+        shown = ", ".join(f"rank {r}: {answers[r]!r}" for r in sorted(answers)[:SHOWN_RANKS])
+        more = f", ... of {len(answers)} ranks" if len(answers) > SHOWN_RANKS else ""
+        super().__init__(RANK_SPLIT.format(what=what, answers=shown + more))
+        self.answers = dict(answers)
+
+
+_RANK_NODE: list[type] = []
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_ARITHMETIC = ("neg", "add", "sub", "mul", "floordiv", "mod", "int_floordiv", "sym_max", "sym_min", "sym_sum")
+
+
+def _rank_node() -> type:
+    """torch's per-rank int (``LocalIntNode``) for ``self.rank``: arithmetic
+    on it gives another such int; a comparison answers for every rank at
+    once where they agree, and raises :class:`RankSplit` where they do not
+    (torch's answered ``==`` and ``!=`` for all ranks, vacuously, and
+    ``<`` with a bare AssertionError); ``int()`` and indexing raise it too.
+    Only ``self.rank`` is made of it: torch's own per-rank ints (shapes of
+    uneven shards) keep torch's answers."""
+    if _RANK_NODE:
+        return _RANK_NODE[0]
+    base = _compat.local_tensor().LocalIntNode
+
+    def compare(name: str) -> Callable[..., Any]:
+        def method(self: Any, other: Any) -> Any:
+            answers = {r: bool(getattr(int, f"__{name}__")(v, _on_rank(other, r))) for r, v in self._local_ints.items()}
+            if len(set(answers.values())) > 1:
+                raise RankSplit(f"a per-rank int {_COMPARISONS[name]} {_show_int(other)} (self.rank, or an int "
+                                "made from it)", answers)
+            return getattr(base, name)(self, other)
+        return method
+
+    def keep(name: str) -> Callable[..., Any]:
+        def method(self: Any, *args: Any) -> Any:
+            result = getattr(base, name)(self, *args)
+            return type(self)(result._local_ints) if type(result) is base else result
+        return method
+
+    def int_(self: Any) -> int:
+        raise RankSplit("int() of a per-rank int, or an index made of it (self.rank, or an int made from it),",
+                        self._local_ints)
+
+    namespace: dict[str, Any] = {name: compare(name) for name in _COMPARISONS}
+    namespace.update({name: keep(name) for name in _ARITHMETIC if hasattr(base, name)})
+    namespace.update(int_=int_, __module__=__name__, __doc__="``self.rank`` of a simulated test (see _rank_node).")
+    _RANK_NODE.append(type("RankIntNode", (base,), namespace))
+    return _RANK_NODE[0]
+
+
+def _on_rank(other: Any, rank: int) -> int:
+    node = getattr(other, "node", other)
+    values = getattr(node, "_local_ints", None)
+    if values is not None:
+        return int(values[rank])
+    return int(node.maybe_as_int()) if hasattr(node, "maybe_as_int") else int(other)
+
+
+def _show_int(other: Any) -> str:
+    values = getattr(getattr(other, "node", other), "_local_ints", None)
+    return "a per-rank int" if values is not None else repr(_on_rank(other, 0))
 
 
 def _plain() -> contextlib.AbstractContextManager[Any]:
@@ -318,9 +395,11 @@ class SimulatedTestCase(SpmdMixin, TestCase):
 
     @property
     def rank(self) -> Any:
-        """Every rank's number, as a per-rank int (``SymInt``)."""
-        lt = _compat.local_tensor()
-        return torch.SymInt(lt.LocalIntNode({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
+        """Every rank's number, as a per-rank int (``SymInt``). Arithmetic
+        on it gives per-rank ints; a comparison whose answer differs between
+        the ranks (``self.rank == 0``), ``int()`` or an index raises
+        :class:`RankSplit`: every rank runs the line at once."""
+        return torch.SymInt(_rank_node()({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
 
     def assertEqual(self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,  # type: ignore[override]
                     **options: Any) -> None:
