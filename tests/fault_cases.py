@@ -28,6 +28,12 @@ def _init_gloo(case) -> None:
         time.sleep(0.005)
 
 
+def _funcol():
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol
+
+
 def _plain_decorator(func):
     def wrapper(self):  # NB: no functools.wraps: the runner cannot see the faults below
         return func(self)
@@ -117,6 +123,40 @@ class FaultBodies:
         dist.barrier()
         waited = time.monotonic() - start
         self.assertGreaterEqual(waited, 0.5, f"rank {self.rank} waited {waited:.2f}s")
+
+    # Functional collectives (DTensor's, tensor parallel's) reach the group
+    # from C++, past torch.distributed's functions: faults see them too.
+    @inject_fault(rank=1, action="raise", at="all_reduce")
+    def test_functional_raise(self):
+        self.init()
+        funcol = _funcol()
+        try:
+            got = funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
+        except InjectedFault:  # a fresh call, which rank 0's first one meets
+            self.assertEqual(self.rank, 1)
+            got = funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
+        self.assertEqual(got, torch.full((2,), 2.0))
+
+    @inject_fault(rank=1, action="corrupt", at="all_gather_into_tensor")
+    def test_functional_corrupt(self):
+        self.init()
+        funcol = _funcol()
+        gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+        got = gather(torch.ones(2), 0, dist.group.WORLD)  # (not waited: the fault waits for it)
+        if self.rank == 1:
+            self.assertTrue(bool((got != torch.ones(4)).all()), f"not every element changed: {got}")
+        else:
+            self.assertEqual(got, torch.ones(4))
+
+    @inject_fault(rank=1, action="kill", at="all_gather_into_tensor")
+    def test_functional_kill_in_dtensor(self):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        self.init()
+        mesh = init_device_mesh("cpu", (2,))
+        d = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+        d.redistribute(mesh, [Replicate()]).to_local()  # rank 0 fails here: its peer is gone
 
     @inject_fault(rank=1, action="corrupt", at="all_reduce", nth=1)
     def test_corrupt(self):
@@ -380,6 +420,15 @@ class ChaosThreads(disttest.MultiThreadedTestCase):
             seen = t.clone()  # BUG: read before work.wait()
             work.wait()
             self.assertEqual(seen, torch.full((4,), 7.0))
+
+    def test_functional_calls_are_fuzzed(self):
+        # (DTensor's collectives: they reach the group from C++)
+        from disttest.faults import rank as faults_rank
+
+        funcol = _funcol()
+        for _ in range(3):
+            funcol.wait_tensor(funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD))
+        self.assertEqual(faults_rank._local.state.counts.get("all_reduce"), 3)
 
     def test_read_after_wait(self):
         if self.rank == 0:

@@ -16,8 +16,9 @@ import fault_cases as cases
 import torch
 from runner_cases import live_ranks
 
-from disttest import ConfigError, InjectedFault, inject_fault
+from disttest import ConfigError, InjectedFault, _compat, inject_fault
 from disttest._runner import tracking
+from disttest._runner.functional import FUNCTIONAL
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.report import NEVER_MARK
 from disttest.faults import (
@@ -453,6 +454,24 @@ class RunnerFaultsTest(unittest.TestCase):
                 self.assertIn("rank 1 could not corrupt barrier #1", text)
                 self.assertNotIn("corrupted its received values", text)
 
+    def test_faults_act_on_functional_collectives(self):
+        # They reach the group from C++: a fault at all_reduce said "rank 1
+        # made 0 all_reduce calls", and one at="any" never fired in a DTensor test.
+        for runner, result, _ in self.each("test_functional_raise"):
+            with self.subTest(runner=runner.__name__, fault="raise"):
+                self.assert_passed(result)
+        for runner, result, _ in self.each("test_functional_corrupt"):
+            with self.subTest(runner=runner.__name__, fault="corrupt"):
+                self.assert_passed(result)
+        for runner, result, _ in self.each("test_functional_kill_in_dtensor"):
+            with self.subTest(runner=runner.__name__, fault="kill"):
+                text = self.only_error(result)
+                self.assertIn(INJECTED.format(faults="rank 1 killed at all_gather_into_tensor #1"), text)
+                self.assertIn("did not survive the injected fault", text)
+        module = vars(_compat.functional_collectives())
+        self.assertEqual([n for n in FUNCTIONAL if getattr(module.get(n), "__disttest_tracked__", False)], [],
+                         "functional collectives left wrapped")
+
     def test_every_rank_killed_is_not_a_pass(self):
         for runner, result, _ in self.each("test_every_rank_killed"):
             with self.subTest(runner=runner.__name__):
@@ -639,6 +658,10 @@ class ChaosTest(unittest.TestCase):
         # The same seed again: the same failure; the correct code passes under it.
         self.assertEqual(len(self.run_with(self.test, bad).failures), 1)
         result = self.run_with("test_read_after_wait", bad)
+        self.assertEqual(result.failures + result.errors, [])
+
+    def test_functional_collectives_are_fuzzed(self):
+        result = self.run_with("test_functional_calls_are_fuzzed", 7)
         self.assertEqual(result.failures + result.errors, [])
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from disttest import faults as faults_mod
 from disttest._runner import tracking
+from disttest._runner.functional import wrap_functional
 from disttest.config import ConfigError
 from disttest.faults import (
     ANY,
@@ -89,6 +90,7 @@ class _State:
 _local = threading.local()
 _armed_count = 0  # ranks armed in this process (rank threads share it)
 _count_lock = threading.Lock()
+_unwrap: list[Callable[[], None]] = []  # the undo of the functional collectives' wrappers, while armed
 _process: list[_State] = []
 #: Records of rank threads, per threaded world: {rank: [record, ...]}.
 _thread_records: weakref.WeakKeyDictionary[Any, dict[int, list[dict[str, Any]]]] = (
@@ -194,8 +196,11 @@ def _armed(declared: tuple[Fault, ...], test_name: str, rank: int, run_dir: str 
         _armed_count += 1
         if _armed_count == 1:
             # The core's collective tracking asks this module while a rank is
-            # armed (the core sits below fault injection and never imports it).
+            # armed (the core sits below fault injection and never imports it),
+            # the functional collectives too (DTensor's, which reach the group
+            # from C++).
             tracking.set_collective_hook(before_collective)
+            _unwrap[:] = [wrap_functional()]
     try:
         yield
     finally:
@@ -203,6 +208,8 @@ def _armed(declared: tuple[Fault, ...], test_name: str, rank: int, run_dir: str 
             _armed_count -= 1
             if not _armed_count:
                 tracking.set_collective_hook(None)
+                while _unwrap:
+                    _unwrap.pop()()
         write({"counts": state.counts})
         _swap(previous, world is not None)
         if close is not None:
