@@ -188,6 +188,29 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("rank 0/2 stopped by disttest: rank 1/2 had not started the test", text)
         self.assertNotIn("within 1s", text)
 
+    def test_spawn_for_a_class_it_cannot_import_is_refused_before_any_rank_starts(self):
+        # (each rank died in disttest's import of the class, and the report
+        # said only "exited with code 1")
+        from disttest._runner.cuda_fork import NOT_IMPORTABLE
+
+        class Local(cases.Base):
+            start_method = "spawn"
+
+            def test_pass(self):
+                pass
+
+        result, elapsed = run(Local, "test_pass")
+        text = self.only(result.errors)
+        self.assertIn("ConfigError: Invalid start method 'spawn' from Local.start_method (disttest): "
+                      + NOT_IMPORTABLE.format(cls=Local.__qualname__), text)
+        self.assertNotIn("exited with code", text)
+        self.assertLess(elapsed, 5)
+        with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "spawn"}):
+            text = self.only(run(Local, "test_pass")[0].errors)
+        self.assertIn("Invalid start method 'spawn' from environment variable DISTTEST_START_METHOD", text)
+        Local.start_method = "fork"  # what it can do
+        self.assertPassed(run(Local, "test_pass")[0])
+
     def test_fork_after_parallel_work_in_the_parent(self):
         import torch
 

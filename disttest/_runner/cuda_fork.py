@@ -39,12 +39,14 @@ import os
 
 from disttest._runner import fork_threads
 from disttest._runner.messages import UNSAFE_CUDA, UNSAFE_THREADS
+from disttest.config import ConfigError
 
 __unittest = True
 
 __all__ = [
     "FELL_BACK",
     "FORKED_ANYWAY",
+    "NOT_IMPORTABLE",
     "NVML_CHECK_ENV",
     "PARENT_INITIALISED",
     "SERVER_INITIALISED",
@@ -71,6 +73,13 @@ FORKED_ANYWAY = (
     "{test}: its ranks are forked although {reason} (disttest): 'spawn' cannot import {cls} (defined inside a "
     "function), so the ranks cannot use CUDA ('Cannot re-initialize CUDA in forked subprocess'). Define the "
     "class at module level, or initialise CUDA only inside the ranks"
+)
+
+#: ``spawn`` chosen for ranks of a class a new interpreter cannot import.
+NOT_IMPORTABLE = (
+    "a rank started by 'spawn' is a new interpreter, which finds {cls} by importing it by name, and it cannot "
+    "(defined inside a function, or in a module without a file); define the class at module level, or start "
+    "its ranks with 'zygote' or 'fork'"
 )
 
 # Modules whose import initialised CUDA in a fork server (learned from its
@@ -156,7 +165,10 @@ def choose(method: str, cls: type, test: str, source: str, importable: bool,
 
     ``importable``: ``spawn`` (and the fork server) can import ``cls`` by name.
     ``server``: the fork server may be chosen (False once it could not start).
+    ``spawn`` for a class it cannot import is a :class:`ConfigError`.
     """
+    if method == "spawn" and not importable:
+        raise ConfigError("start method", method, source, NOT_IMPORTABLE.format(cls=cls.__qualname__))
     if method == "fork":
         if cuda_initialised():
             if importable:
