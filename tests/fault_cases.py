@@ -438,3 +438,19 @@ class ChaosThreads(disttest.MultiThreadedTestCase):
             t = torch.zeros(4)
             dist.irecv(t, src=0).wait()
             self.assertEqual(t.clone(), torch.full((4,), 7.0))
+
+
+class ThreadDelayPastTheLimit(disttest.MultiThreadedTestCase):
+    """An injected delay longer than the test's limit: the rank thread is
+    stopped in it at the limit, as in a hang."""
+
+    world_size = 2
+    timeout = 1
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    @inject_fault(rank=1, action="delay", at="all_reduce", seconds=30)
+    def test_delay(self):
+        dist.all_reduce(torch.ones(1))

@@ -126,6 +126,9 @@ class DeclarationTest(unittest.TestCase):
             (dict(rank=1.0, action="kill"), "Invalid fault rank 1.0"),
             (dict(rank=1, action="kill", nth=1.0), "Invalid fault nth 1.0"),
             (dict(rank=1, action="delay", seconds=10**400), "Invalid fault seconds 1000"),
+            # (the rank died in time.sleep's OverflowError; a string is not a number in code)
+            (dict(rank=1, action="delay", seconds=1e300), "Invalid fault seconds 1e+300 from @inject_fault"),
+            (dict(rank=1, action="delay", seconds="0.5"), "Invalid fault seconds '0.5' from @inject_fault"),
         ]
         for kwargs, message in cases_:
             with self.subTest(**{k: repr(v) for k, v in kwargs.items()}):
@@ -134,6 +137,8 @@ class DeclarationTest(unittest.TestCase):
                 self.assertIn(message, str(cm.exception))
 
     def test_env_spec(self):
+        with self.assertRaisesRegex(ConfigError, "Invalid fault seconds '1e300' from DISTTEST_FAULT"):
+            parse_fault_spec("rank=1,action=delay,seconds=1e300")
         faults = parse_fault_spec("rank=1,action=kill,at=all_reduce,nth=3; rank=0|2,action=delay,seconds=0.5")
         self.assertEqual(faults, (
             Fault((1,), "kill", "all_reduce", 3, None, FAULT_ENV),
@@ -433,6 +438,16 @@ class RunnerFaultsTest(unittest.TestCase):
         for runner, result, _ in self.each("test_delay"):
             with self.subTest(runner=runner.__name__):
                 self.assert_passed(result)
+
+    def test_a_delay_past_the_limit_is_stopped_at_the_limit(self):
+        # (the rank thread slept on: the report came when the delay ended,
+        # and said the test's thread could not be stopped)
+        result, elapsed = run(cases.ThreadDelayPastTheLimit, "test_delay")
+        text = self.only_error(result)
+        self.assertIn("rank 1/2 did not finish 'test_delay' within 1s", text)
+        self.assertIn("injected by disttest (not causes): rank 1 delayed 30", text)
+        self.assertNotIn("could not be stopped", text)
+        self.assertLess(elapsed, 10)
 
     def test_corrupt(self):
         for runner, result, _ in self.each("test_corrupt"):

@@ -83,6 +83,8 @@ DEATHS = ("kill", "exit")
 #: Collectives a fault can be declared at, as ``torch.distributed`` spells them.
 OPS = (*COLLECTIVES, *P2P_OPS)
 ANY = "any"
+#: The longest ``delay`` (seconds): a day; ``hang`` blocks for good.
+MAX_DELAY = 86400
 #: Ops that receive no tensor values: nothing there to corrupt.
 NO_VALUES = ("barrier", "monitored_barrier", "send", "isend", "all_gather_object", "broadcast_object_list",
              "gather_object", "scatter_object_list")
@@ -218,10 +220,13 @@ def make_fault(*, rank: object, action: object, at: object = ANY, nth: object = 
         raise ConfigError("fault nth", nth, where, "expected a call number >= 1")
     secs: float | None = None
     if action == "delay":
-        bad = ConfigError("fault seconds", seconds, where, "a delay needs seconds=, a positive finite number")
+        bad = ConfigError("fault seconds", seconds, where,
+                          f"a delay needs seconds=, a positive number up to {MAX_DELAY:g} (action 'hang' blocks for good)")
+        if isinstance(seconds, str) and where == DECORATOR:
+            raise bad  # (a number in code, as a class's timeout; text only from a spec)
         secs = as_number(float, seconds, bad)  # NB: float(None) is a TypeError: no seconds is bad too
-        if not math.isfinite(secs) or secs <= 0:
-            raise bad
+        if not math.isfinite(secs) or not 0 < secs <= MAX_DELAY:
+            raise bad  # (1e300 passed, and the rank died in time.sleep's OverflowError)
     elif seconds is not None:
         raise ConfigError("fault seconds", seconds, where, f"only action 'delay' takes seconds, not {action!r}")
     if action == "corrupt" and at in NO_VALUES:

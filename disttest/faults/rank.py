@@ -301,7 +301,11 @@ def _sleep(state: _State, seconds: float) -> None:
     the other ranks run meanwhile, in whatever order."""
     if state.thread_world is not None and seconds > 0:
         state.thread_world.baton.go_free()
-    time.sleep(seconds)
+    # In ticks, as a hang: a rank thread stopped at the test's limit is
+    # stopped here (an exception raised into it waits for the sleep's end).
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, HANG_TICK))
 
 
 def _corrupt_after(state: _State, index: int, fault: Fault, op: str,
