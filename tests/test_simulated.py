@@ -590,11 +590,17 @@ class ReportsTest(unittest.TestCase):
             def test_mapping_mismatch(self):
                 self.assertRanksEqual(self.rank, {r: 0 for r in range(8)})
 
+            def test_mapping_outside_the_world(self):
+                self.assertRanksEqual(self.rank, {**{r: r for r in range(8)}, 100: 0, "1": 1})
+
         result = run(PerRank)
-        self.assertEqual(result.testsRun, 2)
+        self.assertEqual(result.testsRun, 3)
         self.assertEqual(result.errors, [])
-        self.assertEqual(len(result.failures), 1)
-        self.assertIn("7 of the 8 ranks checked differ (disttest):\nrank 1: got 1 expected 0", result.failures[0][1])
+        failures = {case._testMethodName: text for case, text in result.failures}
+        self.assertEqual(set(failures), {"test_mapping_mismatch", "test_mapping_outside_the_world"})
+        self.assertIn("7 of the 8 ranks checked differ (disttest):\nrank 1: got 1 expected 0",
+                      failures["test_mapping_mismatch"])
+        self.assertIn(simulated.OUTSIDE_RANKS.format(keys="100, '1'", world=8), failures["test_mapping_outside_the_world"])
 
     def test_containers_of_simulated_values_compare_rank_by_rank(self):
         class Containers(disttest.SimulatedTestCase):

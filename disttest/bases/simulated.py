@@ -51,6 +51,7 @@ __unittest = True
 
 __all__ = [
     "MISSING_RANKS",
+    "OUTSIDE_RANKS",
     "RANKS_DIFFER",
     "RANK_SPLIT",
     "RankSplit",
@@ -67,6 +68,8 @@ RANKS_DIFFER = "{count} of the {total} ranks checked differ (disttest){msg}:\n{d
 RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
 #: A ``{rank: value}`` expectation that lacks some of the ranks checked.
 MISSING_RANKS = "the expected values name no value for rank(s) {ranks} ({n} of the {world} ranks checked) (disttest)"
+#: A ``{rank: value}`` expectation with keys that are not ranks of the world.
+OUTSIDE_RANKS = "the expected values name {keys}, not rank(s) of the world of {world} (disttest)"
 #: A simulated test that left dispatch modes entered (they are exited for it).
 MODES_LEFT = ("the test left {n} torch dispatch mode(s) entered ({names}) (disttest): they are exited now; "
               "enter a mode with a `with` block")
@@ -256,6 +259,12 @@ class SpmdMixin:
             if callable(expected) and not isinstance(expected, torch.Tensor):
                 want = {r: expected(r) for r in got}
             elif isinstance(expected, Mapping):
+                world = int(self.world_size)
+                outside = [k for k in expected if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < world]
+                if outside:  # (they were ignored: a typo in the expectation passed unseen)
+                    raise AssertionError(OUTSIDE_RANKS.format(
+                        keys=", ".join(map(repr, outside[:SHOWN_RANKS])) + (" ..." if len(outside) > SHOWN_RANKS
+                                                                            else ""), world=world))
                 missing = sorted(set(got) - set(expected))
                 if missing:
                     raise AssertionError(MISSING_RANKS.format(
