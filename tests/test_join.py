@@ -95,6 +95,20 @@ class JoinTest(unittest.TestCase):
         self.assertGreater(explain.call_count, 5)
 
 
+class PassedWhileStoppedTest(unittest.TestCase):
+    def test_a_rank_that_passes_while_its_stack_is_taken_timed_out(self):
+        # It was still running at the limit; taking the stacks takes a second
+        # or two, and its pass then was counted (a 1.1 s test passed a 1 s limit).
+        class PassesDuringTheDump(SlowBoardLauncher):
+            def dump_stacks(self, ranks):
+                self.outcomes[1] = outcome_from_exception(1, None)
+                return dict.fromkeys(ranks, "stack")
+
+        outcomes = join_mod.join(PassesDuringTheDump(until=3600, cost=0.0), timeout=0.2)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "TIMED_OUT"])
+        self.assertEqual(outcomes[1].stacks, "stack")
+
+
 class StartUpTest(unittest.TestCase):
     """A start-up (a spawned interpreter's) that the test's limit does not count."""
 

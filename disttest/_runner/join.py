@@ -144,14 +144,16 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
     """Stop the live ranks; a rank that had reported a pass (and lingered)
     keeps it, the others are what ``kind_of`` says (else STOPPED). The
     stacks of ``dump`` (default: every live rank) are taken first."""
-    stacks = launcher.dump_stacks([r for r in (live if dump is None else dump) if not _passed(launcher.outcome(r))])
+    # NB: now, not after the stacks: a rank that passes while they are taken
+    # (a second or two) was still running at the limit, and it is no pass.
+    had_passed = {r for r in live if _passed(launcher.outcome(r))}
+    stacks = launcher.dump_stacks([r for r in (live if dump is None else dump) if r not in had_passed])
     launcher.stop()
     for r in live:
         # It had passed (it was lingering after reporting): it keeps its report.
         # Any other report made while being stopped is a consequence of the stop.
-        reported = launcher.outcome(r)
-        if reported is not None and reported.kind in (Kind.PASSED, Kind.SKIPPED):
-            outcomes[r] = reported
+        if r in had_passed:
+            outcomes[r] = launcher.outcome(r)  # type: ignore[assignment]  # (a pass, as read above)
             continue
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
                               detail=details.get(r, ""), output_tail=launcher.output(r))
