@@ -413,6 +413,10 @@ class RunnerFaultsTest(unittest.TestCase):
                 self.assertIn("errored (disttest): rank 0/2 raised", text)
                 self.assertIn("did not survive the injected fault (rank 1 killed at all_reduce #1)", text)
                 self.assertNotIn("rank 1/2", text.split("\n")[0])  # the header names causes only
+                # Where the survivor's call failed: its line, and the call, once (threads said
+                # only "released by disttest", twice, with no traceback).
+                self.assertIn("dist.all_reduce(torch.ones(2))", text)
+                self.assertEqual(text.count("rank 0/2 failed in all_reduce #1"), 1, text)
 
     def test_raise_can_be_retried(self):
         for runner, result, _ in self.each("test_raise_retried"):

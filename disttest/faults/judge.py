@@ -87,6 +87,8 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
                     o.detail or (f"{o.exc_type}: {o.message}" if o.exc_type else "it was stopped"))
                 o.kind = Kind.ERRORED
                 o.message = NOT_SURVIVED.format(faults=what, detail=detail)
+                if not after:
+                    o.detail = ""  # (now in the message: the report showed it twice)
                 o.exc_type = o.exc_type or "RankStopped"
     for index, fault in enumerate(faults):
         for rank in fault.ranks:
