@@ -543,6 +543,18 @@ class RankBranchTest(unittest.TestCase):
         self.assertEqual(result.testsRun, 3)
         self.assertEqual(problems(result), [])
 
+    def test_a_declared_fault_is_refused_saying_why(self):
+        class Faulty(disttest.SimulatedTestCase):
+            world_size = 2
+
+            @disttest.inject_fault(rank=1, action="kill", at="all_reduce")
+            def test_it(self):
+                pass
+
+        text = problems(run(Faulty))[0]
+        self.assertIn("ConfigError", text)
+        self.assertIn("or a SimulatedTestCase, whose ranks are one thread", text)
+
     def test_many_ranks_show_the_first_answers(self):
         class Big(disttest.SimulatedTestCase):
             world_size = 64

@@ -97,7 +97,8 @@ _ATTR = "__disttest_faults__"
 #: wrapper): a fault declared above it is read by it, not checked at its call.
 SPAWNS = "__disttest_spawns__"
 #: Why a test method whose faults no runner found is refused when it runs.
-NOT_IN_A_RANK = ("the test runs outside disttest's ranks (a plain unittest.TestCase or pytest function), "
+NOT_IN_A_RANK = ("the test runs outside disttest's ranks (a plain unittest.TestCase or pytest function, or a "
+                 "SimulatedTestCase, whose ranks are one thread), "
                  "where no fault can act; declare faults on tests of MultiProcessTestCase, "
                  "MultiThreadedTestCase, MultiProcContinousTest, spawn_threads_and_init_comms or a "
                  "@pytest.mark.world_size function")
