@@ -185,16 +185,14 @@ class ThreadLauncher:
             self._in_body.discard(rank)
             _bind_thread(None)
             untrack_thread()
-        stopped = isinstance(exc, RankStopped) or (
-            isinstance(exc, CollectiveAborted) and exc.reason is not None and exc.reason == self.world.abort_reason)
-        if stopped:
+        if isinstance(exc, (CollectiveAborted, RankStopped)):
             # Being stopped: the join reports the stack it took before the
             # stop instead, so no traceback is formatted (a thousand ranks
-            # end here at once, sharing the GIL). NB: not a call that failed
-            # because a peer was killed (an injected fault): that is the
-            # rank's own error, where its code made the call.
-            outcome = Outcome(rank, Kind.STOPPED, type(exc).__qualname__,
-                              detail=f"rank {rank}/{self.world_size} was released by disttest")
+            # end here at once, sharing the GIL). A call released because a
+            # peer was killed (an injected fault) says which call it was.
+            killed = isinstance(exc, CollectiveAborted) and exc.reason != self.world.abort_reason
+            outcome = Outcome(rank, Kind.STOPPED, type(exc).__qualname__, detail=str(exc) if killed else
+                              f"rank {rank}/{self.world_size} was released by disttest")
             outcome.at = time.time()
         else:
             outcome = outcome_from_exception(rank, exc)

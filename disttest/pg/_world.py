@@ -185,16 +185,17 @@ class ThreadedWorld:
         self.baton.go_free()  # before the waits are released: they must not wait for a turn
         with self._lock:
             self._dead[rank] = reason
-            doomed = [c.future for (group, _), calls in self._waiting.items() if self._broken(group)
+            # (each with what it waited in: the survivor's report names its call)
+            doomed = [(c.future, c.op, group) for (group, _), calls in self._waiting.items() if self._broken(group)
                       for c in calls.values()]
             kept = [r for r in self._recvs if not self._broken(r[0])]
-            doomed += [r[5] for r in self._recvs if self._broken(r[0])]
+            doomed += [(r[5], "recv", r[0]) for r in self._recvs if self._broken(r[0])]
             self._recvs = kept
-            for fut in doomed:
+            for fut, _, _ in doomed:
                 self._pending.discard(fut)
-        for fut in doomed:
+        for fut, op, group in doomed:
             if not fut.done():
-                fut.set_exception(CollectiveAborted(f"released by disttest: {reason}", reason))
+                fut.set_exception(CollectiveAborted(ABORTED.format(op=op, group=group, reason=reason), reason))
 
     def _broken(self, group: str) -> str | None:
         """Why ``group`` can no longer communicate (a member died), or None. Under the lock."""
