@@ -229,3 +229,30 @@ class Scheduled(Base):
 
 class Unbatched(Scheduled):
     rank_scheduling = "normal"
+
+
+class OneRankGroups(MultiProcessTestCase):
+    """A group of one rank of each backend torch lists, made in a rank with
+    its own store (as PyTorch's test_c10d_common does in a world of one)."""
+
+    timeout = 60
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def test_threaded(self):
+        store = dist.FileStore(self.file_name + ".one-rank", 1)
+        dist.init_process_group("threaded", rank=0, world_size=1, store=store)
+        try:
+            pg = dist.distributed_c10d._get_default_group()
+            self.assertEqual((pg.rank(), pg.size(), pg.name()), (0, 1, "threaded"))
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            self.assertEqual(t, torch.ones(2))
+        finally:
+            dist.destroy_process_group()

@@ -151,6 +151,13 @@ class HooksTest(OutcomeMixin, unittest.TestCase):
         self.assertEqual(os.environ.get("WORLD_SIZE"), before)
 
 
+class LooksLikeUpstreamTest(OutcomeMixin, unittest.TestCase):
+    def test_a_threaded_group_of_one_rank_needs_no_threaded_world(self):
+        # (upstream's creator makes it in a plain process; in a disttest rank
+        # it raised "the threaded backend needs an installed world")
+        self.assertPassed(run(cases.OneRankGroups, "test_threaded")[0])
+
+
 class StartMethodTest(OutcomeMixin, unittest.TestCase):
     def test_each_start_method(self):
         for method in ("zygote", "fork", "spawn"):

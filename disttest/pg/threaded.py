@@ -390,8 +390,15 @@ def _bind_thread(world: ThreadedWorld | None) -> None:
 
 
 def _create(opts: Any, backend_opts: Any) -> ProcessLocalGroup:
+    world: ThreadedWorld | None = getattr(_thread_world, "world", None) or (_installed[-1][0] if _installed else None)
+    if world is None and opts.group_size == 1:
+        # A group of one rank made outside any threaded world, as upstream's
+        # creator allows (test_c10d_common makes one of each backend torch
+        # lists in a plain process): a world of its own. (Of more ranks it
+        # would wait for peers that never come: _current_world says so.)
+        world = ThreadedWorld()
     # global_ranks_in_group: a subgroup's ranks (empty for the default group: all).
-    return ProcessLocalGroup(opts.group_rank, opts.group_size, str(opts.group_id),
+    return ProcessLocalGroup(opts.group_rank, opts.group_size, str(opts.group_id), world=world,
                              timeout=getattr(opts, "timeout", None),
                              members=list(getattr(opts, "global_ranks_in_group", None) or ()))
 
