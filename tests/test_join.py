@@ -108,6 +108,39 @@ class PassedWhileStoppedTest(unittest.TestCase):
         self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "TIMED_OUT"])
         self.assertEqual(outcomes[1].stacks, "stack")
 
+    def test_a_pass_that_came_before_the_limit_is_read_before_the_stop(self):
+        # A process rank's answer waits in its socket until a poll reads it:
+        # one that came while the last check ran is a pass.
+        class AnswersOnPoll(SlowBoardLauncher):
+            def __init__(self) -> None:
+                super().__init__(until=3600, cost=0.0)
+                self.polls = 0
+                self.at_limit = False
+
+            def poll(self):
+                if self.at_limit:
+                    self.outcomes[1] = outcome_from_exception(1, None)
+                return {0: ExitStatus(code=0)}
+
+            def desync(self, ranks, finished, ended=False, entered_counts=True):
+                return []
+
+            def dump_stacks(self, ranks):
+                return {}
+
+        launcher = AnswersOnPoll()
+        original = join_mod._timed_out
+
+        def at_the_limit(*args):
+            launcher.at_limit = True  # (its answer arrives just now, unread)
+            return original(*args)
+
+        from unittest import mock
+
+        with mock.patch.object(join_mod, "_timed_out", at_the_limit):
+            outcomes = join_mod.join(launcher, timeout=0.2)
+        self.assertEqual([o.kind.name for o in outcomes], ["PASSED", "PASSED"])
+
 
 class StartUpTest(unittest.TestCase):
     """A start-up (a spawned interpreter's) that the test's limit does not count."""
@@ -140,6 +173,10 @@ class StartUpTest(unittest.TestCase):
         self.assertLess(time.monotonic() - began, 5)
         self.assertEqual(outcomes[1].kind.name, "TIMED_OUT")
         self.assertEqual(outcomes[1].detail, "")  # it had started: the test's own time out
+        # What the test had once started (the report names it, not the 30 s it was not given).
+        assert start_up.given is not None
+        self.assertGreaterEqual(start_up.given, 0.1)
+        self.assertLessEqual(start_up.given, 0.5)
 
 
 class FailingLauncher(SlowBoardLauncher):

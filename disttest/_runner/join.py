@@ -39,7 +39,7 @@ NOT_STARTED = ("{who} had not started {test!r} {limit}s after it was launched (d
 WAITED_TO_START = "{who} stopped by disttest: {peers} had not started the test {limit}s after launch"
 
 
-@dataclass(frozen=True)
+@dataclass
 class StartUp:
     """The ranks' start-up (a spawned interpreter's import of torch and of
     the test's module), which the test's limit does not count: the limit
@@ -47,11 +47,14 @@ class StartUp:
 
     ``started()``: the ranks that have started their test; ``limit``: the
     seconds the start-up may take; ``cap``: the seconds the whole join may
-    take, start-up included (an outer limit's share), or None."""
+    take, start-up included (an outer limit's share), or None. ``given``,
+    set by the join: the seconds the test had once every rank had started
+    (less than its limit where the cap cut it short)."""
 
     started: Callable[[], Collection[int]]
     limit: float
     cap: float | None = None
+    given: float | None = None
 
 
 def _ended(launcher: Launcher, rank: int, status: ExitStatus) -> Outcome:
@@ -145,7 +148,9 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
     keeps it, the others are what ``kind_of`` says (else STOPPED). The
     stacks of ``dump`` (default: every live rank) are taken first."""
     # NB: now, not after the stacks: a rank that passes while they are taken
-    # (a second or two) was still running at the limit, and it is no pass.
+    # (a second or two) was still running at the limit, and it is no pass;
+    # one whose pass is waiting to be read passed in time (the poll reads it).
+    launcher.poll()
     had_passed = {r for r in live if _passed(launcher.outcome(r))}
     stacks = launcher.dump_stacks([r for r in (live if dump is None else dump) if r not in had_passed])
     launcher.stop()
@@ -238,7 +243,9 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             started = set(start_up.started())
             if started.union(outcomes).issuperset(range(world)):
                 starting = False
-                deadline = min(time.monotonic() + timeout, cap)
+                now = time.monotonic()
+                deadline = min(now + timeout, cap)
+                start_up.given = timeout if deadline - now >= timeout else max(int((deadline - now) * 10) / 10, 0.1)
             elif grace_end is None and time.monotonic() > deadline:
                 live = _live(world, outcomes)
                 _stop(launcher, live, outcomes,

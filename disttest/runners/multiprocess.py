@@ -56,9 +56,10 @@ __unittest = True
 __all__ = ["COPY_CRASHED", "START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
 
 START_METHOD_ENV = settings.START_METHOD_ENV
-#: Seconds the ranks get to start, at the least (a spawned interpreter
-#: imports torch and the test's module, seconds on a busy machine): the
-#: test's own limit counts from the moment its last rank has started.
+#: Seconds ranks started by ``spawn`` get to start, at the least (a new
+#: interpreter imports torch and the test's module, seconds on a busy
+#: machine): the test's own limit counts from the moment its last rank has
+#: started.
 START_UP_LIMIT = 60.0
 #: A test whose ranks crashed when forked by a copy of the test process
 #: did not crash when run again by a fresh fork server.
@@ -255,12 +256,20 @@ class MultiProcessTestCase(RankDispatch):
         self._check_return_codes(fn, time.monotonic() - start)
 
     def _join_ranks(self, launcher: ProcessLauncher, limit: float) -> list[Outcome]:
-        """The ranks' outcomes, ``limit`` counted from when the last rank
-        started its test; under an outer limit (pytest-timeout's), the
-        start-up counts against its share too."""
+        """The ranks' outcomes. Ranks started by ``spawn`` (a new
+        interpreter each): ``limit`` counted from when the last rank started
+        its test; under an outer limit (pytest-timeout's), the start-up
+        counts against its share too, and the report names what the test
+        had. A forked rank starts in milliseconds: the limit counts from now
+        (a hang before its test is the test's, with its stack)."""
+        test = self._current_test_name()
+        if not isinstance(launcher, SpawnLauncher):
+            return join(launcher, limit, expected_end=self._injection.expected_end, test=test)
         start_up = StartUp(launcher.started, max(limit, START_UP_LIMIT), settings.outer_cap())
-        return join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up,
-                    test=self._current_test_name())
+        outcomes = join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up, test=test)
+        if start_up.given is not None and start_up.given < limit:
+            self._joined_limit = start_up.given
+        return outcomes
 
     def _crashed(self, outcomes: list[Outcome]) -> list[Outcome]:
         """The ranks that crashed (a fatal signal, not an injected death)."""
