@@ -454,3 +454,32 @@ class ThreadDelayPastTheLimit(disttest.MultiThreadedTestCase):
     @inject_fault(rank=1, action="delay", at="all_reduce", seconds=30)
     def test_delay(self):
         dist.all_reduce(torch.ones(1))
+
+
+class ThreadBroadcastSubgroup(disttest.MultiThreadedTestCase):
+    """A functional broadcast's ``src`` is a rank of its group: in the
+    subgroup [1, 2, 3], src 1 is global rank 2, and rank 1 receives."""
+
+    world_size = 4
+    timeout = 30
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    @inject_fault(rank=[0, 1], action="corrupt", at="broadcast")
+    def test_corrupt_a_receiver(self):
+        funcol = _funcol()
+        sub = dist.new_group([1, 2, 3])
+        if self.rank in (1, 2, 3):  # rank 1's broadcast #1: it receives from global rank 2
+            got = funcol.wait_tensor(funcol.broadcast(torch.full((2,), float(self.rank)), 1, sub))
+            self.assert_corrupted_on(1, got, 2.0)
+        # Rank 0's broadcast #1, from rank 1 (the default root would be rank 0).
+        got = funcol.wait_tensor(funcol.broadcast(torch.full((2,), float(self.rank)), 1, dist.group.WORLD))
+        self.assert_corrupted_on(0, got, 1.0)
+
+    def assert_corrupted_on(self, rank, got, value):
+        if self.rank == rank:
+            self.assertTrue(bool((got != torch.full((2,), value)).all()), f"not every element changed: {got}")
+        else:
+            self.assertEqual(got, torch.full((2,), value))

@@ -492,6 +492,9 @@ class RunnerFaultsTest(unittest.TestCase):
                 text = self.only_error(result)
                 self.assertIn(INJECTED.format(faults="rank 1 killed at all_gather_into_tensor #1"), text)
                 self.assertIn("did not survive the injected fault", text)
+        # A functional broadcast's root is a rank of its group (a subgroup here).
+        result, _ = run(cases.ThreadBroadcastSubgroup, "test_corrupt_a_receiver")
+        self.assert_passed(result)
         module = vars(_compat.functional_collectives())
         self.assertEqual([n for n in FUNCTIONAL if getattr(module.get(n), "__disttest_tracked__", False)], [],
                          "functional collectives left wrapped")

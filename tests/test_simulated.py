@@ -602,11 +602,16 @@ class ReportsTest(unittest.TestCase):
             def test_mapping_mismatch(self):
                 self.assertRanksEqual(self.rank, {r: 0 for r in range(8)})
 
+            def test_mapping_of_numpy_ranks(self):
+                import numpy as np
+
+                self.assertRanksEqual(self.rank, {np.int64(r): r for r in range(8)})
+
             def test_mapping_outside_the_world(self):
                 self.assertRanksEqual(self.rank, {**{r: r for r in range(8)}, 100: 0, "1": 1})
 
         result = run(PerRank)
-        self.assertEqual(result.testsRun, 3)
+        self.assertEqual(result.testsRun, 4)
         self.assertEqual(result.errors, [])
         failures = {case._testMethodName: text for case, text in result.failures}
         self.assertEqual(set(failures), {"test_mapping_mismatch", "test_mapping_outside_the_world"})

@@ -12,6 +12,7 @@ __all__ = [
     "c10d_world",
     "default_group",
     "functional_collectives",
+    "functional_group",
     "group_name",
     "group_timeout",
     "new_c10d_world",
@@ -164,6 +165,20 @@ def functional_collectives() -> Any:
     import torch.distributed._functional_collectives as module
 
     return module
+
+
+def functional_group(group: Any, tag: str = "") -> Any:
+    """The process group a functional collective's ``group`` argument (a
+    group, a list of ranks, a mesh, a name) means, or None where it cannot
+    be told (``_functional_collectives._resolve_group_name``,
+    ``distributed_c10d._resolve_process_group``)."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        name = functional_collectives()._resolve_group_name(group, tag)
+        return distributed_c10d._resolve_process_group(name)
+    except Exception:  # noqa: BLE001 (an older torch, a group it cannot name)
+        return None
 
 
 def wait_tensor(t: Any) -> Any:

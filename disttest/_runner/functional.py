@@ -70,12 +70,26 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
         if after is not None:  # a corrupt fault: on the values, once they are here
             values = [_compat.wait_tensor(t) for t in result] if isinstance(result, list) else \
                 _compat.wait_tensor(result)
-            src = kwargs.get("src", args[1] if op == "broadcast" and len(args) > 1 else None)
-            after((values,), {} if src is None else {"src": src}, None)
+            after((values,), _broadcast_root(args, kwargs) if op == "broadcast" else {}, None)
         return result
 
     functional.__disttest_tracked__ = True  # type: ignore[attr-defined]
     return functional
+
+
+def _broadcast_root(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What tells a broadcast's root from the ranks that receive (as a
+    ``torch.distributed.broadcast`` call's ``src``, a global rank): a
+    functional broadcast's ``src`` is a rank of its group, which may be a
+    subgroup, a list of ranks or a mesh."""
+    import torch.distributed as dist
+
+    named = dict(zip(("self", "src", "group", "tag"), args, strict=False)) | kwargs
+    group = _compat.functional_group(named.get("group"), named.get("tag", ""))
+    if group is None:
+        return {}
+    me = dist.get_rank()
+    return {"src": me if dist.get_rank(group) == named.get("src") else -1}  # (-1: no rank's)
 
 
 def wrap_functional() -> Callable[[], None]:

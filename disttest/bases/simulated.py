@@ -26,6 +26,7 @@ Layer: a subsystem base (imports the runners, the process groups and
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 import threading
 import time
@@ -260,7 +261,7 @@ class SpmdMixin:
                 want = {r: expected(r) for r in got}
             elif isinstance(expected, Mapping):
                 world = int(self.world_size)
-                outside = [k for k in expected if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < world]
+                outside = [k for k in expected if not _a_rank(k, world)]
                 if outside:  # (they were ignored: a typo in the expectation passed unseen)
                     raise AssertionError(OUTSIDE_RANKS.format(
                         keys=", ".join(map(repr, outside[:SHOWN_RANKS])) + (" ..." if len(outside) > SHOWN_RANKS
@@ -275,6 +276,17 @@ class SpmdMixin:
                 per_rank = _per_rank(expected)
                 want = {r: (per_rank[r] if per_rank is not None else expected) for r in got}
             _assert_ranks_equal(got, want, msg, options)
+
+
+def _a_rank(key: Any, world: int) -> bool:
+    """Whether a mapping's ``key`` is a rank of a world of ``world`` (an int,
+    numpy's too; not a bool)."""
+    if isinstance(key, bool):
+        return False
+    try:
+        return 0 <= operator.index(key) < world
+    except TypeError:
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -406,8 +418,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     def rank(self) -> Any:
         """Every rank's number, as a per-rank int (``SymInt``). Arithmetic
         on it gives per-rank ints; a comparison whose answer differs between
-        the ranks (``self.rank == 0``), ``int()`` or an index raises
-        :class:`RankSplit`: every rank runs the line at once."""
+        the ranks (``self.rank == 0``), ``int()`` or indexing a list with it
+        raises :class:`RankSplit`: every rank runs the line at once."""
         return torch.SymInt(_rank_node()({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
 
     def assertEqual(self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,  # type: ignore[override]
