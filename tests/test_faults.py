@@ -286,6 +286,21 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("did not survive the injected fault (rank 1 killed at all_reduce #3)",
                       judged[0].message)
 
+    def test_a_stopped_peer_s_detail_reads_whole_in_the_message(self):
+        # A detail the report fills ("{who} {waits} in ...") showed its
+        # placeholders once the judge made it part of the message; and the
+        # detail was shown a second time under it.
+        from disttest._runner.verdict import WAITED_FOR
+
+        detail = WAITED_FOR.format(what="all_reduce #1 of group 1", peer=2, world=3)
+        outcomes = [Outcome(0, Kind.STOPPED, "RankStopped", detail=detail), Outcome(1, Kind.CRASHED)]
+        fired = {1: [{"fault": 0, "action": "kill", "what": "rank 1 killed at all_reduce #3"}]}
+        judged = judge_injected(outcomes, [self.kill], fired)
+        self.assertEqual(judged[0].message, "did not survive the injected fault (rank 1 killed at all_reduce #3): "
+                                            "it waited in all_reduce #1 of group 1 for rank 2/3, which never "
+                                            "entered it: that rank hung")
+        self.assertEqual(judged[0].detail, "")
+
     def test_error_after_the_death_did_not_survive_it(self):
         fired = {1: [{"fault": 0, "action": "kill", "what": "rank 1 killed at all_reduce #3", "t": 10.0}]}
         outcomes = [Outcome(0, Kind.ERRORED, "RuntimeError", "Connection closed by peer", at=11.0),

@@ -85,6 +85,8 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
             if o.kind is Kind.STOPPED or after:
                 detail = o.message if after else (
                     o.detail or (f"{o.exc_type}: {o.message}" if o.exc_type else "it was stopped"))
+                if not after and "{who}" in detail:  # (the report fills these in a detail, not in a message)
+                    detail = detail.format(who="it", waits="waited")
                 o.kind = Kind.ERRORED
                 o.message = NOT_SURVIVED.format(faults=what, detail=detail)
                 if not after:
