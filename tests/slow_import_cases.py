@@ -31,6 +31,10 @@ _slow = dict(item.split("=") for item in os.environ.get(SLOW_SPAWN_ENV, "").spli
 _name = multiprocessing.current_process().name  # a spawned rank's: "process 1"
 if _name != "MainProcess" and (_name in _slow or "*" in _slow):
     time.sleep(float(_slow.get(_name, _slow.get("*", "0"))))
+#: With this variable set to a rank's name ("process 1"), that spawned rank's import fails.
+FAIL_SPAWN_ENV = "DISTTEST_TEST_FAIL_SPAWN"
+if _name != "MainProcess" and os.environ.get(FAIL_SPAWN_ENV) == _name:
+    raise ImportError(f"{_name} cannot import this module (a test of disttest)")
 
 
 class SlowToSpawn(Base):

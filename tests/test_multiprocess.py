@@ -195,6 +195,19 @@ class StartMethodTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("rank 0/2 stopped by disttest: rank 1/2 had not started the test", text)
         self.assertNotIn("within 1s", text)
 
+    def test_a_spawned_rank_that_fails_before_it_connects_says_where_its_output_went(self):
+        # (its ImportError went to the test process's stderr; the report said
+        # only "exited with code 1")
+        import slow_import_cases
+
+        from disttest._runner.launcher import SPAWN_SILENT
+
+        with mock.patch.dict(os.environ, {slow_import_cases.FAIL_SPAWN_ENV: "process 1"}):
+            result, _ = run(slow_import_cases.SlowToSpawn, "test_init_and_all_reduce")
+        text = self.only(result.errors)
+        self.assertIn("rank 1/2 exited with code 1", text)
+        self.assertIn(SPAWN_SILENT, text)
+
     def test_spawn_for_a_class_it_cannot_import_is_refused_before_any_rank_starts(self):
         # (each rank died in disttest's import of the class, and the report
         # said only "exited with code 1")

@@ -39,7 +39,8 @@ from disttest.support import janitor
 
 __unittest = True
 
-__all__ = ["ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnLauncher", "keep_files"]
+__all__ = ["SPAWN_SILENT", "ForkLauncher", "Launcher", "ProcessLauncher", "RankProcess", "SpawnLauncher",
+           "keep_files"]
 
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
@@ -435,6 +436,13 @@ class ForkLauncher(ProcessLauncher):
                 self._exits[rank] = ExitStatus.from_wait_status(status)
 
 
+#: The output of a spawned rank that ended before it connected: what it
+#: printed then (an error importing the test's module) went elsewhere.
+SPAWN_SILENT = ("(its log is empty: it ended before disttest's code ran in it (disttest); what a spawned "
+                "interpreter prints while it imports the test's module, an ImportError for one, goes to the "
+                "test process's stderr)")
+
+
 def _spawn_entry(spec: rank_mod.RankSpec, rank: int, parent: int) -> None:
     rank_mod.run_rank_process(rank_mod.resolve_class(spec), spec, rank, parent)
 
@@ -458,3 +466,9 @@ class SpawnLauncher(ProcessLauncher):
         for rank, p in self._procs.items():
             if rank not in self._exits and p.exitcode is not None:
                 self._exits[rank] = ExitStatus.from_exitcode(p.exitcode)
+
+    def output(self, rank: int) -> str:
+        text = super().output(rank)
+        if not text.strip() and rank in self._exits and rank not in self.channel.conns:
+            return SPAWN_SILENT
+        return text
