@@ -231,19 +231,13 @@ class Unbatched(Scheduled):
     rank_scheduling = "normal"
 
 
-class OneRankGroups(MultiProcessTestCase):
+class OneRankGroups(Base):
     """A group of one rank of each backend torch lists, made in a rank with
     its own store (as PyTorch's test_c10d_common does in a world of one)."""
-
-    timeout = 60
 
     @property
     def world_size(self) -> int:
         return 1
-
-    def setUp(self) -> None:
-        super().setUp()
-        self._spawn_processes()
 
     def test_threaded(self):
         store = dist.FileStore(self.file_name + ".one-rank", 1)
