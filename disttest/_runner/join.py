@@ -151,14 +151,14 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
     # (a second or two) was still running at the limit, and it is no pass;
     # one whose pass is waiting to be read passed in time (the poll reads it).
     launcher.poll()
-    had_passed = {r for r in live if _passed(launcher.outcome(r))}
+    had_passed = {r: o for r in live if (o := launcher.outcome(r)) is not None and _passed(o)}
     stacks = launcher.dump_stacks([r for r in (live if dump is None else dump) if r not in had_passed])
     launcher.stop()
     for r in live:
         # It had passed (it was lingering after reporting): it keeps its report.
         # Any other report made while being stopped is a consequence of the stop.
         if r in had_passed:
-            outcomes[r] = launcher.outcome(r)  # type: ignore[assignment]  # (a pass, as read above)
+            outcomes[r] = had_passed[r]
             continue
         outcomes[r] = Outcome(r, kind_of.get(r, Kind.STOPPED), stacks=stacks.get(r, ""),
                               detail=details.get(r, ""), output_tail=launcher.output(r))

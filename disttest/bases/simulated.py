@@ -157,9 +157,10 @@ def _rank_node() -> type:
 
     def compare(name: str) -> Callable[..., Any]:
         def method(self: Any, other: Any) -> Any:
-            answers = {r: bool(getattr(int, f"__{name}__")(v, _on_rank(other, r))) for r, v in self._local_ints.items()}
+            theirs, shown = _other_ints(other)
+            answers = {r: bool(getattr(int, f"__{name}__")(v, theirs(r))) for r, v in self._local_ints.items()}
             if len(set(answers.values())) > 1:
-                raise RankSplit(f"a per-rank int {_COMPARISONS[name]} {_show_int(other)} (self.rank, or an int "
+                raise RankSplit(f"a per-rank int {_COMPARISONS[name]} {shown} (self.rank, or an int "
                                 "made from it)", answers)
             return getattr(base, name)(self, other)
         return method
@@ -181,17 +182,15 @@ def _rank_node() -> type:
     return _RANK_NODE[0]
 
 
-def _on_rank(other: Any, rank: int) -> int:
+def _other_ints(other: Any) -> tuple[Callable[[int], int], str]:
+    """The other side of a comparison (a per-rank int's node, a constant's,
+    an int): its value on a rank, and how a message names it."""
     node = getattr(other, "node", other)
     values = getattr(node, "_local_ints", None)
     if values is not None:
-        return int(values[rank])
-    return int(node.maybe_as_int()) if hasattr(node, "maybe_as_int") else int(other)
-
-
-def _show_int(other: Any) -> str:
-    values = getattr(getattr(other, "node", other), "_local_ints", None)
-    return "a per-rank int" if values is not None else repr(_on_rank(other, 0))
+        return (lambda rank: int(values[rank])), "a per-rank int"
+    value = int(node.maybe_as_int()) if hasattr(node, "maybe_as_int") else int(other)
+    return (lambda rank: value), repr(value)
 
 
 def _plain() -> contextlib.AbstractContextManager[Any]:
