@@ -9,6 +9,7 @@ Run: python -m unittest -v examples/test_torchrun_two_nodes.py
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import disttest
@@ -19,10 +20,14 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multinode", "
 class TwoNodes(unittest.TestCase):
     def test_both_nodes_pass(self):
         port = str(disttest.find_free_port())
+        # torchrun writes its logs to a new folder in the temp folder and leaves it there.
+        logs = tempfile.TemporaryDirectory(prefix="torchrun-logs-")
+        self.addCleanup(logs.cleanup)
         nodes = [
             subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                 f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}", SCRIPT],
+                 f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                 f"--log-dir={logs.name}", SCRIPT],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 env=dict(os.environ, OMP_NUM_THREADS="1"))
             for node in (0, 1)
