@@ -899,7 +899,7 @@ class DecoratorTest(unittest.TestCase):
         # thread test took 11 ms there against upstream's 6.5).
         import psutil
 
-        from disttest._runner import rank as rank_mod
+        from disttest._runner import proctree
 
         tree = subprocess.Popen(["sh", "-c", f"sleep {cases.LEFT_SLEEP} & wait"])
         self.addCleanup(tree.wait)
@@ -910,7 +910,7 @@ class DecoratorTest(unittest.TestCase):
             time.sleep(0.01)
         grandchild, = psutil.Process(tree.pid).children()
         with mock.patch("psutil._ppid_map", side_effect=AssertionError("scanned every process")):
-            found = rank_mod._descendants()
+            found = proctree.descendants()
         self.assertLessEqual({tree.pid, grandchild.pid}, found)
 
         @spawn_threads_and_init_comms(world_size=2)
@@ -933,7 +933,7 @@ class DecoratorTest(unittest.TestCase):
             return names
 
         with mock.patch("os.listdir", side_effect=with_a_thread_gone):
-            self.assertLessEqual({tree.pid, grandchild.pid}, rank_mod._descendants())
+            self.assertLessEqual({tree.pid, grandchild.pid}, proctree.descendants())
         self.assertEqual(listed, [f"/proc/{tree.pid}/task"])
 
     def test_bad_arguments_are_named(self):

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from disttest._runner import fork_threads, settings, thread_pool
+from disttest._runner import fork_threads, proctree, settings, thread_pool
 from disttest._runner import rank as rank_mod
 from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
@@ -44,7 +44,6 @@ __all__ = ["SPAWN_SILENT", "ForkLauncher", "Launcher", "ProcessLauncher", "RankP
 
 STACK_WAIT = 2.0  # seconds to wait for a rank's stack dump
 REAP_WAIT = 5.0  # seconds to wait for killed ranks to be reaped
-PR_GET_CHILD_SUBREAPER = 37
 OUTPUT_CHARS = 4000  # of a rank's output kept for the report
 NO_STACK = "(no stack: the rank did not answer SIGUSR1 in time)"
 
@@ -266,9 +265,9 @@ class ProcessLauncher:
         """For ranks that are children of the test process (fork, spawn):
         until :meth:`close`, the test process adopts what a rank leaves
         when it dies without killing it (a crash), to kill it then."""
-        self._before: set[int] | None = rank_mod.children()
+        self._before: set[int] | None = proctree.children()
         self._was_subreaper = _subreaper()
-        rank_mod.set_child_subreaper()
+        proctree.set_child_subreaper()
 
     def _hold_groups(self) -> None:
         """Each rank leads a process group: what it starts stays in it, an
@@ -288,7 +287,7 @@ class ProcessLauncher:
         self._before = None
         keep = before | set(self.pids.values()) | _helpers()
         procs = []
-        for pid in rank_mod.children() - keep:
+        for pid in proctree.children() - keep:
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
         for p in procs:
@@ -296,7 +295,7 @@ class ProcessLauncher:
                 p.kill()
         psutil.wait_procs(procs, timeout=1.0)
         if not self._was_subreaper and sys.platform.startswith("linux"):
-            rank_mod._libc().prctl(rank_mod.PR_SET_CHILD_SUBREAPER, 0)
+            proctree.libc().prctl(proctree.PR_SET_CHILD_SUBREAPER, 0)
 
     def _log(self, rank: int) -> str:
         return rank_mod.paths(self.spec.run_dir, rank)["log"]
@@ -371,7 +370,7 @@ def _subreaper() -> bool:
     import ctypes
 
     flag = ctypes.c_int(0)
-    rank_mod._libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
+    proctree.libc().prctl(proctree.PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
     return bool(flag.value)
 
 

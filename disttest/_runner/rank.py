@@ -1,7 +1,7 @@
 """The code that runs inside a rank process: the one rank loop.
 
 Self-contained: it depends on the standard library, torch, the data
-modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.tracking`, :mod:`.messages`,
+modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.tracking`, :mod:`.messages`, :mod:`.proctree`,
 :mod:`.channel`'s ``connect``) and :mod:`disttest._compat`, not on the runners. A rank prepares itself
 right after fork (parent-death signal, environment, output to a file, one
 OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the
@@ -17,16 +17,13 @@ says every rank has answered, or a moment (see :data:`LINGER`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import faulthandler
-import functools
 import importlib
 import importlib.util
 import os
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -35,6 +32,13 @@ from disttest._runner import progress, rank_look, tracking
 from disttest._runner.channel import connect
 from disttest._runner.messages import Done, Hello, Ready, Run
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
+from disttest._runner.proctree import (
+    PR_SET_PDEATHSIG,
+    descendants,
+    kill_descendants,
+    libc,
+    set_child_subreaper,
+)
 from disttest.support import tempdirs
 
 __unittest = True
@@ -42,9 +46,6 @@ __unittest = True
 __all__ = ["RankSpec", "current", "paths", "process_helpers", "record_test_outcome", "resolve_class", "run_dir",
            "run_rank_process"]
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-PR_GET_CHILD_SUBREAPER = 37
 STACK_SIGNAL = signal.SIGUSR1
 TEST_ERROR_EXIT_CODE = 10
 #: Seconds at most a fresh-process rank stays after answering, unless the
@@ -177,166 +178,9 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     """Get ``sig`` when the parent dies (Linux): SIGKILL ends a rank even
     while it is blocked in C++; exit now if the parent has died already."""
     if sys.platform.startswith("linux"):
-        _libc().prctl(PR_SET_PDEATHSIG, sig)
+        libc().prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:
         os._exit(1)
-
-
-def child_subreaper_for_now() -> Callable[[], None]:
-    """Make this process the parent of its orphaned descendants (Linux), as
-    :func:`set_child_subreaper` does, until the returned undo puts back what
-    it was: for a test whose ranks are threads of the test process, whose
-    daemons (a double fork) would else go to init."""
-    if not sys.platform.startswith("linux"):
-        return lambda: None
-    libc = _libc()
-    was = ctypes.c_int(0)
-    if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was)) != 0:
-        return lambda: None
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
-    return lambda: libc.prctl(PR_SET_CHILD_SUBREAPER, was.value)
-
-
-def set_child_subreaper() -> None:
-    """Become the parent of every orphaned descendant (Linux): a process the
-    test started in a new session, or whose parent has exited, stays
-    reachable, so that :func:`kill_descendants` finds it."""
-    if sys.platform.startswith("linux"):
-        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """The C library, loaded once (a fork server's ranks inherit it)."""
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
-    """Kill every running descendant process of this one (but ``keep``);
-    return each as "pid N: command line" (a test leaves no process behind)."""
-    if _childless():
-        return []
-    kids = _direct_children()
-    if kids is not None and not kids - keep:
-        return []  # the usual case, in a fraction of psutil's time
-    import psutil
-
-    try:
-        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
-    except psutil.Error:
-        return []
-    killed = []
-    for p in procs:
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue  # ended already; reaped below
-            what = " ".join(p.cmdline()) or p.name()
-            p.kill()
-        except psutil.Error:
-            continue
-        killed.append(f"pid {p.pid}: {what[:120]}")
-    psutil.wait_procs(procs, timeout=1.0)  # reap those that are our children
-    return killed
-
-
-def _direct_children(pid: int | str = "self") -> set[int] | None:
-    """The children of process ``pid`` (this one by default), from /proc
-    (fast); None where unknown (the system keeps no such lists, or the
-    process ended)."""
-    # One list per thread. A thread that ends between the listing and its
-    # read hands its children to another, maybe one read already: read all
-    # again then. (os.open, not open(): a third of the time, and a thread
-    # test asks for each thread of the test process twice.)
-    for _ in range(5):
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            return None
-        pids: set[int] = set()
-        vanished = False
-        for tid in tids:
-            try:
-                fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
-            except FileNotFoundError:
-                vanished = True
-                continue
-            except OSError:
-                return None
-            try:
-                data = b""
-                while chunk := os.read(fd, 65536):
-                    data += chunk
-            except OSError:
-                vanished = True
-                continue
-            finally:
-                os.close(fd)
-            try:
-                pids.update(map(int, data.split()))
-            except ValueError:
-                return None
-        if not vanished:
-            return pids
-    return None
-
-
-def children() -> set[int]:
-    """This process's children now: /proc's lists where the system keeps
-    them, else psutil's (which reads every process of the machine)."""
-    kids = _direct_children()
-    if kids is not None:
-        return kids
-    import psutil
-
-    try:
-        return {p.pid for p in psutil.Process().children()}
-    except psutil.Error:
-        return set()
-
-
-def _childless() -> bool:
-    """Whether this process has no child at all, running or ended (one
-    system call; /proc lists children per thread, and torch has many)."""
-    if not hasattr(os, "waitid"):
-        return False
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def _descendants() -> frozenset[int]:
-    """Every descendant of this process running now (its children, theirs...)."""
-    if _childless():
-        return frozenset()
-    # From the children lists in /proc, one per thread of each descendant:
-    # psutil reads every process of the machine to find a parent's children
-    # (3 ms a call on a busy machine; a thread test asks at each start, and
-    # the test process always has a child, the janitor's reaper).
-    found: set[int] = set()
-    frontier = _direct_children()
-    while frontier:
-        found |= frontier
-        following: set[int] = set()
-        for pid in frontier:
-            kids = _direct_children(pid)
-            if kids is None and os.path.exists(f"/proc/{pid}"):
-                frontier = None  # (unknown, not ended: psutil's answer instead)
-                break
-            following |= kids or set()
-        else:
-            frontier = following - found
-    if frontier is not None:
-        return frozenset(found)
-    import psutil
-
-    try:
-        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
-    except psutil.Error:
-        return frozenset()
 
 
 def process_helpers() -> frozenset[int]:
@@ -569,7 +413,7 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     """Run one test in this rank; its outcome with what it left behind,
     the flight recorder's final counts published, and its output's end."""
     tracking.restart_counts()
-    before = _descendants()
+    before = descendants()
     ctx.test_outcome = None
     handler = signal.getsignal(STACK_SIGNAL)
     start = _log_size(files["log"])  # a pool worker's log holds its earlier tests' output too

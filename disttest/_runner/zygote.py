@@ -63,7 +63,7 @@ import warnings
 from multiprocessing.connection import Connection
 
 from disttest import _compat
-from disttest._runner import cuda_fork, fork_threads, settings
+from disttest._runner import cuda_fork, fork_threads, proctree, settings
 from disttest._runner import launcher as launcher_mod
 from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
@@ -115,7 +115,7 @@ def _parent_died(signum: int, frame: object) -> None:
     # what they started is killed here (this server is its subreaper).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        rank_mod.kill_descendants()
+        proctree.kill_descendants()
     finally:
         os._exit(0)
 
@@ -129,7 +129,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGTERM, _parent_died)
     rank_mod.set_parent_death_signal(parent_pid, signal.SIGTERM)
     # The descendants of a rank that died (a segfault) come to us: killed.
-    rank_mod.set_child_subreaper()
+    proctree.set_child_subreaper()
     # Preload what every rank needs, so that no rank pays for it. Imports
     # only: no tensor work happens here (see the fork trap).
     import numpy.random  # noqa: F401 (set_rng_seed seeds it in every rank)
@@ -217,7 +217,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         outbox.send(Started(run_id, pids))
     # Every descendant: the ranks and what they started (a child in its own
     # session is still a rank's child, or ours once its rank has died).
-    rank_mod.kill_descendants()
+    proctree.kill_descendants()
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -227,7 +227,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
 def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
     """Kill our children that are not ranks: the descendants of a rank that
     ended without killing them (it crashed), handed to us as subreaper."""
-    for pid in rank_mod.children() - children.keys():
+    for pid in proctree.children() - children.keys():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

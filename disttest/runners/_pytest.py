@@ -323,14 +323,14 @@ def end_with_controller() -> Callable[[], None]:
     its workers from the controller's main thread."""
     if not sys.platform.startswith("linux"):
         return lambda: None
-    from disttest._runner import rank as rank_mod
+    from disttest._runner import proctree
 
-    libc = rank_mod._libc()
+    libc = proctree.libc()
     parent = os.getppid()
-    libc.prctl(rank_mod.PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(proctree.PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # (gone already)
         os.kill(os.getpid(), signal.SIGTERM)
-    return lambda: libc.prctl(rank_mod.PR_SET_PDEATHSIG, 0)
+    return lambda: libc.prctl(proctree.PR_SET_PDEATHSIG, 0)
 
 
 def apply_xdist_gpu_slice(environ: MutableMapping[str, str] | None = None) -> str | None:

@@ -26,8 +26,7 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import rank as rank_mod
-from disttest._runner import settings, thread_pool
+from disttest._runner import proctree, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.outcome import (
     Kind,
@@ -157,6 +156,11 @@ class _ThreadRun:
                             timeout, outcomes)
 
 
+#: The test process's descendants, listed again only when one may be new
+#: (a listing reads /proc for every thread: a tenth of a small test's time).
+_DESCENDANTS = proctree.DescendantWatch()
+
+
 def _hold_rank_processes(test: str, where: Callable[..., Any] | None) -> Callable[[], None]:
     """Keep the processes that ``test``'s rank threads start from outliving
     it; return what ends the hold, killing those still running (a warning
@@ -171,15 +175,15 @@ def _hold_rank_processes(test: str, where: Callable[..., Any] | None) -> Callabl
     rank processes start: the ranks' environment is the test process's, so
     the token is set there for the test.
     """
-    undo_subreaper = rank_mod.child_subreaper_for_now()
-    children = rank_mod._descendants()
-    token = janitor.register(lambda: rank_mod.kill_descendants(keep=children | janitor.reaper_pids()))
+    undo_subreaper = proctree.child_subreaper_for_now()
+    children = _DESCENDANTS.descendants()
+    token = janitor.register(lambda: proctree.kill_descendants(keep=children | janitor.reaper_pids()))
     environ = set_environ(janitor.rank_environ())
 
     def release() -> None:
         set_environ(environ)
         janitor.unregister(token)
-        killed = rank_mod.kill_descendants(keep=children | janitor.reaper_pids())
+        killed = [] if _DESCENDANTS.unchanged() else proctree.kill_descendants(keep=children | janitor.reaper_pids())
         undo_subreaper()
         if killed:
             warn_at(where, f"{test!r} (disttest): the test left processes running; "
