@@ -7,6 +7,7 @@ a test skips ("needs torch >= 2.10").
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from typing import Any
@@ -51,11 +52,18 @@ def torch_version() -> str:
 
 def torch_at_least(version: str) -> bool:
     """True when the installed torch is ``version`` (``"2.7"``) or newer."""
+    import torch
 
+    return _at_least(str(torch.__version__), version)
+
+
+@functools.cache
+def _at_least(installed: str, version: str) -> bool:
+    # (Cached: a thread test asks twice.)
     def parts(text: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+        return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
 
-    return parts(torch_version()) >= parts(version)
+    return parts(installed) >= parts(version)
 
 
 def _probe(dotted: str) -> bool:
