@@ -7,7 +7,7 @@ import unittest
 from unittest import mock
 
 from disttest._runner.channel import Channel, connect
-from disttest._runner.messages import Done, Hello, Leave, Ready, Run, Start, deliver
+from disttest._runner.messages import Done, Hello, Leave, Ready, Run, Start, deliver, send
 from disttest._runner.outcome import Kind, Outcome
 
 
@@ -218,6 +218,24 @@ class DeliverTest(unittest.TestCase):
         self.assertFalse(deliver(Start(1, None), Handler()))
         self.assertFalse(deliver(("done", 1, None), Handler()))
         self.assertFalse(deliver("run", Handler()))
+
+
+class SendTest(unittest.TestCase):
+    def test_a_message_sent_plainly_is_what_recv_reads(self):
+        # A plain pickle in conn.send's frame: conn.send's pickler copies its
+        # dispatch table for every message.
+        from multiprocessing import Pipe
+        from multiprocessing.reduction import ForkingPickler
+
+        a, b = Pipe()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        done = Done(3, Outcome(1, Kind.FAILED, message="boom"))
+        with mock.patch.object(ForkingPickler, "dumps", side_effect=AssertionError("conn.send's pickler")):
+            send(a, done)
+            send(a, Run(4, "test_x"))
+        self.assertEqual(b.recv(), done)
+        self.assertEqual(b.recv(), Run(4, "test_x"))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ records that do not fit, threads of one rank."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import tempfile
 import threading
+import time
 import unittest
 from unittest import mock
 
@@ -64,6 +66,24 @@ class BoardTest(unittest.TestCase):
         self.assertEqual((flight.op, flight.seq), ("all_reduce", 1))
         board.write(200, {"counts": {}, "state": 0})  # rank 200 finished, never entered it
         self.assertEqual(find_desync(board, [5], [200]), [(200, flight)])
+
+    def test_the_polls_questions_decode_no_record(self):
+        # The join loop asks at every poll whether a rank waits (a deadlock
+        # needs waiting ranks) and, after each pool test, whether any rank
+        # made point-to-point calls: from the header and the bytes.
+        board = self.board(3)
+        board.write(0, {"counts": {"all_reduce": 1}, "op": "all_reduce", "state": progress.WAITING})
+        board.write(1, {"counts": {"all_reduce": 1}, "state": progress.IDLE})
+        with mock.patch.object(json, "loads", side_effect=AssertionError("decoded")):
+            self.assertEqual([board.state(r) for r in range(3)], [progress.WAITING, progress.IDLE, None])
+            self.assertEqual([board.names_p2p(r) for r in range(3)], [False, False, False])
+            self.assertIsNone(progress.unmatched_p2p(board))
+            self.assertEqual(progress.find_deadlocks(board, [1, 2], time.time()), [])
+        board.write(1, {"counts": {"send>0": 1}, "state": progress.IDLE})
+        board.write(2, {"counts": {}, "op": "recv", "group": "recv<0", "state": progress.WAITING})
+        self.assertEqual([board.names_p2p(r) for r in range(3)], [False, True, True])
+        self.assertEqual(progress.unmatched_p2p(board), "rank 1 sent rank 0 1 message(s) it did not receive")
+        self.assertEqual(MemoryBoard(1).state(0), None)
 
     def test_a_desync_check_reads_each_finished_peer_once(self):
         # Issue 26: 1024 thread ranks, half finished and half waiting in the
@@ -578,13 +598,13 @@ class UnmatchedPointToPointTest(unittest.TestCase):
     """What a pool's parent reads after each test: the point-to-point calls
     of the ranks that nothing matched (they would match the next test's)."""
 
-    class Board:
+    class Board(progress._Reads):
         def __init__(self, counts):
             self.c = counts
             self.world_size = len(counts)
 
-        def counts(self, rank):
-            return self.c[rank]
+        def read(self, rank):  # (None: the counts overflowed the rank's slot)
+            return {"overflow": True} if self.c[rank] is None else {"counts": self.c[rank]}
 
     def left(self, *counts):
         from disttest._runner.progress import unmatched_p2p

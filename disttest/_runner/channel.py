@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from disttest._runner.messages import Done, Hello, Ready, Run, deliver
+from disttest._runner.messages import Done, Hello, Ready, Run, deliver, send
 
 __unittest = True
 
@@ -228,7 +228,7 @@ class Channel:
         conn = self.conns.get(rank)
         if conn is not None and not conn.closed:
             with contextlib.suppress(OSError):
-                conn.send(message)
+                send(conn, message)
 
     def close(self) -> None:
         if self.endpoint is not None:

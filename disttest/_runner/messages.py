@@ -35,6 +35,7 @@ The fork server's::
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ __unittest = True
 __all__ = [
     "Done", "Exited", "ForkUnsafe", "Hello", "Leave", "Ready", "Run", "ServerReady", "Start",
     "StartFailed", "Started", "UNSAFE_CUDA", "UNSAFE_KINDS", "UNSAFE_THREADS", "UNSAFE_THREADS_EARLIER", "deliver",
+    "send",
 ]
 
 
@@ -155,6 +157,15 @@ class Exited:
 _HANDLERS: dict[type, str] = {cls: f"on_{cls.__name__.lower()}" for cls in
              (Hello, Ready, Run, Done, Leave, ServerReady, Start, Started, StartFailed, ForkUnsafe,
               Exited)}
+
+
+def send(conn: Any, message: object) -> None:
+    """Send ``message`` on ``conn`` (a ``multiprocessing`` connection) in the
+    frame ``conn.send`` writes and ``conn.recv`` reads: a plain pickle, not
+    ``conn.send``'s pickler, which copies its dispatch table for every
+    message (half a small message's cost; no message holds a socket or a
+    file descriptor)."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def deliver(message: object, handler: object, *args: Any) -> bool:

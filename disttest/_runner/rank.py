@@ -30,7 +30,7 @@ from typing import Any, cast
 from disttest import _compat
 from disttest._runner import progress, rank_look, tracking
 from disttest._runner.channel import connect
-from disttest._runner.messages import Done, Hello, Ready, Run
+from disttest._runner.messages import Done, Hello, Ready, Run, send
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 from disttest._runner.proctree import (
     PR_SET_PDEATHSIG,
@@ -271,13 +271,22 @@ def publish_progress(passed: bool = False) -> None:
 def tail(path: str, limit: int = 4000, start: int = 0) -> str:
     """The last ``limit`` bytes of a file after offset ``start``, as text
     (empty if unreadable)."""
+    # (os.open and pread: a pool worker asks after every test, most often
+    # of a log that has not grown.)
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(start, f.tell() - limit))
-            return f.read().decode(errors="replace")
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return ""
+    try:
+        size = os.fstat(fd).st_size
+        if size <= start:
+            return ""
+        begin = max(start, size - limit)
+        return os.pread(fd, size - begin, begin).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def _log_size(path: str) -> int:
@@ -375,9 +384,9 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         _context[:] = [ctx]
         tempdirs.use_run_folder(spec.run_dir)
         conn = connect(spec.address)
-        conn.send(Hello(rank, spec.token))
+        send(conn, Hello(rank, spec.token))
         part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)
-        conn.send(Ready(rank, part.init()))
+        send(conn, Ready(rank, part.init()))
         passed = False
         # A fresh-process rank knows its one test: it starts it at once
         # instead of waiting a round trip for the parent's Run (the parent may
@@ -392,7 +401,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             if not isinstance(message, Run):
                 break  # Leave
             outcome = _run_one(part, ctx, files, message.test)
-            conn.send(Done(message.seq, outcome))
+            send(conn, Done(message.seq, outcome))
             if part.single:
                 passed = outcome.kind in (Kind.PASSED, Kind.SKIPPED)
                 # Stay until every rank has answered (the parent says Leave),
