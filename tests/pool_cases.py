@@ -409,3 +409,44 @@ class PointToPoint(disttest.MultiProcContinousTest):
 
     def test_6_send_recv(self):
         self._send_recv()
+
+class Collectives(disttest.MultiProcContinousTest):
+    """Tests that leave collectives unmatched (one a rank started and never
+    waited for, on the class's group and on a subgroup), each followed by
+    one whose collective would match the leftover (run in name order)."""
+
+    world_size = 3
+    timeout = 20
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def _all_reduce(self, group=None):
+        with open(os.environ["POOL_LOG"], "a") as f:
+            f.write(f"{self._testMethodName} {self.rank} {os.getpid()}\n")
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        self.assertEqual(t.item(), 3 if group is None else 2)  # not with an earlier test's value
+
+    def test_1_matched(self):
+        self._all_reduce()
+
+    def test_2_leaves_one(self):
+        self._all_reduce()
+        if self.rank == 0:
+            dist.all_reduce(torch.full((1,), 100.0), async_op=True)  # no peer enters it
+
+    def test_3_all_reduce(self):
+        self._all_reduce()
+
+    def test_4_leaves_one_in_a_subgroup(self):
+        group = dist.new_group([0, 1])
+        if self.rank in (0, 1):
+            self._all_reduce(group)
+        if self.rank == 0:
+            dist.all_reduce(torch.full((1,), 100.0), group=group, async_op=True)
+
+    def test_5_all_reduce(self):
+        self._all_reduce()
+

@@ -121,6 +121,34 @@ class PointToPointLeftoversTest(unittest.TestCase):
         self.assertEqual(live_ranks(), [])
 
 
+class CollectiveLeftoversTest(unittest.TestCase):
+    def test_a_test_that_leaves_a_collective_unmatched_gets_the_next_one_fresh_ranks(self):
+        # The next test's all_reduce matched the leftover one: it got the
+        # old value (101), and a correct test failed for another's.
+        from disttest.runners.continuous import COLLECTIVES_LEFT
+
+        with tempfile.NamedTemporaryFile() as log, mock.patch.dict(os.environ, {"POOL_LOG": log.name}), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result, elapsed = run_class(cases.Collectives)
+            with open(log.name) as f:
+                pids = {(name, rank): pid for name, rank, pid in (line.split() for line in f)}
+        self.assertEqual((result.testsRun, result.failures, result.errors), (5, [], []))
+        self.assertLess(elapsed, 40)
+        prefix = "pool_cases.Collectives."
+        left = [str(w.message) for w in caught if "left collectives unmatched" in str(w.message)]
+        self.assertEqual(len(left), 2, left)
+        self.assertEqual(left[0], COLLECTIVES_LEFT.format(
+            test=prefix + "test_2_leaves_one", what="in the default group rank 0 entered 2 collective(s), "
+                                                    "ranks 1, 2 entered 1"))
+        self.assertRegex(left[1], r"test_4_leaves_one_in_a_subgroup left collectives unmatched \(in group \S+ "
+                                  r"rank 0 entered 2 collective\(s\), rank 1 entered 1\)")
+        self.assertEqual(pids[("test_1_matched", "0")], pids[("test_2_leaves_one", "0")])
+        self.assertNotEqual(pids[("test_2_leaves_one", "0")], pids[("test_3_all_reduce", "0")])
+        self.assertNotEqual(pids[("test_4_leaves_one_in_a_subgroup", "0")], pids[("test_5_all_reduce", "0")])
+        self.assertEqual(live_ranks(), [])
+
+
 class GroupLimitTest(unittest.TestCase):
     def test_the_class_s_group_times_out_after_its_longest_test_s_limit(self):
         # Without a class timeout the group waited torch's 30 minutes, also

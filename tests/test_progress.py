@@ -594,6 +594,31 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class UnmatchedCollectivesTest(unittest.TestCase):
+    """What a pool's parent reads after each test: the groups whose ranks
+    entered different numbers of collectives (the next test's would match
+    the leftover)."""
+
+    def left(self, *counts):
+        return progress.unmatched_collectives(UnmatchedPointToPointTest.Board(list(counts)))
+
+    def test_equal_counts_leave_nothing(self):
+        self.assertIsNone(self.left({"default": 2}, {"default": 2}))
+        # Not collectives: point-to-point calls, the rendezvous, the flight recorder's counts.
+        self.assertIsNone(self.left({"default": 1, "send>1": 3, "rendezvous": 1, "p2p": 2, "fr:default": 5},
+                                    {"default": 1, "recv<0": 1, "fr:default": 4}))
+        # A group's members are the ranks that entered its collectives.
+        self.assertIsNone(self.left({"default": 1, "g1": 2}, {"default": 1}, {"default": 1, "g1": 2}))
+        self.assertIsNone(self.left({"default": 1}, None))  # a count unknown decides nothing
+
+    def test_what_is_left_is_named(self):
+        # Every rank is a member of the default group: one that entered none counts 0.
+        self.assertEqual(self.left({"default": 1}, {}, {"default": 1}),
+                         "in the default group ranks 0, 2 entered 1 collective(s), rank 1 entered 0")
+        self.assertEqual(self.left({"default": 1, "7": 3}, {"default": 1, "7": 2}),
+                         "in group 7 rank 0 entered 3 collective(s), rank 1 entered 2")
+
+
 class UnmatchedPointToPointTest(unittest.TestCase):
     """What a pool's parent reads after each test: the point-to-point calls
     of the ranks that nothing matched (they would match the next test's)."""

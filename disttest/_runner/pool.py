@@ -24,7 +24,7 @@ from disttest._runner import rank as rank_mod
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
-from disttest._runner.progress import InFlight, unmatched_p2p
+from disttest._runner.progress import InFlight, unmatched_collectives, unmatched_p2p
 from disttest._runner.report import user_stack
 from disttest.support import janitor
 
@@ -108,20 +108,22 @@ class Pool:
         """Send ``test_name`` to every worker; return the test's view."""
         return TestRun(self, self.channel.dispatch(test_name))
 
-    def note(self, outcomes: Sequence[Outcome]) -> str | None:
+    def note(self, outcomes: Sequence[Outcome]) -> tuple[str | None, str | None]:
         """After a test: a pool that lost or had to stop a rank is broken;
         one whose worker says it can run no further test is retired, and so
-        is one whose test left point-to-point calls unmatched in its group
-        (returned, as :func:`~disttest._runner.progress.unmatched_p2p` says
-        them): the next test's calls would match them and wait for ever."""
+        is one whose test left point-to-point calls or collectives unmatched
+        in a group: the next test's calls would match them (and get old
+        values, or wait for ever). Returns what was left, (point-to-point
+        calls, collectives), as :func:`~disttest._runner.progress.unmatched_p2p`
+        and :func:`~disttest._runner.progress.unmatched_collectives` say them."""
         if any(o.kind in BROKEN_KINDS for o in outcomes) or self.launcher.poll():
             self.broken = True
         if any(o.retired for o in outcomes):
             self.retired = True
         if self.broken or self.retired:
-            return None
-        left = unmatched_p2p(self.launcher.board)
-        if left is not None:
+            return None, None
+        left = unmatched_p2p(self.launcher.board), unmatched_collectives(self.launcher.board)
+        if left != (None, None):
             self.retired = True
         return left
 

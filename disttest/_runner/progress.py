@@ -34,7 +34,8 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "p2p_key", "unmatched_p2p"]
+__all__ = ["Board", "InFlight", "MemoryBoard", "ProgressBoard", "find_desync", "p2p_key", "unmatched_collectives",
+           "unmatched_p2p"]
 
 SLOT = 4096  # bytes per rank at least; more for wide worlds (slot_size)
 _HEADER = struct.Struct("<IIB")  # seqlock version, payload length, state
@@ -690,6 +691,47 @@ def unmatched_p2p(board: _Reads) -> str | None:
         elif over < 0:
             left.append(f"rank {receiver} posted {-over} receive(s) from any rank{_tagged(tag)} that no rank sent")
     return "; ".join(left) or None
+
+
+def unmatched_collectives(board: _Reads) -> str | None:
+    """After every rank's test ended: the groups whose ranks entered
+    different numbers of collectives, as ``in the default group rank 0
+    entered 2 collective(s), rank 1 1`` (None: every group's counts agree, or
+    a count is unknown). A collective that a rank started and a peer never
+    entered (an ``async_op`` call never waited for, a peer that returned
+    early) stays in the group, where the next test's (a pool's) matches it:
+    that test gets the old values, or waits for ever.
+
+    Every rank is a member of the default group (a rank that entered none of
+    its collectives counts 0); of another group, only the ranks that
+    entered one of its collectives are known to be members."""
+    read = [board.counts(r) for r in range(board.world_size)]
+    if any(c is None for c in read):
+        return None
+    counts = [c or {} for c in read]
+    groups = sorted({key for c in counts for key in c if _collective_group(key)})
+    found = []
+    for group in groups:
+        entered = {r: c.get(group, 0) for r, c in enumerate(counts) if group == DEFAULT_GROUP or group in c}
+        if len(set(entered.values())) < 2:
+            continue
+        by_count: dict[int, list[int]] = {}
+        for rank, n in entered.items():
+            by_count.setdefault(n, []).append(rank)
+        name = "the default group" if group == DEFAULT_GROUP else f"group {group}"
+        parts = [f"{_ranks(ranks)} {n}" for n, ranks in sorted(by_count.items(), reverse=True)]
+        found.append(f"in {name} {parts[0]} collective(s), " + ", ".join(parts[1:]))
+    return "; ".join(found) or None
+
+
+def _collective_group(key: str) -> bool:
+    """Whether a counts key is a group's collectives (not point-to-point
+    calls, the rendezvous, or the flight recorder's own counts)."""
+    return not key.startswith(("send>", "recv<", RECORDER)) and key not in (RENDEZVOUS_GROUP, P2P_GROUP)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]} entered" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} entered"
 
 
 def _tagged(tag: str) -> str:

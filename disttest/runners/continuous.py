@@ -65,6 +65,10 @@ REBUILD_CAP = (
 #: A test left sends or receives unmatched: warned, and the pool's ranks restart.
 P2P_LEFT = ("{test} left point-to-point calls unmatched in the class's process group ({what}); its ranks "
             "were started afresh, as the next test's calls would have matched them and waited (disttest)")
+#: A test left collectives unmatched (a rank started one its peers never
+#: entered): warned, and the pool's ranks restart.
+COLLECTIVES_LEFT = ("{test} left collectives unmatched ({what}); its ranks were started afresh, as the next "
+                    "test's collectives would have matched them and got their values or waited (disttest)")
 _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
     "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
 }
@@ -315,9 +319,11 @@ class MultiProcContinousTest(TestCase):
                 self._drop_pool(pool)
                 raise
             # A killed rank breaks the pool, injected or not: it is rebuilt.
-            left = pool.note(outcomes)
-            if left is not None:
-                warn_at(method, P2P_LEFT.format(test=self.id(), what=left))
+            p2p, collectives = pool.note(outcomes)
+            if p2p is not None:
+                warn_at(method, P2P_LEFT.format(test=self.id(), what=p2p))
+            if collectives is not None:
+                warn_at(method, COLLECTIVES_LEFT.format(test=self.id(), what=collectives))
             outcomes = injection.judge(outcomes)
         if pool.broken or pool.retired:
             self._drop_pool(pool)
