@@ -936,6 +936,24 @@ class DecoratorTest(unittest.TestCase):
             self.assertLessEqual({tree.pid, grandchild.pid}, proctree.descendants())
         self.assertEqual(listed, [f"/proc/{tree.pid}/task"])
 
+    def test_kept_below_an_outer_limit(self):
+        # pytest-timeout's limit (the plugin sets it for every test): a hang
+        # in a decorated function went on to it (its kill, no stacks), as
+        # its limit was the default one.
+        from disttest._runner import settings
+
+        @spawn_threads_and_init_comms(world_size=2)
+        def body(self):
+            if dist.get_rank() == 1:
+                for _ in range(60):
+                    time.sleep(0.1)
+
+        start = time.monotonic()
+        with settings.outer_limit(4), mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "300"}), \
+                self.assertRaisesRegex(AssertionError, r"rank 1/2 timed out after 1.4s"):
+            body(self)
+        self.assertLess(time.monotonic() - start, 4)
+
     def test_bad_arguments_are_named(self):
         with self.assertRaisesRegex(disttest.ConfigError, r"spawn_threads_and_init_comms\(world_size=...\)"):
             spawn_threads_and_init_comms(world_size=0)

@@ -480,6 +480,9 @@ def threads_test(func: Callable[..., Any], size: int, limit: float | None, alway
 
         before = set(threading.enumerate())
         seconds = limit if limit is not None else get_timeout(test)
+        cap = settings.outer_cap()  # kept below pytest-timeout's, as every runner's limit
+        if cap is not None and cap < seconds:
+            seconds = cap
         restore = _process_state()  # what the ranks change for the whole process ends with them
         release = _hold_rank_processes(test, func)
         try:
