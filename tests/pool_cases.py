@@ -140,6 +140,11 @@ class Launched(disttest.MultiProcContinousTest):
     def test_rank_in_range(self):
         self.assertTrue(0 <= self.rank < self.world_size)
 
+    def test_no_join_loop_watches(self):
+        # The group's timeout is then the class's limit, with no margin for
+        # a join loop's report (GroupLimitTest).
+        self.assertTrue(type(self)._run_by_launcher)
+
 
 class Phases(disttest.MultiProcContinousTest):
     """Failures in each phase, run by unittest's machinery in the ranks."""

@@ -235,7 +235,7 @@ class RunRankUnderLaunchersTest(unittest.TestCase):
     def check(self, results: list[tuple[int, str]]) -> None:
         for code, out in results:
             self.assertEqual(code, 0, out[-3000:])
-            self.assertIn("Ran 2 tests", out)
+            self.assertIn("Ran 3 tests", out)
             self.assertIn("OK", out)
 
     def test_slurm_two_tasks(self):

@@ -115,6 +115,8 @@ class MultiProcContinousTest(TestCase):
     #: before its remaining tests fail at once.
     max_pool_rebuilds: int = 10
     pg: ClassVar[Any] = None
+    #: Set by :meth:`run_rank`: an external launcher runs the class's ranks, no join loop watches them.
+    _run_by_launcher: ClassVar[bool] = False
     _pool: ClassVar[Pool | None] = None
     _pool_skip: ClassVar[str | None] = None
     _pool_failed: ClassVar[str | None] = None
@@ -147,9 +149,10 @@ class MultiProcContinousTest(TestCase):
         limit = cls._group_limit()
         if limit is not None:
             # A backstop beyond the test's limit: the join loop reports a
-            # hang first, with the stack of a rank still waiting in it
-            # (under run_rank, where no join loop watches, it is the limit).
-            kwargs["timeout"] = timedelta(seconds=min(limit + PG_TIMEOUT_MARGIN, PG_TIMEOUT_MAX))
+            # hang first, with the stack of a rank still waiting in it.
+            # Under run_rank no join loop watches: the limit itself.
+            margin = 0 if cls._run_by_launcher else PG_TIMEOUT_MARGIN
+            kwargs["timeout"] = timedelta(seconds=min(limit + margin, PG_TIMEOUT_MAX))
         if rdvz_file is not None:
             kwargs["store"] = dist.FileStore(rdvz_file, world_size)
         else:
@@ -445,6 +448,7 @@ class MultiProcContinousTest(TestCase):
         # (set only once both are known good: a refused call leaves the class as it was)
         cls.rank, cls.world_size = rank, world_size
         cls.rdvz_file = rdvz_file
+        cls._run_by_launcher = True
         suite_faults = env_faults()
         if suite_faults:  # refused before the group is made; a test's own are refused as it runs
             raise ConfigError("fault", suite_faults[0].describe(), FAULT_ENV, UNJUDGED)
