@@ -157,7 +157,8 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         if not marker.args:
             raise pytest.UsageError(f"@pytest.mark.world_size needs a number, on {item.nodeid} (disttest)")
         own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
-        if len({(m.args, tuple(sorted(m.kwargs.items()))) for m in own}) > 1:  # (one of them was silently used)
+        # (one of them was silently used; by repr: a bad value may not hash, and is named below)
+        if len({repr((m.args, sorted(m.kwargs.items()))) for m in own}) > 1:
             raise pytest.UsageError(MARKERS_TWICE.format(
                 markers=", ".join(f"world_size{m.args}" for m in own), where=item.nodeid))
         extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]

@@ -221,6 +221,11 @@ class MarkerErrorsTest(unittest.TestCase):
             "test_twice.py": ("@pytest.mark.world_size(2)\n@pytest.mark.world_size(3)\ndef test_x():\n    pass\n",
                               MARKERS_TWICE.format(markers="world_size(3,), world_size(2,)",
                                                    where="test_twice.py::test_x")),
+            # Values that cannot be hashed: pytest's INTERNALERROR before.
+            "test_list_size.py": ("@pytest.mark.world_size([2])\ndef test_x():\n    pass\n",
+                                  "Invalid world size [2] from @pytest.mark.world_size on test_list_size.py::test_x"),
+            "test_dict_mode.py": ("@pytest.mark.world_size(2, mode={'x': 1})\ndef test_x(rank):\n    pass\n",
+                                  "Invalid mode {'x': 1} from @pytest.mark.world_size on test_dict_mode.py::test_x"),
             "test_mode.py": ("@pytest.mark.world_size(2, mode='pool')\ndef test_bad_mode(rank):\n    pass\n",
                              "Invalid mode 'pool' from @pytest.mark.world_size on test_mode.py::test_bad_mode"),
             "test_class_mode.py": (
