@@ -69,6 +69,24 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(disttest.INIT_METHOD_TEMPLATE.format(file_name="/x"), "file:///x")
         self.assertIsNone(disttest.noop())
 
+    def test_bad_fault_arguments_are_named_before_any_rank_starts(self):
+        # A string went in letter by letter: every rank raised "No mapping to
+        # rpc::MessageType exists for R".
+        bad = {
+            "faulty_messages": ("RREF_FORK_REQUEST", ["RREF_FORK_REQUEST", 3], {"PYTHON_CALL": 1}),
+            "messages_to_delay": ({"PYTHON_CALL": "x"}, {"PYTHON_CALL": -1}, {"PYTHON_CALL": True},
+                                  [("PYTHON_CALL", 1)]),
+        }
+        for arg, values in bad.items():
+            for value in values:
+                with self.subTest(**{arg: value}), self.assertRaises(disttest.ConfigError) as ctx:
+                    disttest.dist_init(**{arg: value})(lambda self: None)
+                self.assertIn(f"{value!r} from dist_init({arg}=...)", str(ctx.exception))
+        # What upstream's suites pass is taken.
+        disttest.dist_init(faulty_messages=["RREF_FORK_REQUEST"], messages_to_delay={"PYTHON_CALL": 1.5})(
+            lambda self: None)
+        disttest.dist_init(faulty_messages=[], messages_to_delay={})(lambda self: None)
+
     def test_fixture_init_method(self):
         fixture = disttest.TensorPipeRpcAgentTestFixture()
         fixture.file_name = "/tmp/rdvz"

@@ -90,6 +90,22 @@ def initialize_pg(init_method: str, rank: int, world_size: int) -> None:
         dist.init_process_group(backend="gloo", init_method=init_method, rank=rank, world_size=world_size)
 
 
+def _check_faults(faulty_messages: Any, messages_to_delay: Any) -> None:
+    """Refuse, before any rank starts, what the faulty agent would refuse
+    in every rank (a string of message types went in letter by letter)."""
+    if faulty_messages is not None and (
+            isinstance(faulty_messages, (str, bytes)) or not isinstance(faulty_messages, (list, tuple, set, frozenset))
+            or not all(isinstance(m, str) for m in faulty_messages)):
+        raise ConfigError("faulty_messages", faulty_messages, "dist_init(faulty_messages=...)",
+                          "expected a list of message type names, such as ['RREF_FORK_REQUEST']")
+    if messages_to_delay is not None and (
+            not isinstance(messages_to_delay, dict)
+            or not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                       for k, v in messages_to_delay.items())):
+        raise ConfigError("messages_to_delay", messages_to_delay, "dist_init(messages_to_delay=...)",
+                          "expected a dict of message type name to seconds >= 0, such as {'PYTHON_CALL': 1.5}")
+
+
 def dist_init(
     old_test_method: F | None = None,
     setup_rpc: bool = True,
@@ -106,6 +122,7 @@ def dist_init(
     if old_test_method is None:
         return functools.partial(dist_init, setup_rpc=setup_rpc, clean_shutdown=clean_shutdown,
                                  faulty_messages=faulty_messages, messages_to_delay=messages_to_delay)
+    _check_faults(faulty_messages, messages_to_delay)
 
     @functools.wraps(old_test_method)
     def new_test_method(self: Any, *args: Any, **kwargs: Any) -> Any:
