@@ -238,6 +238,16 @@ class AssertEqualParityTest(unittest.TestCase):
         with self.assertRaises(AssertionError):
             self.ours.assertNotEqual(torch.zeros(2), torch.zeros(2))
 
+    def test_assert_not_equal_keeps_its_message_with_msg(self):
+        # A msg replaced the message ("m" alone), where upstream's follows
+        # its own ("AssertionError not raised : m").
+        with self.assertRaises(AssertionError) as ctx:
+            self.ours.assertNotEqual(1, 1, msg="m")
+        self.assertEqual(str(ctx.exception), "1 == 1 (expected them to differ) : m")
+        with self.assertRaises(AssertionError) as ctx:
+            self.ours.assertNotEqual(1, 1, msg=lambda generated: f"<{generated}>")
+        self.assertEqual(str(ctx.exception), "<1 == 1 (expected them to differ)>")
+
 
 class AssertEqualTest(disttest.TestCase):
     def test_assert_greater_almost_equal(self):

@@ -202,6 +202,10 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
             self.assertEqual(x, y, **options)
         except AssertionError:
             return
-        # (safe_repr: a tensor subclass whose repr raises must still fail the test)
-        raise self.failureException(msg or f"{safe_repr(x)} == {safe_repr(y)} (expected them to differ)")
+        # (safe_repr: a tensor subclass whose repr raises must still fail the test.)
+        # A msg follows the standard message (unittest's longMessage, as
+        # upstream's does); a callable one makes the message from it, as
+        # assertEqual's does.
+        standard = f"{safe_repr(x)} == {safe_repr(y)} (expected them to differ)"
+        raise self.failureException(msg(standard) if callable(msg) else self._formatMessage(msg, standard))
 
