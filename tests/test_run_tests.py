@@ -196,6 +196,18 @@ class RunTestsTest(unittest.TestCase):
         self.assertIn("test_file.py --accept --showlocals --repeat 2 Plain.test_fails_when_asked", result.stdout)
         self.assertIn("self = <__main__.Plain testMethod=test_fails_when_asked>", result.stderr)  # (--locals)
 
+    def test_subprocess_runs_what_the_arguments_select_each_once(self):
+        # The selection was ignored (every test ran), and a named test ran
+        # in every child, once per test of the file.
+        for args, ran in ((["Plain.test_seeded_and_accept"], 1), (["-k", "test_seeded"], 1),
+                          (["-k", "Plain", "-k", "test_case"], 4), (["-k", "matches_nothing"], 0)):
+            with self.subTest(args=args):
+                result = run_file("--subprocess", *args)
+                self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+                self.assertEqual(result.stderr.count("Ran 1 test"), ran, result.stderr[-2000:])
+                self.assertEqual(result.stdout.count("SEEDED True"), 1 if "Plain" in str(args) or "seeded" in str(
+                    args) else 0)
+
     def test_a_child_of_subprocess_ends_with_its_parent(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):
             with self.subTest(signal=sig.name), tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,9 @@ refuses, naming it, each flag it does not act on, rather than ignore it.
 Every other argument goes to ``unittest`` (a test name, ``-k``, ``-v``...).
 Where upstream's dropped a flag, this one acts on it: ``--accept`` reaches
 ``assertExpectedInline``, ``--save-xml`` works with ``--use-pytest``, and a
-``--subprocess`` child gets the flags its parent was given and ends with it.
+``--subprocess`` child gets the flags its parent was given and ends with it,
+and runs once for each test that the names and ``-k`` patterns select
+(with ``--use-pytest``, pytest's arguments go to each child).
 
 Runs in the test process, never at import.
 """
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import unittest
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from disttest.runners.case import set_rng_seed
 from disttest.support import janitor
@@ -140,6 +142,29 @@ def _each_in_a_process(program: str, rest: list[str], names: list[str]) -> None:
         raise SystemExit(1)
 
 
+def _selected(main: Any, rest: list[str]) -> tuple[list[str], list[str]]:
+    """(the names of the tests that unittest's arguments ``rest`` select in
+    ``main``, as unittest.main would run them; the rest of the arguments).
+    A ``--subprocess`` child gets its one test's name, not the selection:
+    it ran every test of the file (or a named one in every child)."""
+    patterns, selectors, others = [], [], []
+    args = iter(rest)
+    for arg in args:
+        if arg in ("-k",):
+            patterns.append(next(args, ""))
+        elif arg.startswith("-k"):
+            patterns.append(arg[2:])
+        elif arg.startswith("-"):
+            others.append(arg)
+        else:
+            selectors.append(arg)
+    loader = unittest.TestLoader()
+    if patterns:  # (unittest's rule: a pattern without a wildcard matches as a substring)
+        loader.testNamePatterns = [p if "*" in p else f"*{p}*" for p in patterns]
+    suite = loader.loadTestsFromNames(selectors, main) if selectors else loader.loadTestsFromModule(main)
+    return [c.id().split(".", 1)[1] for c in _cases(suite)], others
+
+
 def _forwarded(flags: argparse.Namespace) -> list[str]:
     """The flags a ``--subprocess`` child needs to run its test as this
     process was asked to (upstream's children lost ``--accept``,
@@ -201,9 +226,11 @@ def run_tests(argv: Sequence[str] | None = None) -> None:
             print(case.id().split(".", 1)[1])
         return
     if flags.subprocess:
-        names = [c.id().split(".", 1)[1] for c in _cases(unittest.defaultTestLoader.loadTestsFromModule(main))]
-        if flags.use_pytest:  # pytest's node ids: file::Class::test
+        if flags.use_pytest:  # pytest's node ids: file::Class::test; its arguments go to each child
+            names = [c.id().split(".", 1)[1] for c in _cases(unittest.defaultTestLoader.loadTestsFromModule(main))]
             names = [f"{program}::{n.replace('.', '::')}" for n in names]
+        else:  # the tests unittest's own arguments select (names, -k), each run alone
+            names, rest = _selected(main, rest)
         _each_in_a_process(program, [*_forwarded(flags), *rest], names)
         return
     if flags.use_pytest:
