@@ -109,6 +109,16 @@ class RewriteTest(unittest.TestCase):
         self.assertIn("import torch.testing._internal.common_distributed\n", out)
         self.assertIn('patch = "torch.testing._internal.common_distributed.TIMEOUT_DEFAULT"', out)
         self.assertTrue(any("left as it is: change it by hand" in c and "TIMEOUT_DEFAULT" in c for c in changes))
+        # A dotted read in code too (it was not reported).
+        out, changes = migrated("""
+            import torch
+            x = torch.testing._internal.common_distributed.TIMEOUT_DEFAULT
+            mock.patch.object(torch.testing._internal.common_utils, "TEST_WITH_ROCM", True)
+        """)
+        self.assertIn("x = torch.testing._internal.common_distributed.TIMEOUT_DEFAULT\n", out)
+        self.assertEqual(changes, [
+            "attribute read (torch.testing._internal.common_distributed.TIMEOUT_DEFAULT) left as it is: change it "
+            "by hand", "attribute read (torch.testing._internal.common_utils) left as it is: change it by hand"])
 
     def test_a_star_import_moves_only_when_the_file_uses_nothing_the_home_lacks(self):
         # Upstream's modules have no __all__: their star gives TEST_WITH_ROCM, os, torch...
@@ -127,6 +137,14 @@ class RewriteTest(unittest.TestCase):
         self.assertEqual(changes[-1], "* from common_distributed kept (disttest's would rebind TestCase, which the "
                                       "file keeps from upstream above it; import the names it uses one by one; "
                                       "upstream's is used)")
+        # A kept star rebinds what an import above it moved: the report said
+        # disttest's MultiProcessTestCase, and upstream's was used.
+        moved = "from torch.testing._internal.common_distributed import MultiProcessTestCase\n"
+        out, changes = migrated(moved + star + "x = MultiProcessTestCase, TEST_WITH_ROCM\n")
+        self.assertTrue(out.startswith("from disttest import MultiProcessTestCase\n" + star))
+        self.assertEqual(changes[-1], "import * (common_distributed) left as it is: change it by hand (it rebinds "
+                                      "MultiProcessTestCase, moved to disttest above it, to upstream's: import the "
+                                      "names the file uses one by one)")
 
     def test_comments_inside_a_parenthesised_import_stay(self):
         source = textwrap.dedent("""
@@ -529,6 +547,43 @@ class CommandTest(unittest.TestCase):
         self.assertIn("3 file(s) read, 1 changed", out.getvalue())
         with open(second) as f:
             self.assertIn("from disttest import MultiProcessTestCase", f.read())
+
+    def test_what_cpython_refuses_is_not_migrated(self):
+        # libcst's parser took 300 nested parentheses, which CPython refuses:
+        # the file was rewritten and reported as changed.
+        source = SUITE.splitlines()[3] + "\nx = " + "(" * 300 + "1" + ")" * 300 + "\n"
+        with open(self.path, "w") as f:
+            f.write(source)
+        proc = self.command(self.path)
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("test_sum.py: not migrated: SyntaxError at line 2: too many nested parentheses", proc.stderr)
+        with open(self.path) as f:
+            self.assertEqual(f.read(), source)
+
+    def test_a_diff_applies_to_a_file_with_a_bom_or_bare_carriage_returns(self):
+        line = "from torch.testing._internal.common_distributed import MultiProcessTestCase"
+        for name, data in (("bom.py", b"\xef\xbb\xbf" + line.encode() + b"\nx = 1\n"),
+                           ("cr.py", line.encode() + b"\rx = 1\r"),
+                           ("feed.py", b"# a form feed \x0c in a comment\n" + line.encode() + b"\n")):
+            with self.subTest(file=name):
+                path = os.path.join(self.folder, name)
+                with open(path, "wb") as f:
+                    f.write(data)
+                proc = self.command("--diff", "-q", path)
+                diff = proc.stdout.split("\n1 file(s)")[0] + "\n"
+                patch = subprocess.run(["patch", "--dry-run", path], input=diff.encode(),
+                                       capture_output=True, timeout=60)
+                self.assertEqual(patch.returncode, 0, diff + (patch.stdout + patch.stderr).decode())
+
+    def test_a_reader_that_stops_early_gets_no_traceback(self):
+        # python -m disttest.migrate --diff ... | head -5
+        from disttest.migrate._cli import main_piped
+
+        read, write = os.pipe()
+        os.close(read)  # (a write raises BrokenPipeError: Python ignores SIGPIPE)
+        with os.fdopen(write, "w") as stream, contextlib.redirect_stdout(stream), \
+                contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(main_piped(["--diff", self.path]), 1)
 
     def test_a_walk_skips_what_is_not_the_suites(self):
         venv = os.path.join(self.folder, "venv")

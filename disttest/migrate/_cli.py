@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import codecs
 import difflib
 import os
 import sys
@@ -14,7 +15,7 @@ from disttest.migrate._homes import HOMES as _HOMES
 
 __unittest = True
 
-__all__ = ["NEEDS_LIBCST", "main", "run"]
+__all__ = ["NEEDS_LIBCST", "main", "main_piped", "run"]
 
 NEEDS_LIBCST = ("python -m disttest.migrate needs libcst, which is not installed (disttest): "
                 "pip install 'torch-disttest[migrate]' (or pip install libcst)")
@@ -73,12 +74,19 @@ def _why_not_parsed(path: str, data: bytes, error: Exception) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def _lines(text: str) -> list[str]:
+    """``text``'s lines as ``diff`` and ``patch`` see them: each ends at a
+    newline (a CR or a form feed does not end one, as ``splitlines`` has it)."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
 def _diff(path: str, before: str, after: str) -> Iterator[str]:
     """A unified diff that ``patch`` applies (a last line without its
     newline gets the marker)."""
-    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                     fromfile=path, tofile=path):
-        if line.endswith(("\n", "\r")):
+    for line in difflib.unified_diff(_lines(before), _lines(after), fromfile=path, tofile=path):
+        if line.endswith("\n"):
             yield line
         else:
             yield line + "\n\\ No newline at end of file\n"
@@ -116,8 +124,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
             status = 1
             continue
         try:
+            # CPython's parser first: libcst's takes what CPython refuses (300
+            # nested parentheses) and takes gigabytes for some it refuses.
+            compile(data, path, "exec", dont_inherit=True, flags=ast.PyCF_ONLY_AST)
             result = rewrite(data, offers)
-        except (libcst.ParserSyntaxError, UnicodeDecodeError, SyntaxError, RecursionError) as e:
+        except (libcst.ParserSyntaxError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError,
+                MemoryError) as e:
             print(f"{path}: not migrated: {_why_not_parsed(path, data, e)}", file=sys.stderr)
             status = 1
             continue
@@ -134,7 +146,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
         if not result.changed:
             continue
         if args.diff:
-            sys.stdout.writelines(_diff(path, data.decode(result.encoding), result.source))
+            # (the BOM stays on the first line: patch compares bytes)
+            bom = "\ufeff" if data.startswith(codecs.BOM_UTF8) else ""
+            sys.stdout.writelines(_diff(path, bom + data.decode(result.encoding).removeprefix("\ufeff"),
+                                        bom + result.source.removeprefix("\ufeff")))
         if args.check:
             status = 1
         if not dry:
@@ -153,4 +168,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
 
 def run() -> None:
     """The ``disttest-migrate`` console script: :func:`main`, its status the exit code."""
-    sys.exit(main(prog="disttest-migrate"))
+    sys.exit(main_piped(prog="disttest-migrate"))
+
+
+def main_piped(argv: list[str] | None = None, prog: str = "python -m disttest.migrate") -> int:
+    """:func:`main`, its output maybe read by a command that stops early
+    (``| head``): then status 1, without a traceback."""
+    try:
+        status = main(argv, prog)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # (Python's advice: point stdout at devnull, so that its flush at exit does not raise again)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -149,6 +149,8 @@ class _Attributes(cst.CSTVisitor):
         return False
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if _dotted(node).startswith(PREFIX + "."):  # (a read the rewriter notes: it walks there)
+            self.holding_strings.update(self._path)
         if isinstance(node.value, cst.Name):
             self._bases.add(id(node.value))
             self.read.setdefault(node.value.value, set()).add(node.attr.value)
@@ -340,7 +342,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         home = HOMES.get(upstream)
         if home is None or not self.offers(home, "*"):
             self.changes.append(Change("kept", line, upstream, "*", why="no disttest module stands for it"))
-            return updated
+            return self._kept_star(updated, upstream, line)
         # Upstream's modules have no __all__: their star gives everything they
         # hold (TEST_WITH_ROCM, os, torch...). Moved only when the file uses
         # nothing from it that the home lacks.
@@ -349,7 +351,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             shown = ", ".join(lacking[:3]) + (" ..." if len(lacking) > 3 else "")
             self.changes.append(Change("kept", line, upstream, "*", why=f"the file uses {shown}, which {home} "
                                        "lacks; import the names it uses one by one"))
-            return updated
+            return self._kept_star(updated, upstream, line)
         # A name an earlier import kept from upstream, which disttest's star
         # would rebind to disttest's (the file's TestCase from common_utils):
         # the report would say upstream's is used, and it would not be.
@@ -362,6 +364,19 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             return updated
         self.changes.append(Change("moved", line, upstream, "*", home))
         return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
+
+    def _kept_star(self, updated: cst.SimpleStatementLine, upstream: str, line: int) -> cst.SimpleStatementLine:
+        """A star import kept from upstream rebinds the names an earlier
+        import moved from that module to disttest: upstream's are used, and
+        the report said disttest's (noted, for a person to change)."""
+        rebound = sorted({c.name for c in self.changes
+                          if c.kind == "moved" and c.upstream == upstream and c.name != "*" and c.line < line})
+        if rebound:
+            shown = ", ".join(rebound[:3]) + (" ..." if len(rebound) > 3 else "")
+            self.changes.append(Change("noted", line, upstream, "import *", why=(
+                f"it rebinds {shown}, moved to disttest above it, to upstream's: import the names the file uses "
+                "one by one")))
+        return updated
 
     def _note_registration(self, upstream: str, line: int) -> None:
         registers = REGISTERS.get(upstream)
@@ -502,6 +517,13 @@ class _Rewriter(m.MatcherDecoratableTransformer):
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if PREFIX in node.value:
             self.changes.append(Change("noted", self._line(node), node.value.strip("'\"rbuf"), "string"))
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        dotted = _dotted(node)
+        if dotted.startswith(PREFIX + "."):
+            self.changes.append(Change("noted", self._line(node), dotted, "attribute read"))
+            return False  # (the chain's inner attributes are the same read)
+        return True
 
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         text = "".join(p.value for p in node.parts if isinstance(p, cst.FormattedStringText))
