@@ -155,7 +155,8 @@ class Phases(disttest.MultiProcContinousTest):
             raise RuntimeError("setUp broke in rank 1")
 
     def tearDown(self):
-        if self._testMethodName in ("test_teardown_fails", "test_both_fail") and self.rank == 0:
+        if self._testMethodName in ("test_teardown_fails", "test_both_fail",
+                                    "test_expected_failure_teardown_fails") and self.rank == 0:
             raise ValueError("tearDown broke in rank 0")
         super().tearDown()
 
@@ -185,6 +186,10 @@ class Phases(disttest.MultiProcContinousTest):
 
     @unittest.expectedFailure
     def test_expected_failure_setup_fails(self):
+        self.assertEqual(1, 2)
+
+    @unittest.expectedFailure
+    def test_expected_failure_teardown_fails(self):
         self.assertEqual(1, 2)
 
     @unittest.expectedFailure

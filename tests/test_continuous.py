@@ -249,6 +249,13 @@ class PoolHygieneTest(unittest.TestCase):
         # expectedFailure covers the test body: a rank's setUp or cleanup error is an error
         self.assertIn("rank 1/2 raised RuntimeError in setUp", errors["test_expected_failure_setup_fails"])
         self.assertIn("raised KeyError in cleanup", errors["test_expected_failure_cleanup_fails"])
+        # ...and the body's expected failure in the other rank is no cause of it
+        # (it was named as one: "rank 1/2 raised AssertionError").
+        teardown = errors["test_expected_failure_teardown_fails"]
+        self.assertIn("'test_expected_failure_teardown_fails' errored (disttest): rank 0/2 raised ValueError in "
+                      "tearDown\n", teardown)
+        self.assertNotIn("rank 1/2 raised AssertionError", teardown)
+        self.assertNotIn("rank 0/2 raised AssertionError", errors["test_expected_failure_setup_fails"])
         interrupt = errors["test_keyboard_interrupt"]
         self.assertIn("rank 1/2 raised KeyboardInterrupt", interrupt)
         self.assertIn('raise KeyboardInterrupt("raised by the test in rank 1")', interrupt)
