@@ -375,6 +375,20 @@ class TakesTheStackSignal(disttest.MultiProcContinousTest):
             time.sleep(30)
 
 
+class Mismatched(disttest.MultiProcContinousTest):
+    """A collective whose calls differ: gloo's all_reduce of 2 elements on
+    rank 0 and 3 on rank 1 returns on rank 0 and leaves rank 1 waiting."""
+
+    timeout = 3
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def test_sizes_differ(self):
+        dist.all_reduce(torch.ones(2 if self.rank == 0 else 3))
+
+
 class PointToPoint(disttest.MultiProcContinousTest):
     """Tests that leave sends and receives unmatched, each followed by one
     whose calls would match the leftovers (run in name order)."""

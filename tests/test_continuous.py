@@ -121,6 +121,20 @@ class PointToPointLeftoversTest(unittest.TestCase):
         self.assertEqual(live_ranks(), [])
 
 
+class MismatchedCallsTest(unittest.TestCase):
+    def test_a_collective_whose_calls_differ_is_named_at_the_limit(self):
+        # gloo's all_reduce of 2 elements on rank 0 and 3 on rank 1 returns on
+        # rank 0; rank 1 waits, its peer alive in the pool: "rank 1/2 timed
+        # out", rank 0 unnamed.
+        result, _ = run_class(cases.Mismatched)
+        text = by_name(result.errors)["test_sizes_differ"]
+        self.assertIn("errored (disttest): desync: rank 0/2 entered all_reduce #1 of the default group and "
+                      "finished; rank 1/2 waits in it to the limit: their calls differ (a size, a dtype, the "
+                      "operation)\n", text)
+        self.assertIn("test_sizes_differ", text.split("its stack:")[1])
+        self.assertEqual(live_ranks(), [])
+
+
 class CollectiveLeftoversTest(unittest.TestCase):
     def test_a_test_that_leaves_a_collective_unmatched_gets_the_next_one_fresh_ranks(self):
         # The next test's all_reduce matched the leftover one: it got the

@@ -9,7 +9,7 @@ import unittest
 from disttest._runner import join as join_mod
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
 from disttest._runner.progress import InFlight
-from disttest._runner.verdict import WAITED_FOR
+from disttest._runner.verdict import DESYNC_DETAIL, MISMATCH_DETAIL, WAITED_FOR
 
 
 class SlowBoardLauncher:
@@ -216,14 +216,45 @@ class TimedOutTest(unittest.TestCase):
         return Waiting()
 
     def test_ranks_waiting_for_a_rank_that_never_entered_are_its_consequence(self):
-        kinds, details = join_mod._timed_out(self.launcher([(0, 2), (1, 2)]), [0, 1, 2], 3)
+        kinds, details = join_mod._timed_out(self.launcher([(0, 2), (1, 2)]), [0, 1, 2], 3, [])
         self.assertEqual(kinds, {0: Kind.STOPPED, 1: Kind.STOPPED, 2: Kind.TIMED_OUT})
         self.assertEqual(details[0], WAITED_FOR.format(what="barrier #1 of group world", peer=2, world=3))
 
     def test_ranks_that_wait_for_each_other_all_time_out(self):
-        kinds, details = join_mod._timed_out(self.launcher([(0, 1), (1, 0)]), [0, 1, 2], 3)
+        kinds, details = join_mod._timed_out(self.launcher([(0, 1), (1, 0)]), [0, 1, 2], 3, [])
         self.assertEqual(kinds, dict.fromkeys(range(3), Kind.TIMED_OUT))
         self.assertEqual(details, {})
+
+
+class MismatchAtTheLimitTest(unittest.TestCase):
+    """At the deadline, a rank waits in a collective that a peer which
+    finished had entered (their calls differed), or never entered."""
+
+    def launcher(self, entered):
+        flight = InFlight(1, "all_reduce", 1, "default", range(2))
+
+        class Waiting:
+            world_size = 2
+
+            def desync(self, ranks, finished, ended=False, entered_counts=True):
+                if 1 not in ranks or 0 not in finished or (entered and entered_counts):
+                    return []
+                return [(0, flight)]
+
+        return Waiting()
+
+    def test_calls_that_differ(self):
+        kinds, details = join_mod._timed_out(self.launcher(entered=True), [1], 2, [0])
+        self.assertEqual(kinds, {1: Kind.DESYNC})
+        self.assertEqual(details[1], MISMATCH_DETAIL.format(peer=0, world=2, what="all_reduce #1 of the default group"))
+
+    def test_a_collective_the_peer_never_entered(self):
+        kinds, details = join_mod._timed_out(self.launcher(entered=False), [1], 2, [0])
+        self.assertEqual(kinds, {1: Kind.DESYNC})
+        self.assertEqual(details[1], DESYNC_DETAIL.format(peer=0, world=2, what="all_reduce #1 of the default group"))
+
+    def test_without_a_finished_peer_it_timed_out(self):
+        self.assertEqual(join_mod._timed_out(self.launcher(entered=True), [1], 2, []), ({1: Kind.TIMED_OUT}, {}))
 
 
 class DeadlockLauncher(SlowBoardLauncher):

@@ -17,7 +17,15 @@ from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.progress import InFlight
-from disttest._runner.verdict import DEADLOCK_DETAIL, DESYNC_DETAIL, WAITED_FOR, ended, explain, who
+from disttest._runner.verdict import (
+    DEADLOCK_DETAIL,
+    DESYNC_DETAIL,
+    MISMATCH_DETAIL,
+    WAITED_FOR,
+    ended,
+    explain,
+    who,
+)
 
 __unittest = True
 
@@ -97,10 +105,14 @@ def _desync_detail(found: tuple[int, InFlight], world: int) -> str:
     return DESYNC_DETAIL.format(peer=peer, world=world, what=flight.describe())
 
 
-def _timed_out(launcher: Launcher, live: list[int], world: int) -> tuple[dict[int, Kind], dict[int, str]]:
+def _timed_out(launcher: Launcher, live: list[int], world: int,
+               finished: list[int]) -> tuple[dict[int, Kind], dict[int, str]]:
     """The live ranks at the deadline: a rank that waits in a collective for
     a peer that never entered it, and waits in none itself (it hung in its
-    own code), was stopped by that peer's hang; the rest timed out."""
+    own code), was stopped by that peer's hang; one that waits in a
+    collective that a peer which has ``finished`` entered and left had a
+    call that did not match the peer's (a desync: the peer, still alive in a
+    pool, keeps it waiting); the rest timed out."""
     kinds = dict.fromkeys(live, Kind.TIMED_OUT)
     details: dict[int, str] = {}
     waits = launcher.desync(live, live)
@@ -109,6 +121,17 @@ def _timed_out(launcher: Launcher, live: list[int], world: int) -> tuple[dict[in
         if peer not in waiting:  # (peers that wait for each other: every one timed out)
             kinds[flight.rank] = Kind.STOPPED
             details[flight.rank] = WAITED_FOR.format(what=flight.describe(), peer=peer, world=world)
+    rest = [r for r in live if r not in waiting and r not in finished]
+    if finished and rest:
+        # (a finished peer that never entered it: a desync the loop reports
+        # at once; one just before the deadline is named as such)
+        never = {flight.rank: (peer, flight) for peer, flight in launcher.desync(rest, finished)}
+        for peer, flight in launcher.desync(rest, finished, entered_counts=False):
+            if flight.group.startswith(("send>", "recv<")):
+                continue
+            kinds[flight.rank] = Kind.DESYNC
+            details[flight.rank] = (_desync_detail(never[flight.rank], world) if flight.rank in never
+                                    else MISMATCH_DETAIL.format(peer=peer, world=world, what=flight.describe()))
     return kinds, details
 
 
@@ -254,7 +277,8 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
                 break
         if grace_end is None and not starting and time.monotonic() > deadline:
             live = _live(world, outcomes)
-            _stop(launcher, live, outcomes, *_timed_out(launcher, live, world))
+            finished = [r for r in range(world) if _passed(outcomes.get(r) or launcher.outcome(r))]
+            _stop(launcher, live, outcomes, *_timed_out(launcher, live, world, finished))
             break
         launcher.pump_output()
         launcher.wait(poll_interval)

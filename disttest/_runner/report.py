@@ -23,7 +23,7 @@ from typing import Any
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
 from disttest._runner.tb_data import as_traceback
-from disttest._runner.verdict import CALLS_DIFFER, RANK, Status, Verdict, judge
+from disttest._runner.verdict import CALLS_DIFFER, CALLS_MISMATCH, RANK, Status, Verdict, judge
 from disttest._runner.verdict import who as _who
 
 __unittest = True
@@ -120,7 +120,7 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
         # (with a detail: it timed out in its start-up, join.NOT_STARTED)
         return _fill(o.detail, who) if o.detail else TIMED_OUT.format(who=who, test=test, timeout=timeout)
     if o.kind is Kind.DESYNC:
-        if o.detail.endswith(CALLS_DIFFER):  # (it says what the collective is to its peer)
+        if o.detail.endswith((CALLS_DIFFER, CALLS_MISMATCH)):  # (it says what the collective is to its peer)
             return "desync: " + _fill(o.detail, who)
         return DESYNC.format(detail=_fill(o.detail, who))
     if o.kind is Kind.DEADLOCK:

@@ -22,7 +22,7 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["CALLS_DIFFER", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "explain",
+__all__ = ["CALLS_DIFFER", "CALLS_MISMATCH", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "MISMATCH_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "explain",
            "judge", "reclassified", "who"]
 
 HARD = (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DEADLOCK)
@@ -34,6 +34,10 @@ DESYNC_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}"
 #: completes an all_reduce on the rank whose tensor is the smaller).
 CALLS_DIFFER = "which lost its peer: the peer never entered it, or their calls differ (a size, a dtype, the operation)"
 DESYNC_LOST_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}, " + CALLS_DIFFER
+#: The end of a detail that says why a collective that every peer entered did not end.
+CALLS_MISMATCH = "to the limit: their calls differ (a size, a dtype, the operation)"
+#: A rank that, at the test's deadline, waited in a collective that a peer which finished had entered.
+MISMATCH_DETAIL = "rank {peer}/{world} entered {what} and finished; {{who}} {{waits}} in it " + CALLS_MISMATCH
 CONSEQUENCE = "rank {rank}/{world} failed in {what} after {peers} had {how}"
 #: Ranks that wait for each other in a cycle of calls that cannot match
 #: (point-to-point calls, or a collective a peer never entered).
