@@ -295,6 +295,9 @@ class RunApiTest(unittest.TestCase):
         result = run("gloo", 2, pattern="test_broadcast__float32_src*")
         self.assertEqual(result.counts(), {"passed": 2, "failed": 0, "unsupported": 0, "skipped": 0},
                          [r.message for r in result.cases])
+        # Without a wildcard, a part of the name, as unittest's -k (it matched only a whole name).
+        self.assertEqual([r.case.name for r in run("gloo", 2, pattern="broadcast__float32_src").cases],
+                         [r.case.name for r in result.cases])
 
     def test_a_malformed_module_declaration(self):
         import types

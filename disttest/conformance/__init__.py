@@ -211,7 +211,10 @@ def run(backend: str, world_size: int, imports: Sequence[str] = (), timeout: flo
     import fnmatch
 
     cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient, device, device_from)
-    cases = [c for c in CASES if not pattern or fnmatch.fnmatch(c.name, pattern)]
+    # (unittest's -k rule: a pattern without a wildcard matches as a substring)
+    if pattern and not any(ch in pattern for ch in "*?["):
+        pattern = f"*{pattern}*"
+    cases = [c for c in CASES if not pattern or fnmatch.fnmatchcase(c.name, pattern)]
     recording = _Recording()
     start = time.monotonic()
     suite = unittest.TestSuite(cls(c.name) for c in cases)

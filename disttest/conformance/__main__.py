@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="where the cases' tensors live: cpu, cuda (default: cuda for nccl, "
                                          "else cpu); results are compared on the CPU")
     parser.add_argument("--timeout", default="60", help="seconds per case (default 60)")
-    parser.add_argument("-k", dest="pattern", help="only cases whose name matches this fnmatch pattern")
+    parser.add_argument("-k", dest="pattern", help="only cases whose name matches this pattern (as unittest's -k: "
+                                                   "fnmatch with a wildcard, else a part of the name)")
     args = parser.parse_args(argv)
     try:
         world_size = parse_world_size(args.world_size, "--world-size", text=True)
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     if not result.cases:
-        parser.error(f"-k {args.pattern!r} matches no case (disttest)")
+        parser.error(f"-k {args.pattern!r} matches no case (disttest): the cases' names start with test_, "
+                     "such as test_all_reduce__float32_SUM")
     print(result.table())
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
