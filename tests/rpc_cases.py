@@ -90,6 +90,21 @@ class RpcSkip(disttest.RpcTestCase):
         self.assertEqual(rpc.rpc_sync(worker_name(0), add, args=(1, 2)), 3)
 
 
+class RpcHang(disttest.RpcTestCase):
+    timeout = 4
+
+    @property
+    def world_size(self):
+        return 2
+
+    @dist_init
+    def test_one_rank_hangs(self):
+        # Rank 0's graceful shutdown waits for rank 1, which sleeps.
+        if self.rank == 1:
+            for _ in range(300):
+                time.sleep(0.1)
+
+
 class Faulty(disttest.FaultyRpcTestCase):
     timeout = 120
 

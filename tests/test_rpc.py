@@ -56,6 +56,15 @@ class RpcBetweenWorkersTest(unittest.TestCase):
                 self.assertEqual(result.errors + result.failures, [])
                 self.assertLess(time.monotonic() - start, 15)
 
+    def test_a_rank_waiting_in_the_shutdown_for_a_hung_peer_is_its_consequence(self):
+        # Both ranks "timed out", the waiting one's stack (in rpc's
+        # _all_gather) first, as if it had hung.
+        result = run(cases.RpcHang, "test_one_rank_hangs")
+        text = result.errors[0][1]
+        self.assertIn("errored (disttest): rank 1/2 timed out after 4s\n", text)
+        self.assertIn("rank 0/2 waits in rpc.shutdown #1 of group rpc for rank 1/2, which never entered it: that "
+                      "rank hung (a consequence)", text)
+
     def test_delayed_message_type_times_out(self):
         self.check(cases.Faulty, "test_delayed_message_type_times_out")
 

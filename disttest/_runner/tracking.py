@@ -7,13 +7,14 @@ flight-recorder watcher; the hook fault injection sets.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import operator
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from disttest._ops import COLLECTIVES, P2P_OPS
@@ -34,8 +35,8 @@ from disttest._runner.progress import (
 __unittest = True
 
 __all__ = [
-    "CollectiveHook", "install_tracking", "restart_counts", "set_collective_hook", "track_into", "untrack_thread",
-    "watch_flight_recorder",
+    "CollectiveHook", "install_tracking", "restart_counts", "set_collective_hook", "track_into", "tracked",
+    "untrack_thread", "watch_flight_recorder",
 ]
 
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
@@ -201,6 +202,26 @@ def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
 def untrack_thread() -> None:
     """Stop recording this thread's collectives (a rank thread whose test ended)."""
     _local.tracker = None
+
+
+@contextlib.contextmanager
+def tracked(op: str, group: str, peers: Sequence[int]) -> Iterator[None]:
+    """Record ``op`` as a collective of ``group`` (named apart from c10d's
+    groups) over ``peers`` while the block runs, in a rank that tracks: a
+    call that waits for every rank and is not c10d's (RPC's graceful
+    shutdown), so that a rank waiting in it is seen waiting for a peer that
+    never came, not as hung itself."""
+    tracker = _current()
+    if tracker is None:
+        yield
+        return
+    tracker.enter(op, group, peers, waits=True)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        tracker.leave(failed)
 
 
 def restart_counts() -> None:

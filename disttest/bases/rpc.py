@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 from disttest import _compat
+from disttest._runner import tracking
 from disttest._typing import F
 from disttest.config import ConfigError, parse_timeout
 from disttest.runners.multiprocess import MultiProcessTestCase
@@ -60,6 +61,8 @@ FAULTY_MESSAGES = ["RREF_FORK_REQUEST", "RREF_CHILD_ACCEPT", "RREF_USER_DELETE",
                    "CLEANUP_AUTOGRAD_CONTEXT_REQ"]
 #: Message types the faulty agent delays by default, in seconds.
 MESSAGES_TO_DELAY = {"PYTHON_CALL": 1.5, "SCRIPT_CALL": 1.5}
+#: The group a graceful RPC shutdown is counted in (the ranks' progress records).
+RPC_GROUP = "rpc"
 WAITED_TOO_LONG = "waited {timeout}s for {what} (disttest); last seen: {last}"
 MISSING_HOOK = ("{fixture} does not define {hook} (disttest): mix in an agent fixture such as "
                 "TensorPipeRpcAgentTestFixture, or define it")
@@ -147,7 +150,14 @@ def dist_init(
         finally:
             # After a failure, a graceful shutdown would wait for peers that
             # may never come: do not let it mask the test's own error.
-            rpc.shutdown(graceful=clean_shutdown and not failed)
+            if clean_shutdown and not failed:
+                # It waits for every worker: one that never comes (hung in
+                # its test) is then named as the rank that hung, and this
+                # one as waiting for it.
+                with tracking.tracked("rpc.shutdown", RPC_GROUP, range(self.world_size)):
+                    rpc.shutdown(graceful=True)
+            else:
+                rpc.shutdown(graceful=False)
 
     return new_test_method
 
