@@ -144,6 +144,7 @@ class Launched(disttest.MultiProcContinousTest):
         # The group's timeout is then the class's limit, with no margin for
         # a join loop's report (GroupLimitTest).
         self.assertTrue(type(self)._run_by_launcher)
+        self.assertEqual(disttest._compat.group_timeout(type(self).pg), type(self)._group_limit())
 
 
 class Phases(disttest.MultiProcContinousTest):
@@ -155,8 +156,8 @@ class Phases(disttest.MultiProcContinousTest):
             raise RuntimeError("setUp broke in rank 1")
 
     def tearDown(self):
-        if self._testMethodName in ("test_teardown_fails", "test_both_fail",
-                                    "test_expected_failure_teardown_fails") and self.rank == 0:
+        if self._testMethodName in ("test_teardown_fails", "test_both_fail", "test_expected_failure_teardown_fails",
+                                    "test_expected_error_teardown_fails") and self.rank == 0:
             raise ValueError("tearDown broke in rank 0")
         super().tearDown()
 
@@ -191,6 +192,10 @@ class Phases(disttest.MultiProcContinousTest):
     @unittest.expectedFailure
     def test_expected_failure_teardown_fails(self):
         self.assertEqual(1, 2)
+
+    @unittest.expectedFailure
+    def test_expected_error_teardown_fails(self):
+        raise NotImplementedError("any exception of the body is expected")
 
     @unittest.expectedFailure
     def test_expected_failure_cleanup_fails(self):
@@ -452,6 +457,13 @@ class Collectives(disttest.MultiProcContinousTest):
         t = torch.ones(1)
         dist.all_reduce(t, group=group)
         self.assertEqual(t.item(), 3 if group is None else 2)  # not with an earlier test's value
+
+    def test_0_checks_an_argument_error_on_one_rank(self):
+        # The scatter raises before it reaches the group: nothing is left.
+        if self.rank == 0:
+            with self.assertRaises(ValueError):
+                dist.scatter(torch.zeros(1), scatter_list=None, src=0)
+        self._all_reduce()
 
     def test_1_matched(self):
         self._all_reduce()

@@ -147,7 +147,7 @@ class CollectiveLeftoversTest(unittest.TestCase):
             result, elapsed = run_class(cases.Collectives)
             with open(log.name) as f:
                 pids = {(name, rank): pid for name, rank, pid in (line.split() for line in f)}
-        self.assertEqual((result.testsRun, result.failures, result.errors), (5, [], []))
+        self.assertEqual((result.testsRun, result.failures, result.errors), (6, [], []))
         self.assertLess(elapsed, 40)
         prefix = "pool_cases.Collectives."
         left = [str(w.message) for w in caught if "left collectives unmatched" in str(w.message)]
@@ -157,6 +157,8 @@ class CollectiveLeftoversTest(unittest.TestCase):
                                                     "ranks 1, 2 entered 1"))
         self.assertRegex(left[1], r"test_4_leaves_one_in_a_subgroup left collectives unmatched \(in group \S+ "
                                   r"rank 0 entered 2 collective\(s\), rank 1 entered 1\)")
+        # A call that raised on one rank (its argument checks) left nothing.
+        self.assertEqual(pids[("test_0_checks_an_argument_error_on_one_rank", "0")], pids[("test_1_matched", "0")])
         self.assertEqual(pids[("test_1_matched", "0")], pids[("test_2_leaves_one", "0")])
         self.assertNotEqual(pids[("test_2_leaves_one", "0")], pids[("test_3_all_reduce", "0")])
         self.assertNotEqual(pids[("test_4_leaves_one_in_a_subgroup", "0")], pids[("test_5_all_reduce", "0")])
@@ -191,9 +193,12 @@ class GroupLimitTest(unittest.TestCase):
             self.assertEqual(given["timeout"], timedelta(seconds=5 + continuous.PG_TIMEOUT_MARGIN))
             # Under run_rank (torchrun) no join loop reports a hang first: the
             # limit itself (a class of 5 s waited 65 s in a desync).
-            with mock.patch.object(Limits, "_run_by_launcher", True):
+            # (the group's making keeps the margin: nodes may start apart)
+            with mock.patch.object(Limits, "_run_by_launcher", True), \
+                    mock.patch.object(continuous._compat, "set_group_timeout") as set_timeout:
                 Limits._init_pg(0, 1, os.devnull)
-            self.assertEqual(given["timeout"], timedelta(seconds=5))
+            self.assertEqual(given["timeout"], timedelta(seconds=5 + continuous.PG_TIMEOUT_MARGIN))
+            set_timeout.assert_called_once_with(5)
 
 
 class PoolTest(unittest.TestCase):
@@ -269,6 +274,8 @@ class PoolHygieneTest(unittest.TestCase):
         self.assertIn("'test_expected_failure_teardown_fails' errored (disttest): rank 0/2 raised ValueError in "
                       "tearDown\n", teardown)
         self.assertNotIn("rank 1/2 raised AssertionError", teardown)
+        self.assertNotIn("rank 1/2 raised NotImplementedError", errors["test_expected_error_teardown_fails"])
+        self.assertIn("rank 0/2 raised ValueError in tearDown", errors["test_expected_error_teardown_fails"])
         self.assertNotIn("rank 0/2 raised AssertionError", errors["test_expected_failure_setup_fails"])
         interrupt = errors["test_keyboard_interrupt"]
         self.assertIn("rank 1/2 raised KeyboardInterrupt", interrupt)

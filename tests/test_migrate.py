@@ -145,6 +145,14 @@ class RewriteTest(unittest.TestCase):
         self.assertEqual(changes[-1], "import * (common_distributed) left as it is: change it by hand (it rebinds "
                                       "MultiProcessTestCase, moved to disttest above it, to upstream's: import the "
                                       "names the file uses one by one)")
+        # Upstream's module holds what it imports: common_distributed's star
+        # holds common_utils' find_free_port too.
+        moved = "from torch.testing._internal.common_utils import find_free_port\n"
+        out, changes = migrated(moved + star + "x = find_free_port, TEST_WITH_ROCM\n")
+        self.assertTrue(out.startswith("from disttest import find_free_port\n" + star))
+        self.assertEqual(changes[-1], "import * (common_distributed) left as it is: change it by hand (it may "
+                                      "rebind find_free_port, moved to disttest above it, to upstream's: import the "
+                                      "names the file uses one by one)")
 
     def test_comments_inside_a_parenthesised_import_stay(self):
         source = textwrap.dedent("""

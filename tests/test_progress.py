@@ -611,6 +611,16 @@ class UnmatchedCollectivesTest(unittest.TestCase):
         self.assertIsNone(self.left({"default": 1, "g1": 2}, {"default": 1}, {"default": 1, "g1": 2}))
         self.assertIsNone(self.left({"default": 1}, None))  # a count unknown decides nothing
 
+    def test_a_call_that_raised_is_not_left(self):
+        # (a test that checks an argument error on one rank: the call never reached the group)
+        board = MemoryBoard(2)
+        board.write(0, {"counts": {"default": 2}, "raised": {"default": 1}})
+        board.write(1, {"counts": {"default": 1}})
+        self.assertIsNone(progress.unmatched_collectives(board))
+        board.write(0, {"counts": {"default": 3}, "raised": {"default": 1}})
+        self.assertEqual(progress.unmatched_collectives(board),
+                         "in the default group rank 0 entered 2 collective(s), rank 1 entered 1")
+
     def test_what_is_left_is_named(self):
         # Every rank is a member of the default group: one that entered none counts 0.
         self.assertEqual(self.left({"default": 1}, {}, {"default": 1}),

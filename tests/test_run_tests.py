@@ -208,6 +208,28 @@ class RunTestsTest(unittest.TestCase):
                 self.assertEqual(result.stdout.count("SEEDED True"), 1 if "Plain" in str(args) or "seeded" in str(
                     args) else 0)
 
+    def test_the_selection_reads_unittest_s_arguments(self):
+        import types
+
+        class A(unittest.TestCase):
+            def test_one(self):
+                pass
+
+            def test_two(self):
+                pass
+
+        A.__module__, A.__qualname__ = "m", "A"
+        module = types.ModuleType("m")
+        module.A = A
+        self.assertEqual(main._selected(module, ["-vk", "one"]), (["A.test_one"], ["-v"]))
+        self.assertEqual(main._selected(module, ["--durations", "5", "-ktwo", "-f"]),
+                         (["A.test_two"], ["--durations", "5", "-f"]))
+        self.assertEqual(main._selected(module, ["A.test_one", "-b"]), (["A.test_one"], ["-b"]))
+        with contextlib.redirect_stderr(io.StringIO()) as stderr, self.assertRaises(SystemExit) as exited:
+            main._selected(module, ["A.test_three"])
+        self.assertEqual(exited.exception.code, 2)
+        self.assertIn(main.NO_SUCH_TEST.format(names="A.test_three"), stderr.getvalue())
+
     def test_a_child_of_subprocess_ends_with_its_parent(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):
             with self.subTest(signal=sig.name), tempfile.TemporaryDirectory() as tmp:

@@ -19,6 +19,7 @@ __all__ = [
     "premul_sum",
     "reduce_op_parts",
     "set_c10d_world",
+    "set_group_timeout",
     "set_thread_isolation",
     "thread_local_modes",
     "wait_tensor",
@@ -41,6 +42,23 @@ def default_group() -> Any:
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_group()
+
+
+def set_group_timeout(seconds: float) -> bool:
+    """Make the default group's calls raise after ``seconds`` from now on
+    (``distributed_c10d._set_pg_timeout``); False where this torch cannot."""
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d
+
+    setter = getattr(distributed_c10d, "_set_pg_timeout", None)
+    if setter is None:
+        return False
+    try:
+        setter(timedelta(seconds=seconds))
+    except Exception:  # noqa: BLE001 (a backend it does not know: the group keeps its own)
+        return False
+    return True
 
 
 def group_timeout(group: Any) -> float | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
-from disttest._runner.progress import InFlight
+from disttest._runner.progress import RECORDER, InFlight
 from disttest._runner.verdict import (
     DEADLOCK_DETAIL,
     DESYNC_DETAIL,
@@ -127,7 +127,7 @@ def _timed_out(launcher: Launcher, live: list[int], world: int,
         # at once; one just before the deadline is named as such)
         never = {flight.rank: (peer, flight) for peer, flight in launcher.desync(rest, finished)}
         for peer, flight in launcher.desync(rest, finished, entered_counts=False):
-            if flight.group.startswith(("send>", "recv<")):
+            if flight.group.startswith(("send>", "recv<", RECORDER)):  # (the recorder's: entry unknown)
                 continue
             kinds[flight.rank] = Kind.DESYNC
             details[flight.rank] = (_desync_detail(never[flight.rank], world) if flight.rank in never

@@ -16,6 +16,6 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (see ``--help``)."""
-    from disttest.migrate._cli import main_piped
+    from disttest.migrate._cli import main as run
 
-    return main_piped(argv)
+    return run(argv)

@@ -2,8 +2,8 @@
 
 import sys
 
-from disttest.migrate import main
+from disttest.migrate._cli import main_piped
 
 __unittest = True
 
-sys.exit(main())
+sys.exit(main_piped())

@@ -8,6 +8,7 @@ import codecs
 import difflib
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 
 from disttest.migrate._homes import FALLBACK
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
         try:
             # CPython's parser first: libcst's takes what CPython refuses (300
             # nested parentheses) and takes gigabytes for some it refuses.
-            compile(data, path, "exec", dont_inherit=True, flags=ast.PyCF_ONLY_AST)
+            with warnings.catch_warnings():  # (its SyntaxWarnings are the file's, not ours to print)
+                warnings.simplefilter("ignore")
+                compile(data, path, "exec", dont_inherit=True, flags=ast.PyCF_ONLY_AST)
             result = rewrite(data, offers)
         except (libcst.ParserSyntaxError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError,
                 MemoryError) as e:
@@ -172,8 +175,10 @@ def run() -> None:
 
 
 def main_piped(argv: list[str] | None = None, prog: str = "python -m disttest.migrate") -> int:
-    """:func:`main`, its output maybe read by a command that stops early
-    (``| head``): then status 1, without a traceback."""
+    """:func:`main` as a command (``-m``, the console script), its output
+    maybe read by a command that stops early (``| head``): then status 1,
+    without a traceback. NB: then stdout is /dev/null for the rest of the
+    process, which is about to exit."""
     try:
         status = main(argv, prog)
         sys.stdout.flush()

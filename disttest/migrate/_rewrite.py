@@ -367,15 +367,22 @@ class _Rewriter(m.MatcherDecoratableTransformer):
 
     def _kept_star(self, updated: cst.SimpleStatementLine, upstream: str, line: int) -> cst.SimpleStatementLine:
         """A star import kept from upstream rebinds the names an earlier
-        import moved from that module to disttest: upstream's are used, and
-        the report said disttest's (noted, for a person to change)."""
-        rebound = sorted({c.name for c in self.changes
-                          if c.kind == "moved" and c.upstream == upstream and c.name != "*" and c.line < line})
-        if rebound:
-            shown = ", ".join(rebound[:3]) + (" ..." if len(rebound) > 3 else "")
-            self.changes.append(Change("noted", line, upstream, "import *", why=(
-                f"it rebinds {shown}, moved to disttest above it, to upstream's: import the names the file uses "
-                "one by one")))
+        import moved from that module to disttest, and maybe others (an
+        upstream module holds what it imports: ``common_distributed`` holds
+        ``TestCase`` and ``find_free_port`` from ``common_utils``): upstream's
+        are used, and the report said disttest's (noted, for a person to
+        change)."""
+        same = {c.name for c in self.changes
+                if c.kind == "moved" and c.upstream == upstream and c.name != "*" and c.line < line}
+        other = {c.name for c in self.changes
+                 if c.kind == "moved" and c.upstream != upstream and "." not in c.name and " " not in c.name
+                 and c.name != "*" and c.line < line} - same
+        for names, how in ((same, "rebinds"), (other, "may rebind")):
+            if names:
+                shown = ", ".join(sorted(names)[:3]) + (" ..." if len(names) > 3 else "")
+                self.changes.append(Change("noted", line, upstream, "import *", why=(
+                    f"it {how} {shown}, moved to disttest above it, to upstream's: import the names the file uses "
+                    "one by one")))
         return updated
 
     def _note_registration(self, upstream: str, line: int) -> None:

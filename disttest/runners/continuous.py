@@ -150,15 +150,17 @@ class MultiProcContinousTest(TestCase):
         if limit is not None:
             # A backstop beyond the test's limit: the join loop reports a
             # hang first, with the stack of a rank still waiting in it.
-            # Under run_rank no join loop watches: the limit itself.
-            margin = 0 if cls._run_by_launcher else PG_TIMEOUT_MARGIN
-            kwargs["timeout"] = timedelta(seconds=min(limit + margin, PG_TIMEOUT_MAX))
+            kwargs["timeout"] = timedelta(seconds=min(limit + PG_TIMEOUT_MARGIN, PG_TIMEOUT_MAX))
         if rdvz_file is not None:
             kwargs["store"] = dist.FileStore(rdvz_file, world_size)
         else:
             kwargs["init_method"] = "env://"
         dist.init_process_group(**kwargs)
         cls.pg = _compat.default_group()
+        if limit is not None and cls._run_by_launcher:
+            # Under run_rank no join loop watches: once the group is made
+            # (nodes may start apart), its calls get the limit itself.
+            _compat.set_group_timeout(min(limit, PG_TIMEOUT_MAX))
 
     # --- settings ----------------------------------------------------------------
 
@@ -342,7 +344,7 @@ class MultiProcContinousTest(TestCase):
             if getattr(method, "__unittest_expecting_failure__", False) or getattr(
                     self, "__unittest_expecting_failure__", False):
                 outcomes = [Outcome(o.rank, Kind.PASSED, output_tail=o.output_tail)
-                            if o.kind is Kind.FAILED and (o.phase or "test").startswith("test") else o
+                            if o.kind in (Kind.FAILED, Kind.ERRORED) and (o.phase or "test").startswith("test") else o
                             for o in outcomes]
             self._outside_the_test = functools.partial(raise_for_outcomes, name, pool.world_size, limit, outcomes,
                                                        keep_logs=keep, where=method)

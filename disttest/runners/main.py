@@ -48,6 +48,8 @@ XML_AT = "Test results will be stored in {path}"
 #: Upstream's summary of ``--subprocess`` failures, and how to rerun one.
 SUBPROCESS_FAILED = "{n} unit test(s) failed:\n\t{names}"
 RERUN = "Test exited with non-zero exitcode {code}. Command to reproduce: {command}"
+#: ``--subprocess`` with a test name that names no test of the file.
+NO_SUCH_TEST = "--subprocess: {names} (from the command line) names no test of this file (disttest)"
 #: A test run in its own process with ``--subprocess`` gets this long (upstream's limit).
 SUBPROCESS_TIMEOUT = 15 * 60
 
@@ -147,13 +149,18 @@ def _selected(main: Any, rest: list[str]) -> tuple[list[str], list[str]]:
     ``main``, as unittest.main would run them; the rest of the arguments).
     A ``--subprocess`` child gets its one test's name, not the selection:
     it ran every test of the file (or a named one in every child)."""
-    patterns, selectors, others = [], [], []
+    patterns: list[str] = []
+    selectors: list[str] = []
+    others: list[str] = []
     args = iter(rest)
     for arg in args:
-        if arg in ("-k",):
-            patterns.append(next(args, ""))
-        elif arg.startswith("-k"):
-            patterns.append(arg[2:])
+        if arg == "--durations":  # (unittest's, 3.12+: it takes a value)
+            others += [arg, next(args, "")]
+        elif arg.startswith("-") and not arg.startswith("--") and "k" in arg:
+            # -k PAT, -kPAT, and short flags joined before it (-vk PAT)
+            flags, _, pattern = arg[1:].partition("k")
+            others += [f"-{f}" for f in flags]
+            patterns.append(pattern or next(args, ""))
         elif arg.startswith("-"):
             others.append(arg)
         else:
@@ -162,6 +169,8 @@ def _selected(main: Any, rest: list[str]) -> tuple[list[str], list[str]]:
     if patterns:  # (unittest's rule: a pattern without a wildcard matches as a substring)
         loader.testNamePatterns = [p if "*" in p else f"*{p}*" for p in patterns]
     suite = loader.loadTestsFromNames(selectors, main) if selectors else loader.loadTestsFromModule(main)
+    if loader.errors:  # (a name that names no test: unittest would fail it at once)
+        _usage_error(NO_SUCH_TEST.format(names=", ".join(selectors)))
     return [c.id().split(".", 1)[1] for c in _cases(suite)], others
 
 
