@@ -285,3 +285,17 @@ class Hangs(DTensorTestBase):
             import time
 
             time.sleep(30)
+
+
+class Skips(DTensorTestBase):
+    timeout = 60
+
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_rank_1_skips_the_redistribute(self):
+        dt = distribute_tensor(torch.arange(8.0), self.build_device_mesh(), [Shard(0)])
+        if self.rank == 0:  # DTensor's all-gather, a functional collective (past torch.distributed's functions)
+            dt.redistribute(dt.device_mesh, [Replicate()]).to_local().sum()

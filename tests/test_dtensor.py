@@ -117,6 +117,20 @@ class ProcessesTest(unittest.TestCase):
         self.assertIn("timed out after 2s", text)
         self.assertIn("in full_tensor", text)  # rank 0's stack, inside the gather
         self.assertIn("rank 1/2 did not finish", text)
+        # DTensor's all-gather (a functional collective) is seen: rank 0 waits for rank 1.
+        self.assertIn("rank 0/2 waits in all_gather_into_tensor #1 of the default group for rank 1/2, which never "
+                      "entered it: that rank hung (a consequence)", text)
+
+    def test_a_desync_in_a_functional_collective_is_reported_before_the_limit(self):
+        # It was seen only at the limit (60 s here), with a peer blamed.
+        import time
+
+        start = time.monotonic()
+        result = run(cases.Skips("test_rank_1_skips_the_redistribute"))
+        self.assertLess(time.monotonic() - start, 30)
+        text = result.errors[0][1]
+        self.assertRegex(text, r"(desync|deadlock): .*rank 0/2 (waits )?in all_gather_into_tensor #1 of the default "
+                               r"group")
 
     def test_op_mismatch_names_the_placements(self):
         result = run(cases.Processes("test_op_mismatch"))

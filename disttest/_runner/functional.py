@@ -14,6 +14,9 @@ the call returns once they have arrived.
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +25,7 @@ from disttest._runner import tracking
 
 __unittest = True
 
-__all__ = ["FUNCTIONAL", "wrap_functional"]
+__all__ = ["FUNCTIONAL", "track_functional", "wrap_functional"]
 
 #: Each functional collective -> the collective of ``torch.distributed`` it
 #: is, as faults name it (``at="all_gather_into_tensor"`` sees DTensor's
@@ -50,9 +53,11 @@ _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (function, its wrapper), m
 
 
 def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(func)
+
     @functools.wraps(func)
     def functional(*args: Any, **kwargs: Any) -> Any:
-        tracker = tracking._current() if tracking._hook else None
+        tracker = tracking._current()
         if tracker is None:
             return func(*args, **kwargs)
         local = tracker._local
@@ -61,12 +66,23 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
         # dynamo traces the call, which the hook's bookkeeping would break)
         if depth or tracking._compiling():
             return func(*args, **kwargs)
-        after = tracking._hook[0](op, tracker.rank)
+        after = tracking._hook[0](op, tracker.rank) if tracking._hook else None
+        # A rank thread's calls reach the threaded group, which records them itself.
+        call = None if tracker.threads else _enter(tracker, op, sig, args, kwargs)
         local.depth = depth + 1
+        failed = True
         try:
             result = func(*args, **kwargs)
+            failed = False
         finally:
             local.depth = depth
+            if call is not None:
+                tracker.leave(failed)
+                if failed:
+                    tracker.raised(call["group"])
+        if call is not None:
+            for t in result if isinstance(result, (list, tuple)) else (result,):
+                _POSTED.remember(getattr(t, "elem", t), call)
         if after is not None:  # a corrupt fault: on the values, once they are here
             values = [_compat.wait_tensor(t) for t in result] if isinstance(result, list) else \
                 _compat.wait_tensor(result)
@@ -75,6 +91,104 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
 
     functional.__disttest_tracked__ = True  # type: ignore[attr-defined]
     return functional
+
+
+def _enter(tracker: Any, op: str, sig: inspect.Signature, args: tuple[Any, ...],
+           kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Record a functional collective as entered (it is asynchronous: the
+    rank waits in it at :func:`_wait_tensor`); what a wait on its result is.
+    None where its group cannot be told (the call is not recorded)."""
+    import torch.distributed as dist
+
+    try:
+        named = sig.bind_partial(*args, **kwargs).arguments
+        pg = _compat.functional_group(named.get("group"), named.get("tag") or "")
+        if pg is None:
+            return None
+        group, ranks = tracking._group_of(dist, pg)
+        tracker.enter(op, group, range(dist.get_world_size()) if ranks is None else ranks, waits=False)
+        call = {k: tracker.record.get(k) for k in ("op", "seq", "group", "peers")}
+        call["limit"] = tracker.limit(dist, pg)
+        return call
+    except Exception:  # noqa: BLE001 (never let bookkeeping break the user's call)
+        return None
+
+
+class _Posted:
+    """The functional collectives posted and not yet waited for: each
+    result tensor (by identity: a tensor's ``==`` compares values) -> its call."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, tuple[weakref.ref[Any], dict[str, Any]]] = {}
+
+    def remember(self, tensor: Any, call: dict[str, Any]) -> None:
+        key = id(tensor)
+        try:
+            ref = weakref.ref(tensor, functools.partial(self._forget, key))
+        except TypeError:
+            return
+        self._calls[key] = (ref, call)
+
+    def _forget(self, key: int, ref: Any) -> None:
+        entry = self._calls.get(key)
+        if entry is not None and entry[0] is ref:
+            del self._calls[key]
+
+    def pop(self, tensor: Any) -> dict[str, Any] | None:
+        entry = self._calls.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return None
+        del self._calls[id(tensor)]
+        return entry[1]
+
+
+_POSTED = _Posted()
+
+
+def _wait_tensor(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``wait_tensor``, which an asynchronous result calls when first used:
+    the rank waits in the collective that made the tensor."""
+
+    @functools.wraps(func)
+    def wait(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = tracking._current()
+        call = _POSTED.pop(tensor) if tracker is not None and not tracker.threads else None
+        if tracker is None or call is None:
+            return func(tensor, *args, **kwargs)
+        tracker.wait_in(call, call.get("limit"))
+        failed = True
+        try:
+            result = func(tensor, *args, **kwargs)
+            failed = False
+            return result
+        finally:
+            tracker.leave(failed)
+
+    wait.__disttest_tracked__ = True  # type: ignore[attr-defined]
+    return wait
+
+
+def track_functional() -> None:
+    """In a rank process: wrap the functional collectives and their wait,
+    so that a rank waiting in one is seen there (a desync, a hang), for the
+    rest of the process, as :func:`~.tracking.install_tracking` wraps
+    ``torch.distributed``'s. Only where torch's module is loaded already
+    (the test's module imported it): importing it costs a test that does
+    not use it; a rank calls this at each test's start."""
+    module = sys.modules.get("torch.distributed._functional_collectives")
+    if module is None:
+        return
+    namespace = vars(module)
+    for name, op in FUNCTIONAL.items():
+        func = namespace.get(name)
+        if func is not None and not getattr(func, "__disttest_tracked__", False):
+            made = _wrappers.get(name)
+            if made is None or made[0] is not func:
+                made = _wrappers[name] = (func, _wrap(op, func))
+            namespace[name] = made[1]
+    wait = namespace.get("wait_tensor")
+    if wait is not None and not getattr(wait, "__disttest_tracked__", False):
+        namespace["wait_tensor"] = _wait_tensor(wait)
 
 
 def _broadcast_root(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any, cast
 from disttest import _compat
 from disttest._runner import progress, rank_look, tracking
 from disttest._runner.channel import connect
+from disttest._runner.functional import track_functional
 from disttest._runner.messages import Done, Hello, Ready, Run, send
 from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
 from disttest._runner.proctree import (
@@ -422,6 +423,7 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     """Run one test in this rank; its outcome with what it left behind,
     the flight recorder's final counts published, and its output's end."""
     tracking.restart_counts()
+    track_functional()  # (where the test's module loaded torch's functional collectives)
     before = descendants()
     ctx.test_outcome = None
     handler = signal.getsignal(STACK_SIGNAL)
