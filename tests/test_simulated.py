@@ -589,6 +589,54 @@ class ReportsTest(unittest.TestCase):
         self.assertIn("... and 2 more", text)
         self.assertIn("Mismatched elements: 2 / 2", text)
 
+    def test_dtensors_are_compared_rank_by_rank(self):
+        # Two DTensors whose values differ raised torch's error from inside
+        # the comparison, naming no rank; a DTensor against a plain tensor
+        # raised "aten.equal.default got mixed torch.Tensor and DTensor".
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        class DTensors(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_differ(self):
+                mesh = self.mesh()
+                a = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+                self.assertEqual(a, distribute_tensor(torch.arange(8.0), mesh, [Shard(0)]))
+                b = distribute_tensor(torch.arange(8.0) + (torch.arange(8.0) == 5).float(), mesh, [Shard(0)])
+                self.assertEqual(a, b)
+
+            def test_against_a_plain_tensor(self):
+                self.assertEqual(distribute_tensor(torch.arange(8.0), self.mesh(), [Shard(0)]), torch.arange(8.0))
+
+        result = run(DTensors)
+        self.assertEqual((len(result.failures), len(result.errors)), (1, 1), problems(result))
+        self.assertIn("1 of the 4 ranks checked differ (disttest):\nrank 2: got [4.0, 5.0] expected [4.0, 6.0]",
+                      result.failures[0][1])
+        self.assertIn("TypeError: Comparing a DTensor to a non-DTensor is ambiguous", result.errors[0][1])
+
+    def test_an_op_that_fails_on_one_rank_names_it(self):
+        class OneRank(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_it(self):
+                self.mode.rank_map(lambda r: torch.ones(3 if r == 2 else 2)) + torch.ones(2)
+
+        text = run(OneRank).errors[0][1]
+        self.assertIn("must match the size of tensor b (2)", text)
+        self.assertIn("(disttest: aten.add.Tensor raised on simulated rank 2 of 4)", text)
+
+    def test_the_default_dtype_is_put_back(self):
+        # (as the thread runner does: the same body leaves the same state in every mode)
+        class SetsIt(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def test_it(self):
+                torch.set_default_dtype(torch.float64)
+
+        before = torch.get_default_dtype()
+        self.assertEqual(problems(run(SetsIt)), [])
+        self.assertEqual(torch.get_default_dtype(), before)
+
     def test_expected_per_rank_and_plain_values(self):
         class PerRank(disttest.SimulatedTestCase):
             world_size = 8

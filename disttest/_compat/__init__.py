@@ -120,6 +120,7 @@ from disttest._compat.local_mode import (
 from disttest._compat.local_speedups import _SPEEDUP_FINGERPRINTS as _SPEEDUP_FINGERPRINTS
 from disttest._compat.local_speedups import (
     LOCAL_TENSOR_SPEEDUPS,
+    SIMULATED_RANK,
     UNKNOWN_SPEEDUP,
     install_local_tensor_speedups,
     local_tensor_speedups_available,
@@ -168,6 +169,7 @@ __all__ = [
     "LOCAL_TENSOR_MISSING",
     "LOCAL_TENSOR_SPEEDUPS",
     "TORCH_FEATURES",
+    "SIMULATED_RANK",
     "UNKNOWN_SPEEDUP",
     "accelerator_count",
     "accelerator_type",

@@ -23,6 +23,7 @@ __unittest = True
 
 __all__ = [
     "LOCAL_TENSOR_SPEEDUPS",
+    "SIMULATED_RANK",
     "UNKNOWN_SPEEDUP",
     "install_local_tensor_speedups",
     "local_tensor_speedups_available",
@@ -44,6 +45,8 @@ __all__ = [
 #: method, not the op through the dispatcher).
 LOCAL_TENSOR_SPEEDUPS = ("coordinates", "rng", "args", "meta", "enter", "dispatch", "metadata")
 
+#: The note on an op's error when it refused one simulated rank's values.
+SIMULATED_RANK = "(disttest: {op} raised on simulated rank {rank} of {n})"
 UNKNOWN_SPEEDUP = "unknown local-tensor speedup {name!r}; expected some of {known} (disttest)"
 
 # sha256 (first 16 hex digits) of the dedented source of the upstream code
@@ -293,6 +296,11 @@ def _fast_for_each_rank(upstream: Callable[..., Any], fast_rng: bool, fast_args:
                 if default_value is None and is_split:
                     split_dim = 0 if len(rank_flat) < 3 else rank_flat[2]
                     default_value = lt._zero_sized_like(rank_flat[0], split_dim)
+        except Exception as e:
+            # (which rank's values the op refused: the error names none)
+            if rank is not None and hasattr(e, "add_note"):
+                e.add_note(SIMULATED_RANK.format(rank=rank, op=func, n=len(ranks)))
+            raise
         finally:
             if skip_rng and per_rank_rng and rank is not None:
                 lt._set_rng_state(*states[rank])

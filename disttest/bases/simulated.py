@@ -412,6 +412,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         self.mode = lt.LocalTensorMode(frozenset(range(size)))
         self.mode.__enter__()
         self.addCleanup(_leave, self.mode)
+        # (as the thread runner puts it back: the same body leaves the same state in every mode)
+        self.addCleanup(torch.set_default_dtype, torch.get_default_dtype())
 
     @property
     def rank(self) -> Any:
@@ -427,6 +429,10 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         values (a LocalTensor, a per-rank int), rank by rank, naming the ranks
         that differ (see :meth:`assertRanksEqual`); lists, tuples and dicts
         holding such values too, each rank's with that rank's values."""
+        # Two DTensors as their local tensors (per-rank here), as assert_close
+        # does; one against anything else a TypeError (it was torch's error
+        # from inside the comparison, no rank named).
+        x, y = _compat.unwrap_dtensors(x, y)
         got, want = _per_rank(x), _per_rank(y)
         with _plain():
             if got is None and want is None:
