@@ -58,6 +58,8 @@ class QueriesTest(unittest.TestCase):
             mock_init_dist(0, 0)
         with self.assertRaisesRegex(disttest.ConfigError, r"mock_init_dist\(rank=...\)"):
             mock_init_dist(5, 4)
+        with self.assertRaisesRegex(disttest.ConfigError, r"Invalid rank True from mock_init_dist\(rank=...\)"):
+            mock_init_dist(True, 2)
 
 
 class CollectivesTest(unittest.TestCase):
@@ -167,6 +169,36 @@ class CollectivesTest(unittest.TestCase):
         self.assertEqual(t.item(), 2.0)
 
 
+class InvalidCallsTest(unittest.TestCase):
+    """What gloo refuses, fake comms refuse too (they filled what fitted and went on)."""
+
+    @with_fake_comms(rank=1, world_size=4)
+    def test_lists_sizes_and_ranks_that_do_not_fit_the_world(self):
+        t = torch.ones(2)
+        calls = {
+            "all_gather": lambda: dist.all_gather([torch.zeros(2) for _ in range(3)], t),
+            "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(2), [torch.ones(2) for _ in range(3)]),
+            "all_to_all": lambda: dist.all_to_all([torch.zeros(2)] * 3, [torch.ones(2)] * 3),
+            "scatter": lambda: dist.scatter(torch.zeros(2), [torch.ones(2)] * 2, src=1),
+            "gather": lambda: dist.gather(t, [torch.zeros(2)] * 2, dst=1),
+            "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(7)),
+            "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(7), t),
+            "broadcast": lambda: dist.broadcast(t, src=9),
+            "send": lambda: dist.send(t, dst=7),
+        }
+        for name, call in calls.items():
+            with self.subTest(name), self.assertRaisesRegex(RuntimeError, rf"^{name}: .*\(disttest\)$"):
+                call()
+        with self.assertRaisesRegex(ValueError, "all_gather: tensor_list holds 3 tensor"):
+            calls["all_gather"]()  # (a ValueError too, as the fake group's own refusals are)
+
+    @with_fake_comms(rank=0, world_size=1)
+    def test_a_receive_from_any_rank_in_a_world_of_one(self):
+        # (it reported rank 1, which does not exist, as the sender)
+        with self.assertRaisesRegex(RuntimeError, "no other rank could send it"):
+            dist.recv(torch.zeros(1))
+
+
 class SplitSizesTest(unittest.TestCase):
     @with_fake_comms(rank=1, world_size=2)
     def test_split_sizes_in_every_form_torch_takes(self):
@@ -189,6 +221,9 @@ class LifecycleTest(unittest.TestCase):
     def test_refuses_to_nest_with_a_clear_message(self):
         with with_dist(world_size=2):
             with self.assertRaises(AlreadyInitialized) as ctx, with_dist(world_size=4):
+                pass
+            # (an AssertionError too, as upstream's mock_init_dist raised)
+            with self.assertRaises(AssertionError), with_dist(world_size=4):
                 pass
             self.assertIn("a process group already exists (backend 'mock_process_group', rank 0 of 2)",
                           str(ctx.exception))

@@ -38,7 +38,14 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._typing import F
 from disttest.config import parse_world_size
-from disttest.pg._local import FutureWork, PythonGroup, _copy, _splits, completed_work
+from disttest.pg._local import (
+    FutureWork,
+    InvalidArgument,
+    PythonGroup,
+    _copy,
+    _splits,
+    completed_work,
+)
 
 __unittest = True
 
@@ -63,10 +70,20 @@ ALREADY_INITIALIZED = (
     "fake comms need none (disttest): destroy it first, or do not nest with_dist / with_fake_comms"
 )
 R: Any = dist.ReduceOp.RedOpType  # (the stubs lack most members)
+#: A list argument of the wrong length for the fake world.
+WRONG_COUNT = "{what}: {name} holds {got} tensor(s); a world of {n} needs {n}, one a rank (disttest)"
+#: A root or peer that is no rank of the fake world.
+NOT_A_RANK = "{what}: {name}={value!r} is not a rank of the fake world (valid: 0 to {last}) (disttest)"
+#: An all-gather's (or a reduce-scatter's) output and input sizes that do not fit.
+WRONG_SIZE = ("{what}: {out} element(s) against {inp}; a world of {n} needs {n} times as many in the larger "
+              "(disttest)")
+#: A receive from any rank in a world of one.
+NO_SENDER = "recv from any rank in a fake world of 1: no other rank could send it (disttest)"
 
 
-class AlreadyInitialized(RuntimeError):
-    """Fake comms were asked for while a process group exists."""
+class AlreadyInitialized(RuntimeError, AssertionError):
+    """Fake comms were asked for while a process group exists (an
+    ``AssertionError`` too, as upstream's ``mock_init_dist`` raised)."""
 
 
 class FakeStore(dist.HashStore):
@@ -118,6 +135,21 @@ class MockProcessGroup(PythonGroup):
     def __repr__(self) -> str:
         return f"MockProcessGroup(rank={self.rank()}, world_size={self.size()})"
 
+    def _count(self, what: str, name: str, tensors: list[Any]) -> None:
+        """A list a collective needs one tensor a rank in (gloo refuses
+        another length; fake comms filled what fitted and went on)."""
+        if len(tensors) != self.size():
+            raise InvalidArgument(WRONG_COUNT.format(what=what, name=name, got=len(tensors), n=self.size()))
+
+    def _root(self, what: str, name: str, rank: int) -> None:
+        if not 0 <= rank < self.size():
+            raise InvalidArgument(NOT_A_RANK.format(what=what, name=name, value=rank, last=self.size() - 1))
+
+    def _elements(self, what: str, output: torch.Tensor, input: torch.Tensor, times: int) -> None:
+        """``output`` holds ``times`` as many elements as ``input`` (an all-gather's)."""
+        if output.numel() != input.numel() * times:
+            raise InvalidArgument(WRONG_SIZE.format(what=what, out=output.numel(), inp=input.numel(), n=self.size()))
+
     def _reduced(self, tensors: list[torch.Tensor], op: Any) -> FutureWork:
         with torch.no_grad():
             for t in tensors:
@@ -131,14 +163,17 @@ class MockProcessGroup(PythonGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> FutureWork:
+        self._root("reduce", "dst", opts.rootRank)
         if opts.rootRank == self.rank():
             return self._reduced(tensors, opts.reduceOp)
         return completed_work(tensors, "reduce")
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> FutureWork:
+        self._root("broadcast", "src", opts.rootRank)
         return completed_work(tensors, "broadcast")
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        self._count("all_gather", "tensor_list", outputs[0])
         with torch.no_grad():
             for out in outputs[0]:
                 _copy(out, inputs[0].reshape(out.shape))
@@ -152,6 +187,7 @@ class MockProcessGroup(PythonGroup):
         return completed_work(outputs, "all_gather_coalesced")
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> FutureWork:
+        self._elements("all_gather_into_tensor", output, input, self.size())
         with torch.no_grad():
             _copy(output, input.reshape(-1).repeat(self.size()).reshape(output.shape))
         return completed_work([output], "all_gather_single")
@@ -162,24 +198,30 @@ class MockProcessGroup(PythonGroup):
         return completed_work(outputs, "all_gather_single_coalesced")
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> FutureWork:
+        self._root("gather", "dst", opts.rootRank)
         if opts.rootRank == self.rank():
+            self._count("gather", "gather_list", outputs[0])
             with torch.no_grad():
                 for out in outputs[0]:
                     _copy(out, inputs[0])
         return completed_work(outputs, "gather")
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> FutureWork:
+        self._root("scatter", "src", opts.rootRank)
         if opts.rootRank == self.rank():
+            self._count("scatter", "scatter_list", inputs[0])
             with torch.no_grad():
                 _copy(outputs[0], inputs[0][self.rank()])
         return completed_work(outputs, "scatter")
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> FutureWork:
+        self._count("reduce_scatter", "input_list", inputs[0])
         with torch.no_grad():
             _copy(outputs[0], _same_everywhere(inputs[0][self.rank()].detach(), opts.reduceOp, self.size()))
         return completed_work(outputs, "reduce_scatter")
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> FutureWork:
+        self._elements("reduce_scatter_tensor", input, output, self.size())
         piece = input.reshape(-1).chunk(self.size())[self.rank()]
         with torch.no_grad():
             _copy(output, _same_everywhere(piece.detach(), opts.reduceOp, self.size()).reshape(output.shape))
@@ -191,6 +233,8 @@ class MockProcessGroup(PythonGroup):
         return completed_work(outputs, "reduce_scatter_single_coalesced")
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
+        self._count("all_to_all", "output_tensor_list", outputs)
+        self._count("all_to_all", "input_tensor_list", inputs)
         mine = inputs[self.rank()]
         with torch.no_grad():
             for out in outputs:
@@ -212,14 +256,18 @@ class MockProcessGroup(PythonGroup):
         return completed_work(None, "barrier")
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> FutureWork:
+        self._root("send", "dst", dst)
         return completed_work(tensors, "send")
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> FutureWork:
+        self._root("recv", "src", src)
         work = completed_work(tensors, "recv")
         work.source = src
         return work
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FutureWork:
+        if self.size() == 1:  # (no other rank could send it: a real group waits for ever)
+            raise InvalidArgument(NO_SENDER)
         work = completed_work(tensors, "recv")
         work.source = 1 if self.rank() == 0 else 0
         return work
@@ -315,7 +363,7 @@ def mock_init_dist(rank: int, world_size: int) -> None:
     Raises :class:`AlreadyInitialized` if a process group exists.
     """
     size = parse_world_size(world_size, "mock_init_dist(world_size=...)")
-    if not isinstance(rank, int) or not 0 <= rank < size:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         from disttest.config import ConfigError
 
         raise ConfigError("rank", rank, "mock_init_dist(rank=...)", f"expected 0 <= rank < {size}")
