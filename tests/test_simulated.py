@@ -1018,6 +1018,22 @@ class OneBodyThreeWaysTest(unittest.TestCase):
         disttest.assert_equal(saved["threads"], saved["simulated"], rtol=0, atol=0)
         disttest.assert_equal(saved["processes"], saved["simulated"], rtol=0, atol=0)
 
+    def test_a_body_s_world_size_may_be_upstream_s_property(self):
+        # It was refused: "Invalid world size <property object at ...> from Body.world_size".
+        class Body:
+            @property
+            def world_size(self):
+                return 3
+
+            def test_it(self):
+                pass
+
+        disttest.run_simulated(Body)
+        made = globals().pop("Body_simulated")
+        self.assertEqual(made.world_size, 3)
+        disttest.run_in("threads")(Body)
+        self.assertEqual(globals().pop("Body_threads")(methodName="test_it").world_size, 3)
+
     def test_a_forced_mode_skips_the_simulated_class(self):
         class Body:
             def test_it(self):

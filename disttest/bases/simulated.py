@@ -45,7 +45,7 @@ from disttest._runner.deadline import Deadline, DeadlinePassed
 from disttest.config import TIMEOUT_FALLBACK, ConfigError, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, chaos_seed, env_faults
 from disttest.runners.case import TestCase, assert_equal
-from disttest.runners.modes import SIMULATED_MODE, only_in_forced_mode
+from disttest.runners.modes import SIMULATED_MODE, body_world_size, only_in_forced_mode
 from disttest.runners.multithread import restore_hooks
 
 __unittest = True
@@ -485,7 +485,7 @@ def run_simulated(body: type | None = None, *, world_size: int | None = None) ->
             raise TypeError(f"run_simulated: {cls.__name__} must be a plain class of test methods, "
                             "not a TestCase (disttest makes the TestCase)")
         where = f"run_simulated({cls.__name__})" if world_size is not None else f"{cls.__name__}.world_size"
-        size = parse_world_size(world_size if world_size is not None else getattr(cls, "world_size", 4), where)
+        size = parse_world_size(world_size if world_size is not None else body_world_size(cls, 4), where)
         made: Any = type(f"{cls.__name__}_{SIMULATED_MODE}", (cls, SimulatedTestCase),
                          {"world_size": size, "__module__": cls.__module__})
         made.__qualname__ = made.__name__

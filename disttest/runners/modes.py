@@ -43,6 +43,19 @@ FORCED_MODES = (*MODES, SIMULATED_MODE)
 FORCED_SKIP = "{env}={mode} runs the {mode} mode only"
 
 
+def body_world_size(body: type, default: int) -> Any:
+    """A body's ``world_size`` as its class says it: an attribute, or
+    upstream's ``@property def world_size(self): return 4``, read on a bare
+    instance (it was refused as ``<property object at ...>``)."""
+    raw = getattr(body, "world_size", default)
+    if isinstance(raw, property) and raw.fget is not None:
+        try:
+            return raw.fget(object.__new__(body))
+        except Exception:  # noqa: BLE001 (one that needs the instance's state: named as it is)
+            return raw
+    return raw
+
+
 def forced_mode() -> str | None:
     """The mode ``DISTTEST_MODE`` forces, or None; a value that names no
     mode is a :class:`~disttest.ConfigError` naming it."""
@@ -130,7 +143,7 @@ def run_in(*modes: str) -> Callable[[type], type]:
             raise TypeError(f"run_in: {body.__name__} must be a plain class of test methods, "
                             "not a TestCase (disttest makes the TestCase per mode)")
         # NB: inherited too, as run_simulated reads it (a body's mixin may set it).
-        size = parse_world_size(getattr(body, "world_size", 2), f"{body.__name__}.world_size")
+        size = parse_world_size(body_world_size(body, 2), f"{body.__name__}.world_size")
         # Threads always use the threaded group; the name still must be one
         # the other modes can make (a typo would pass as threads only).
         check_backend_name(getattr(body, "backend", "gloo"), f"{body.__name__}.backend")
