@@ -89,18 +89,25 @@ class SelfHealingTest(unittest.TestCase):
         self.assertNotEqual(pids[("test_03_pass", "0")], pids[("test_05_pass", "0")])
 
 
+def run_logging_pids(cls):
+    """Run ``cls``, whose tests write "test rank pid" lines to $POOL_LOG:
+    (its result, seconds, {(test, rank): pid}, the warnings it gave)."""
+    with tempfile.NamedTemporaryFile() as log, mock.patch.dict(os.environ, {"POOL_LOG": log.name}), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, elapsed = run_class(cls)
+        with open(log.name) as f:
+            pids = {(name, rank): pid for name, rank, pid in (line.split() for line in f)}
+    return result, elapsed, pids, caught
+
+
 class PointToPointLeftoversTest(unittest.TestCase):
     def test_a_test_that_leaves_calls_unmatched_gets_the_next_one_fresh_ranks(self):
         # The leftover send was received by the next test's recv, whose own
         # send then waited to the limit: a correct test failed for another's.
         from disttest.runners.continuous import P2P_LEFT
 
-        with tempfile.NamedTemporaryFile() as log, mock.patch.dict(os.environ, {"POOL_LOG": log.name}), \
-                warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result, elapsed = run_class(cases.PointToPoint)
-            with open(log.name) as f:
-                pids = {(name, rank): pid for name, rank, pid in (line.split() for line in f)}
+        result, elapsed, pids, caught = run_logging_pids(cases.PointToPoint)
         self.assertEqual((result.testsRun, result.failures, result.errors), (6, [], []))
         self.assertLess(elapsed, 40)
         left = [str(w.message) for w in caught if "left point-to-point calls unmatched" in str(w.message)]
@@ -141,12 +148,7 @@ class CollectiveLeftoversTest(unittest.TestCase):
         # old value (101), and a correct test failed for another's.
         from disttest.runners.continuous import COLLECTIVES_LEFT
 
-        with tempfile.NamedTemporaryFile() as log, mock.patch.dict(os.environ, {"POOL_LOG": log.name}), \
-                warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result, elapsed = run_class(cases.Collectives)
-            with open(log.name) as f:
-                pids = {(name, rank): pid for name, rank, pid in (line.split() for line in f)}
+        result, elapsed, pids, caught = run_logging_pids(cases.Collectives)
         self.assertEqual((result.testsRun, result.failures, result.errors), (6, [], []))
         self.assertLess(elapsed, 40)
         prefix = "pool_cases.Collectives."

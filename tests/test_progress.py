@@ -85,6 +85,17 @@ class BoardTest(unittest.TestCase):
         self.assertEqual(progress.unmatched_p2p(board), "rank 1 sent rank 0 1 message(s) it did not receive")
         self.assertEqual(MemoryBoard(1).state(0), None)
 
+    def test_a_call_its_arguments_refused_is_not_counted(self):
+        # (a test that checks an argument error on one rank: its next call is
+        # its peers' next, and the group holds nothing of it)
+        board = self.board(2)
+        tracker = tracking._Tracker(board, 0)
+        tracker.enter("scatter", progress.DEFAULT_GROUP, range(2), waits=True)
+        tracker.refused([progress.DEFAULT_GROUP])
+        self.assertEqual(board.counts(0), {"default": 0})
+        tracker.enter("all_reduce", progress.DEFAULT_GROUP, range(2), waits=True)
+        self.assertEqual(board.in_flight(0).seq, 1)
+
     def test_a_desync_check_reads_each_finished_peer_once(self):
         # Issue 26: 1024 thread ranks, half finished and half waiting in the
         # last barrier, made every poll read W x F records.
@@ -610,16 +621,6 @@ class UnmatchedCollectivesTest(unittest.TestCase):
         # A group's members are the ranks that entered its collectives.
         self.assertIsNone(self.left({"default": 1, "g1": 2}, {"default": 1}, {"default": 1, "g1": 2}))
         self.assertIsNone(self.left({"default": 1}, None))  # a count unknown decides nothing
-
-    def test_a_call_that_raised_is_not_left(self):
-        # (a test that checks an argument error on one rank: the call never reached the group)
-        board = MemoryBoard(2)
-        board.write(0, {"counts": {"default": 2}, "raised": {"default": 1}})
-        board.write(1, {"counts": {"default": 1}})
-        self.assertIsNone(progress.unmatched_collectives(board))
-        board.write(0, {"counts": {"default": 3}, "raised": {"default": 1}})
-        self.assertEqual(progress.unmatched_collectives(board),
-                         "in the default group rank 0 entered 2 collective(s), rank 1 entered 1")
 
     def test_what_is_left_is_named(self):
         # Every rank is a member of the default group: one that entered none counts 0.

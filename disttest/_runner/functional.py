@@ -74,12 +74,14 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = func(*args, **kwargs)
             failed = False
+        except (TypeError, ValueError):
+            if call is not None:  # (its arguments refused: see _Tracker.refused)
+                tracker.refused([call["group"]])
+            raise
         finally:
             local.depth = depth
             if call is not None:
                 tracker.leave(failed)
-                if failed:
-                    tracker.raised(call["group"])
         if call is not None:
             for t in result if isinstance(result, (list, tuple)) else (result,):
                 _POSTED.remember(getattr(t, "elem", t), call)

@@ -704,14 +704,11 @@ def unmatched_collectives(board: _Reads) -> str | None:
 
     Every rank is a member of the default group (a rank that entered none of
     its collectives counts 0); of another group, only the ranks that
-    entered one of its collectives are known to be members. A call that
-    raised instead of returning (an argument its checks refused) is not
-    counted: the group holds nothing of it."""
-    records = [board.read(r) or {} for r in range(board.world_size)]
-    if any(record.get("overflow") for record in records):
+    entered one of its collectives are known to be members."""
+    read = [board.counts(r) for r in range(board.world_size)]
+    if any(c is None for c in read):
         return None
-    counts = [{key: n - (record.get("raised") or {}).get(key, 0) for key, n in record.get("counts", {}).items()}
-              for record in records]
+    counts = [c or {} for c in read]
     groups = sorted({key for c in counts for key in c if _collective_group(key)})
     found = []
     for group in groups:

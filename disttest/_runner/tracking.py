@@ -54,8 +54,6 @@ class _Tracker:
         self.threads = threads  # a rank thread of the threaded group
         self.home = threading.get_ident()  # the rank's own thread (the one that runs its test)
         self.counts: dict[str, int] = {}
-        #: Calls that raised, by group (see :meth:`raised`).
-        self.raised_counts: dict[str, int] = {}
         self._local = threading.local()  # each thread of a rank its own depth
         self._lock = threading.Lock()  # the rank's threads and its watcher write
         self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
@@ -127,8 +125,6 @@ class _Tracker:
         with self._lock:
             self.record = {**call, "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
                            "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
-            if self.raised_counts:
-                self.record["raised"] = dict(self.raised_counts)
             if waits and threading.get_ident() != self.home:
                 self.record["aside"] = True  # (its own thread may still act: see find_deadlocks)
             self.board.write(self.rank, self.record)
@@ -140,20 +136,24 @@ class _Tracker:
             self.record["state"] = FAILED if failed else IDLE
             self.board.set_state(self.rank, self.record["state"])
 
-    def raised(self, group: str) -> None:
-        """A call on ``group`` raised instead of returning (an argument its
-        own checks refused, as a test may check on one rank): counted apart,
-        so that it is not taken for a call the group still holds
-        (:func:`~.progress.unmatched_collectives`)."""
+    def refused(self, groups: Sequence[str]) -> None:
+        """The call just counted on ``groups`` raised a ``TypeError`` or
+        ``ValueError``: c10d's checks of its arguments (a list of the wrong
+        length, a rank out of range) refused it before it reached the group,
+        as a test may check on one rank. Not counted: its peers' next call is
+        this rank's next, and the group holds nothing of it (a pool's next
+        test would have been given fresh ranks, and a peer that finished
+        first was taken for one that never entered the next call)."""
         with self._lock:
-            self.raised_counts[group] = self.raised_counts.get(group, 0) + 1
-            self.record["raised"] = dict(self.raised_counts)
+            for group in groups:
+                if self.counts.get(group):
+                    self.counts[group] -= 1
+            self.record["counts"] = dict(self.counts)
             self.board.write(self.rank, self.record)
 
     def reset(self) -> None:
         with self._lock:
             self.counts = {}
-            self.raised_counts = {}
             self.record = {"counts": {}, "state": IDLE, "fr": self.record.get("fr"),
                            "fr_at": self.record.get("fr_at")}
             self.board.write(self.rank, self.record)
@@ -390,11 +390,12 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if call is not None and result is not None:
                 _remember(dist, tracker, name, call, result, get_group(args, kwargs), posted, args, kwargs)
             return result
+        except (TypeError, ValueError):
+            tracker.refused([group, *posted])
+            raise
         finally:
             local.depth = depth
             tracker.leave(failed)
-            if failed:
-                tracker.raised(group)
 
     tracked.__disttest_tracked__ = True  # type: ignore[attr-defined]
     return tracked
