@@ -287,6 +287,26 @@ class Hangs(DTensorTestBase):
             time.sleep(30)
 
 
+class HangsInADimOneGather(DTensorTestBase):
+    timeout = 2
+
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_rank_1_sleeps(self):
+        # Shard(1) -> Replicate: the all-gather waits inside the functional call itself.
+        dt = distribute_tensor(torch.ones(4, 4), self.build_device_mesh(), [Shard(1)])
+        if self.rank == 0:
+            dt.redistribute(dt.device_mesh, [Replicate()]).to_local().sum()
+        else:
+            import time
+
+            for _ in range(300):
+                time.sleep(0.1)
+
+
 class Skips(DTensorTestBase):
     timeout = 60
 

@@ -121,6 +121,13 @@ class ProcessesTest(unittest.TestCase):
         self.assertIn("rank 0/2 waits in all_gather_into_tensor #1 of the default group for rank 1/2, which never "
                       "entered it: that rank hung (a consequence)", text)
 
+    def test_a_wait_inside_a_functional_collective_is_seen(self):
+        # all_gather_single waits on its own result (a gather on dim 1): the
+        # rank was shown idle, and its hung peer not as the cause.
+        text = run(cases.HangsInADimOneGather("test_rank_1_sleeps")).errors[0][1]
+        self.assertIn("rank 0/2 waits in all_gather_into_tensor #1 of the default group for rank 1/2, which never "
+                      "entered it: that rank hung (a consequence)", text)
+
     def test_a_desync_in_a_functional_collective_is_reported_before_the_limit(self):
         # It was seen only at the limit (60 s here), with a peer blamed.
         import time

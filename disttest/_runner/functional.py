@@ -70,16 +70,22 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
         # A rank thread's calls reach the threaded group, which records them itself.
         call = None if tracker.threads else _enter(tracker, op, sig, args, kwargs)
         local.depth = depth + 1
+        local.functional_call = call  # (a wait inside the call is a wait in it: all_gather_single's)
         failed = True
         try:
             result = func(*args, **kwargs)
             failed = False
-        except (TypeError, ValueError):
-            if call is not None:  # (its arguments refused: see _Tracker.refused)
+        except Exception as e:
+            # It returns before its collective completes (an asynchronous
+            # tensor): what torch raises there, its own checks raised
+            # (AssertionError, RuntimeError, ValueError) before the call
+            # reached the group (not a backend written in Python).
+            if call is not None and tracking.refused_by_torch(e):
                 tracker.refused([call["group"]])
             raise
         finally:
             local.depth = depth
+            local.functional_call = None
             if call is not None:
                 tracker.leave(failed)
         if call is not None:
@@ -136,6 +142,11 @@ class _Posted:
         if entry is not None and entry[0] is ref:
             del self._calls[key]
 
+    def clear(self) -> None:
+        """Forget every posted call (a test's start: an earlier test's result
+        first waited now would name a call of that test)."""
+        self._calls.clear()
+
     def pop(self, tensor: Any) -> dict[str, Any] | None:
         entry = self._calls.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
@@ -154,7 +165,9 @@ def _wait_tensor(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wait(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = tracking._current()
-        call = _POSTED.pop(tensor) if tracker is not None and not tracker.threads else None
+        call = None
+        if tracker is not None and not tracker.threads:
+            call = _POSTED.pop(tensor) or getattr(tracker._local, "functional_call", None)
         if tracker is None or call is None:
             return func(tensor, *args, **kwargs)
         tracker.wait_in(call, call.get("limit"))
@@ -177,6 +190,7 @@ def track_functional() -> None:
     ``torch.distributed``'s. Only where torch's module is loaded already
     (the test's module imported it): importing it costs a test that does
     not use it; a rank calls this at each test's start."""
+    _POSTED.clear()
     module = sys.modules.get("torch.distributed._functional_collectives")
     if module is None:
         return

@@ -239,6 +239,29 @@ def tracked(op: str, group: str, peers: Sequence[int]) -> Iterator[None]:
         tracker.leave(failed)
 
 
+def refused_by_torch(error: BaseException) -> bool:
+    """Whether ``error`` was raised where torch checks a call's arguments
+    (its innermost frame is in torch's own package: c10d's Python checks,
+    or a C++ check surfacing at the call), not by a backend written in
+    Python (the threaded group, a user's), which may have begun the
+    collective with its peers before it raised."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_torch_dir())
+
+
+@functools.cache
+def _torch_dir() -> str:
+    import os
+
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
 def restart_counts() -> None:
     """Count this rank's collectives from zero again (every rank of a pool
     does it at the start of each test, so numbers read per test)."""
@@ -390,8 +413,9 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if call is not None and result is not None:
                 _remember(dist, tracker, name, call, result, get_group(args, kwargs), posted, args, kwargs)
             return result
-        except (TypeError, ValueError):
-            tracker.refused([group, *posted])
+        except (TypeError, ValueError) as e:
+            if refused_by_torch(e):
+                tracker.refused([group, *posted])
             raise
         finally:
             local.depth = depth

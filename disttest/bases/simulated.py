@@ -104,6 +104,8 @@ def _show(value: Any) -> str:
 
 
 def _leaf_per_rank(value: Any) -> dict[int, Any] | None:
+    if hasattr(value, "_local_tensor") and hasattr(value, "placements"):  # a DTensor (in a list): its local values
+        value = value._local_tensor
     shards = _compat.local_tensor_shards(value)
     return shards if shards is not None else _compat.local_int_values(value)
 
