@@ -195,13 +195,7 @@ def track_functional() -> None:
     if module is None:
         return
     namespace = vars(module)
-    for name, op in FUNCTIONAL.items():
-        func = namespace.get(name)
-        if func is not None and not getattr(func, "__disttest_tracked__", False):
-            made = _wrappers.get(name)
-            if made is None or made[0] is not func:
-                made = _wrappers[name] = (func, _wrap(op, func))
-            namespace[name] = made[1]
+    _install(namespace)
     wait = namespace.get("wait_tensor")
     if wait is not None and not getattr(wait, "__disttest_tracked__", False):
         namespace["wait_tensor"] = _wait_tensor(wait)
@@ -222,11 +216,10 @@ def _broadcast_root(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, 
     return {"src": me if dist.get_rank(group) == named.get("src") else -1}  # (-1: no rank's)
 
 
-def wrap_functional() -> Callable[[], None]:
-    """Wrap the functional collectives of the installed torch; return the
-    undo, which puts back each function it finds still wrapped."""
-    module = _compat.functional_collectives()
-    namespace = vars(module)
+def _install(namespace: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Put each functional collective of ``namespace`` not wrapped yet in
+    its wrapper (made once per function); return what it wrapped, name ->
+    (function, wrapper)."""
     done: dict[str, tuple[Any, Any]] = {}
     for name, op in FUNCTIONAL.items():
         func = namespace.get(name)
@@ -237,6 +230,14 @@ def wrap_functional() -> Callable[[], None]:
             made = _wrappers[name] = (func, _wrap(op, func))
         namespace[name] = made[1]
         done[name] = made
+    return done
+
+
+def wrap_functional() -> Callable[[], None]:
+    """Wrap the functional collectives of the installed torch; return the
+    undo, which puts back each function it finds still wrapped."""
+    namespace = vars(_compat.functional_collectives())
+    done = _install(namespace)
 
     def undo() -> None:
         for name, (func, wrapper) in done.items():
