@@ -54,6 +54,7 @@ _wrappers: dict[str, tuple[Any, Any]] = {}  # name -> (function, its wrapper), m
 
 def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
     sig = inspect.signature(func)
+    get_group, get_tag = tracking._getter(sig, "group"), tracking._getter(sig, "tag")
 
     @functools.wraps(func)
     def functional(*args: Any, **kwargs: Any) -> Any:
@@ -68,7 +69,8 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         after = tracking._hook[0](op, tracker.rank) if tracking._hook else None
         # A rank thread's calls reach the threaded group, which records them itself.
-        call = None if tracker.threads else _enter(tracker, op, sig, args, kwargs)
+        call = None if tracker.threads else _enter(tracker, op, get_group(args, kwargs),
+                                                          get_tag(args, kwargs))
         local.depth = depth + 1
         local.functional_call = call  # (a wait inside the call is a wait in it: all_gather_single's)
         failed = True
@@ -101,20 +103,18 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return functional
 
 
-def _enter(tracker: Any, op: str, sig: inspect.Signature, args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def _enter(tracker: Any, op: str, group: Any, tag: Any) -> dict[str, Any] | None:
     """Record a functional collective as entered (it is asynchronous: the
     rank waits in it at :func:`_wait_tensor`); what a wait on its result is.
     None where its group cannot be told (the call is not recorded)."""
     import torch.distributed as dist
 
     try:
-        named = sig.bind_partial(*args, **kwargs).arguments
-        pg = _compat.functional_group(named.get("group"), named.get("tag") or "")
+        pg = _compat.functional_group(group, tag or "")
         if pg is None:
             return None
-        group, ranks = tracking._group_of(dist, pg)
-        tracker.enter(op, group, range(dist.get_world_size()) if ranks is None else ranks, waits=False)
+        name, ranks = tracker.group_of(dist, pg)
+        tracker.enter(op, name, range(dist.get_world_size()) if ranks is None else ranks, waits=False)
         call = {k: tracker.record.get(k) for k in ("op", "seq", "group", "peers")}
         call["limit"] = tracker.limit(dist, pg)
         return call

@@ -61,6 +61,7 @@ class _Tracker:
         self._since = 0.0
         # NB: both made on first use (a thread rank's tracker lives for one test).
         self._limits: weakref.WeakKeyDictionary[Any, float | None] | None = None
+        self._groups: weakref.WeakKeyDictionary[Any, tuple[str, list[int] | None]] | None = None
         #: The Work of each asynchronous call not yet waited on -> the call
         #: (what the record says while a wait on it blocks).
         self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] | None = None
@@ -91,6 +92,23 @@ class _Tracker:
 
         value = self._limits[pg] = _compat.group_timeout(pg)
         return value
+
+    def group_of(self, dist: Any, group: Any) -> tuple[str, list[int] | None]:
+        """A group's name as records give it and its ranks (None: the
+        default group's, every rank), asked of each group once: its ranks
+        are a list c10d builds at every call."""
+        if group is None or group is dist.GroupMember.WORLD:
+            return DEFAULT_GROUP, None
+        if self._groups is None:
+            self._groups = weakref.WeakKeyDictionary()
+        try:
+            return self._groups[group]
+        except KeyError:
+            pass
+        except TypeError:  # (a group that takes no weak reference)
+            return _group_of(dist, group)
+        found = self._groups[group] = _group_of(dist, group)
+        return found
 
     def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = (),
               extra: dict[str, Any] | None = None) -> None:
@@ -373,7 +391,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 group, ranks = P2P_GROUP, []
                 posted = _batch_keys(args, kwargs)
             else:
-                group, ranks = _group_of(dist, get_group(args, kwargs))
+                group, ranks = tracker.group_of(dist, get_group(args, kwargs))
             if ranks is None:
                 ranks = range(dist.get_world_size())
             if get_peer is not None and get_group_peer is not None:
