@@ -439,6 +439,11 @@ class PointToPoint(disttest.MultiProcContinousTest):
     def test_6_send_recv(self):
         self._send_recv()
 
+class _UnpicklesToValueError:
+    def __reduce__(self):
+        return int, ("not a number",)
+
+
 class Collectives(disttest.MultiProcContinousTest):
     """Tests that leave collectives unmatched (one a rank started and never
     waited for, on the class's group and on a subgroup), each followed by
@@ -466,6 +471,14 @@ class Collectives(disttest.MultiProcContinousTest):
         self._all_reduce()
 
     def test_1_matched(self):
+        # The broadcast completed; only unpickling failed on the receivers,
+        # in torch's own frame (the reconstructor is a C builtin): it counts.
+        objects = [_UnpicklesToValueError() if self.rank == 0 else None]
+        if self.rank == 0:
+            dist.broadcast_object_list(objects, src=0)
+        else:
+            with self.assertRaisesRegex(ValueError, "invalid literal"):
+                dist.broadcast_object_list(objects, src=0)
         self._all_reduce()
 
     def test_2_leaves_one(self):

@@ -375,7 +375,11 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         # NB: not while dynamo traces the call (torch.compile): it runs as a
         # functional collective, and tracing the bookkeeping is an error
         # (a process group is opaque to it).
-        if depth or _compiling() or not (dist.is_initialized() or name in _RENDEZVOUS):
+        if depth:
+            result = func(*args, **kwargs)
+            local.inner = True  # (a collective inside completed: see `refused` below)
+            return result
+        if _compiling() or not (dist.is_initialized() or name in _RENDEZVOUS):
             return func(*args, **kwargs)
         # Injected faults and schedule fuzzing (disttest.faults); before the
         # record, so that an injected raise is not counted as entered.
@@ -421,6 +425,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if "root" in tracker.record:  # (a broadcast from another root cannot match it)
                 call["root"] = tracker.record["root"]
         local.depth = depth + 1
+        local.inner = False
         failed = True
         try:
             result = func(*args, **kwargs)
@@ -432,7 +437,10 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
                 _remember(dist, tracker, name, call, result, get_group(args, kwargs), posted, args, kwargs)
             return result
         except (TypeError, ValueError) as e:
-            if refused_by_torch(e):
+            # Refused: by torch's checks, before any collective inside it
+            # completed (an object collective's receivers unpickle after
+            # its broadcast: the call is their peers' too).
+            if refused_by_torch(e) and not local.inner:
                 tracker.refused([group, *posted])
             raise
         finally:
