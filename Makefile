@@ -19,8 +19,14 @@ TVENV := .venv-torch-$(TORCH)
 
 install: $(STAMP)
 
+# The CPU build, by its local version label: where no index or wheel
+# directory offers it, pip stops at once instead of fetching the default
+# (CUDA, several GB) wheel; PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+# names the index that has it.
+TORCH_PIN := torch==2.13.0+cpu
+
 $(STAMP): setup.cfg setup.py
-	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
+	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q '$(TORCH_PIN)' && $(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
 
 # Bytecode for disttest and what runs beside it, brought up to date (only
 # files that changed are compiled again). An editable install writes none,

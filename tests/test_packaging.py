@@ -135,7 +135,7 @@ class VersionMatrixTargetTest(unittest.TestCase):
 
     def test_the_dev_install_keeps_the_pinned_cpu_wheel(self):
         proc = self.make("-n", "-B", "install")
-        self.assertIn("pip install -q torch==2.13.0", proc.stdout)
+        self.assertIn("pip install -q 'torch==2.13.0+cpu'", proc.stdout)  # (the CPU build, not the index's default)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ GROUP_LIMIT = "the group's timeout"
 WAIT_LIMIT = "the timeout passed to wait()"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
 DISAGREE = "{what} #{seq} on group {group}: ranks pass different {name} (disttest): {values}"
+#: Tensors that must agree across ranks (an all_reduce's, a broadcast's) do not.
+DIFFERENT_TENSORS = "{what}: rank {rank} passed {dtype} {shape}, rank 0 passed {first_dtype} {first_shape} (disttest)"
+#: A piece that does not fill the slot it is for (a gather's, a scatter's).
+DOES_NOT_FIT = "{what}: {where}: {shape} {dtype} into {slot_shape} {slot_dtype} (disttest)"
+#: Coalesced calls whose ranks pass lists of different lengths.
+DIFFERENT_COUNTS = "{what}: ranks passed different numbers of tensors ({passed}) (disttest)"
 
 
 class CollectiveMismatch(RuntimeError):
@@ -221,9 +227,9 @@ def _same(tensors: Sequence[torch.Tensor], what: str) -> None:
     first = tensors[0]
     for r, t in enumerate(tensors):
         if t.shape != first.shape or t.dtype != first.dtype:
-            raise CollectiveMismatch(
-                f"{what}: rank {r} passed {t.dtype} {list(t.shape)}, rank 0 passed "
-                f"{first.dtype} {list(first.shape)} (disttest)")
+            raise CollectiveMismatch(DIFFERENT_TENSORS.format(
+                what=what, rank=r, dtype=t.dtype, shape=list(t.shape), first_dtype=first.dtype,
+                first_shape=list(first.shape)))
 
 
 def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str, shape: bool = True) -> None:
@@ -231,8 +237,9 @@ def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str, shape:
     it is: the same dtype and (``shape``) shape. gloo refuses both; a copy
     would cast and broadcast in silence."""
     if slot.dtype != piece.dtype or shape and slot.shape != piece.shape:
-        raise CollectiveMismatch(f"{what}: {where}: {list(piece.shape)} {piece.dtype} into "
-                                 f"{list(slot.shape)} {slot.dtype} (disttest)")
+        raise CollectiveMismatch(DOES_NOT_FIT.format(what=what, where=where, shape=list(piece.shape),
+                                                     dtype=piece.dtype, slot_shape=list(slot.shape),
+                                                     slot_dtype=slot.dtype))
 
 
 def _counts(what: str, lists: Sequence[Sequence[Any]]) -> int:
@@ -241,7 +248,7 @@ def _counts(what: str, lists: Sequence[Sequence[Any]]) -> int:
     lengths = [len(x) for x in lists]
     if len(set(lengths)) > 1:
         passed = ", ".join(f"rank {r} passed {n}" for r, n in enumerate(lengths))
-        raise CollectiveMismatch(f"{what}: ranks passed different numbers of tensors ({passed}) (disttest)")
+        raise CollectiveMismatch(DIFFERENT_COUNTS.format(what=what, passed=passed))
     return lengths[0] if lengths else 0
 
 
