@@ -5,6 +5,7 @@ collect them) so that the fork server can import them by name."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 import time
@@ -250,3 +251,43 @@ class OneRankGroups(Base):
             self.assertEqual(t, torch.ones(2))
         finally:
             dist.destroy_process_group()
+
+
+class Refusals(Base):
+    """A call torch refuses on one rank (the rank's own argument error,
+    raised before the call communicates), and what its peer does meanwhile."""
+
+    timeout = 20
+
+    def test_refused_then_peer_skips(self):
+        init_pg(self)
+        if self.rank == 0:
+            dist.scatter(torch.ones(1), scatter_list=[torch.ones(1)], src=0)  # a list of 1 in a world of 2
+        time.sleep(0.2)
+        sys.exit(disttest.TEST_SKIPS["no_cuda"].exit_code)
+
+    def test_refused_peer_passes(self):
+        init_pg(self)
+        if self.rank == 0:
+            dist.broadcast(torch.ones(1), src=5)  # gloo: "invalid root rank: 5"
+
+    def test_refused_by_c10d_then_peer_fails(self):
+        init_pg(self)
+        if self.rank == 0:
+            dist.scatter(torch.zeros(1), scatter_list=None, src=0)  # c10d's own check: ValueError
+        time.sleep(0.3)
+        raise KeyError("rank 1's own error")
+
+
+class ExpectedSignal(Base):
+    """Upstream's watchdog tests: every rank aborts, as the test expects."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.special_return_code_checks = {self.test_aborts.__wrapped__: -signal.SIGABRT}
+
+    def test_aborts(self):
+        with open(os.environ["ABORT_LOG"], "a") as f:
+            f.write(f"{self.rank}\n")
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # (no core file, wherever the machine puts them)
+        os.abort()

@@ -284,6 +284,47 @@ class DeadlockLauncher(SlowBoardLauncher):
         self.stopped = True
 
 
+class RaisingLauncher(SlowBoardLauncher):
+    """Rank 0 passes at once; rank 1 is seen in a collective rank 0 never
+    entered (``ends``: when its group's timeout raises it) and ends with an
+    error after ``until`` seconds."""
+
+    def __init__(self, until: float, ends: float | None = None) -> None:
+        super().__init__(until=until, cost=0.0)
+        self.ends = ends
+
+    def poll(self) -> dict[int, ExitStatus]:
+        if time.monotonic() >= self.end:
+            self.outcomes[1] = outcome_from_exception(1, RuntimeError("invalid root rank: 5"))
+        return {r: ExitStatus(code=0 if r == 0 else 10) for r in self.outcomes}
+
+    def desync(self, ranks, finished, ended=False, entered_counts=True):
+        if ended or 1 in self.outcomes:
+            return []
+        return [(0, InFlight(1, "broadcast", 1, "0", range(2), ends=self.ends))]
+
+
+class DesyncConfirmedTest(unittest.TestCase):
+    def test_a_rank_seen_in_a_call_it_then_raises_from_is_no_desync(self):
+        # A call torch refuses shows as entered for a moment (after a first
+        # use's warning, milliseconds): the rank's own error, not a desync.
+        outcomes = join_mod.join(RaisingLauncher(until=join_mod.CONFIRM / 3), timeout=30)
+        self.assertEqual([o.kind for o in outcomes], [Kind.PASSED, Kind.ERRORED])
+
+    def test_a_desync_found_again_is_reported(self):
+        start = time.monotonic()
+        outcomes = join_mod.join(RaisingLauncher(until=3600), timeout=30)
+        self.assertEqual([o.kind for o in outcomes], [Kind.PASSED, Kind.DESYNC])
+        self.assertLess(time.monotonic() - start, 5)
+
+    def test_a_desync_whose_call_raises_by_itself_before_the_limit_is_left_to_raise(self):
+        # (a short group timeout the test expects: conformance's rejected calls)
+        outcomes = join_mod.join(RaisingLauncher(until=0.5, ends=time.time() + 0.5), timeout=30)
+        self.assertEqual([o.kind for o in outcomes], [Kind.PASSED, Kind.ERRORED])
+        outcomes = join_mod.join(RaisingLauncher(until=3600, ends=time.time() + 120), timeout=30)
+        self.assertEqual([o.kind for o in outcomes], [Kind.PASSED, Kind.DESYNC])
+
+
 class DeadlockTest(unittest.TestCase):
     def test_a_deadlock_that_never_ends_by_itself_is_reported_at_once(self):
         outcomes = join_mod.join(DeadlockLauncher(ends=None), timeout=60)

@@ -85,6 +85,33 @@ class OutcomesTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("rank 0/2: SystemExit: sys.exit(5) in the test", self.only(result.errors))
 
 
+class RefusedCallTest(OutcomeMixin, unittest.TestCase):
+    """A call torch refused on one rank (its own argument error, raised
+    before the call communicated) is that rank's own error, whatever its
+    peer did and whenever: not a consequence of the peer's end, not a desync."""
+
+    def test_a_peer_that_skips_later_does_not_hide_it(self):
+        # (it was a skip: the error, from torch.distributed, counted as the skip's consequence)
+        result, _ = run(cases.Refusals, "test_refused_then_peer_skips")
+        self.assertEqual(result.skipped, [])
+        text = self.only(result.errors)
+        self.assertIn("errored (disttest): rank 0/2 raised RuntimeError", text)
+        self.assertIn("Incorrect input list size 1", text)
+
+    def test_a_peer_that_passes_makes_no_desync(self):
+        result, _ = run(cases.Refusals, "test_refused_peer_passes")
+        text = self.only(result.errors)
+        self.assertIn("errored (disttest): rank 0/2 raised RuntimeError", text)
+        self.assertIn("invalid root rank: 5", text)
+        self.assertNotIn("desync", text)
+
+    def test_a_peer_s_own_later_error_is_a_second_cause(self):
+        result, _ = run(cases.Refusals, "test_refused_by_c10d_then_peer_fails")
+        text = self.only(result.errors)
+        self.assertIn("rank 0/2 raised ValueError; rank 1/2 raised KeyError", text)
+        self.assertNotIn("consequence", text)
+
+
 class FailFastTest(OutcomeMixin, unittest.TestCase):
     def test_stack_of_a_rank_blocked_in_a_collective(self):
         result, _ = run(cases.Hangs, "test_blocked_in_collective")
@@ -112,6 +139,18 @@ class HooksTest(OutcomeMixin, unittest.TestCase):
 
     def test_special_return_code(self):
         self.assertPassed(run(cases.ReturnCodes, "test_exits_7")[0])
+
+    def test_a_signal_the_test_expects_passes_once(self):
+        # Upstream's watchdog tests: {fn: -signal.SIGABRT}, as Process.exitcode
+        # says a signal. It was an error, and the fork server's copy first ran
+        # the test again, taking the abort for the copy's crash.
+        with tempfile.TemporaryDirectory() as tmp:
+            log = os.path.join(tmp, "log")
+            with mock.patch.dict(os.environ, {"ABORT_LOG": log}):
+                result, _ = run(cases.ExpectedSignal, "test_aborts")
+            self.assertPassed(result)
+            with open(log) as f:
+                self.assertEqual(sorted(f.read().split()), ["0", "1"])
 
     def test_skip_return_code_checks(self):
         self.assertPassed(run(cases.ReturnCodes, "test_any_code")[0])

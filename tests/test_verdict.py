@@ -186,6 +186,15 @@ class CommSiteTest(unittest.TestCase):
         self.assertEqual(comm_site(exc), "all_reduce")
         self.assertEqual(outcome_from_exception(0, exc).comm, "all_reduce")
 
+    def test_a_call_torch_refused_is_the_tests_own(self):
+        # (marked by the rank's tracking: raised before the call communicated)
+        from disttest._runner import tracking
+
+        exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))
+        tracking.mark_refused(exc)
+        self.assertEqual(comm_site(exc), "")
+        self.assertEqual(outcome_from_exception(0, exc).comm, "")
+
     def test_the_tests_own_error(self):
         def own():
             raise RuntimeError("Connection closed by peer")  # the words do not make it one

@@ -84,6 +84,8 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
             # reached the group (not a backend written in Python).
             if call is not None and tracking.refused_by_torch(e):
                 tracker.refused([call["group"]])
+                tracking.mark_refused(e)
+                failed = False
             raise
         finally:
             local.depth = depth

@@ -35,6 +35,11 @@ POLL_INTERVAL = 0.01
 #: The join loop waits this many times as long as its last desync check
 #: took before the next one.
 DESYNC_SHARE = 9
+#: A desync or deadlock is acted on once the same calls are found again at
+#: least this many seconds after they were first found: a rank seen waiting
+#: in a call may be about to raise from it (a call torch refuses, after a
+#: first-use warning), which is its own error, not a desync.
+CONFIRM = 0.1
 #: After the first failure, how long the other ranks get to report their own
 #: (ranks often fail together, a few ms apart) before they are stopped; not
 #: once every live rank waits in a collective that an ended rank never
@@ -187,6 +192,19 @@ def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
                               detail=details.get(r, ""), output_tail=launcher.output(r))
 
 
+def _confirmed(found: list[tuple[int, InFlight]], suspects: dict[tuple[int, str, int, str], float],
+               ) -> tuple[list[tuple[int, InFlight]], dict[tuple[int, str, int, str], float]]:
+    """Of the desyncs ``found`` now, those found since at least
+    :data:`CONFIRM` ago; and the suspects kept for the next check (each
+    found now, since when it was first found)."""
+    now = time.monotonic()
+    kept = {}
+    for _, flight in found:
+        key = (flight.rank, flight.op, flight.seq, flight.group)
+        kept[key] = suspects.get(key, now)
+    return [f for f in found if now - kept[(f[1].rank, f[1].op, f[1].seq, f[1].group)] >= CONFIRM], kept
+
+
 def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVAL,
          expected_end: Callable[[int], bool] | None = None, start_up: StartUp | None = None,
          test: str = "") -> list[Outcome]:
@@ -209,6 +227,7 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
     judged_facts = -1  # how many outcomes ``judged`` was made from; -1: judge again
     errored = False  # a rank errored: its judgement also reads the board, which changes
     cause = False  # the judgement names a cause (a failure that stops the others)
+    suspects: dict[tuple[int, str, int, str], float] = {}  # desyncs found, not yet confirmed: since when
     while True:
         for r, status in launcher.poll().items():
             if r not in outcomes:
@@ -242,17 +261,20 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             waiting = [r for r in live if r not in reported]
             finished = [r for r, o in judged.items() if _passed(o)]
             found = launcher.desync(waiting, [*finished, *reported]) if waiting else []
-            # A deadlock whose call raises by itself before the test's limit (its
-            # group's timeout, which the test may expect) is left to raise.
+            # A desync or deadlock whose call raises by itself before the test's
+            # limit (its group's timeout, which the test may expect) is left to raise.
             wall_deadline = time.time() + deadline - time.monotonic()
-            found = [f for f in found if not (f[1].against and f[1].ends is not None and f[1].ends < wall_deadline)]
+            found = [f for f in found if not (f[1].ends is not None and f[1].ends < wall_deadline)]
+            found, suspects = _confirmed(found, suspects)
             # NB: after the desync check, which names a peer that passed (a
             # cause of its own), and as seldom: each asks every live rank.
-            stuck = not found and grace_end is not None and _all_stuck(launcher, world, outcomes)
+            stuck = not found and not suspects and grace_end is not None and _all_stuck(launcher, world, outcomes)
             # The check asks every live rank and reads every waiting rank's
             # record: with a thousand thread ranks (which share the GIL with
             # it) it may take at most a tenth of the time.
             next_check = time.monotonic() + DESYNC_SHARE * (time.monotonic() - began)
+            if suspects:
+                next_check = min(next_check, min(suspects.values()) + CONFIRM)
         if found:
             kinds = {f[1].rank: Kind.DEADLOCK if f[1].against else Kind.DESYNC for f in found}
             _stop(launcher, _live(world, outcomes), outcomes, kinds,

@@ -350,9 +350,12 @@ def comm_site(exc: BaseException) -> str:
     (the last one outside torch and disttest) there is a frame of
     torch.distributed (or of disttest's groups). An error raised by code
     torch called back (a hook of the test) has the test's frame last, so it
-    is the test's own. ``DistError`` and its subclasses count wherever they
-    were raised.
+    is the test's own, and so is a call torch refused before it
+    communicated (an argument error, marked by the rank's tracking).
+    ``DistError`` and its subclasses count wherever they were raised.
     """
+    if getattr(exc, "__disttest_refused__", False):  # (tracking.REFUSED_MARK: refused before it communicated)
+        return ""
     frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
     modules = [_module(f) for f in frames]
 

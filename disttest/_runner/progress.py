@@ -110,8 +110,8 @@ class InFlight:
     against: str = ""  # a deadlock: what the peer waits in (find_deadlocks)
     #: A deadlock: every rank of the cycle (sorted) and what it waits in.
     cycle: tuple[tuple[int, str], ...] = ()
-    #: A deadlock: when the first call of the cycle raises by itself (its
-    #: group's timeout; ``time.time()``), None if none does.
+    #: When the call raises by itself (its group's timeout; ``time.time()``),
+    #: None if it does not; of a deadlock, the cycle's first call's.
     ends: float | None = None
 
     def describe(self) -> str:
@@ -198,7 +198,9 @@ class _Reads:
                     record.get("op"), record.get("seq"), RECORDER + str(record.get("group"))):
                 return None
             return flight
-        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]))
+        at, limit = record.get("at"), record.get("limit")
+        ends = at + limit if isinstance(at, (int, float)) and isinstance(limit, (int, float)) else None
+        return InFlight(rank, record["op"], record["seq"], record["group"], _unruns(record["peers"]), ends=ends)
 
     def counts(self, rank: int) -> dict[str, int] | None:
         """How many collectives ``rank`` entered, per group (None: unknown)."""

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import operator
+import re
 import threading
 import time
 import weakref
@@ -257,6 +258,39 @@ def tracked(op: str, group: str, peers: Sequence[int]) -> Iterator[None]:
         tracker.leave(failed)
 
 
+#: Calls that communicate inside the call itself, with no Work to wait on
+#: (an error before a wait is not a refusal there).
+_NO_WAIT = {"monitored_barrier", *_RENDEZVOUS}
+#: What an error that says a peer went away, or a wait ran out, says (as the
+#: verdict's PEER_LOST): never a refusal, wherever it was raised.
+_LOST = re.compile(r"closed by peer|reset by peer|broken pipe|connection|timed? ?out|timeout|abort", re.IGNORECASE)
+#: Set on an exception a call of torch.distributed raised before it
+#: communicated: the test's own error (see outcome.comm_site), not a peer's.
+REFUSED_MARK = "__disttest_refused__"
+
+
+def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
+    """Whether ``error``, raised by a call of ``op``, is torch or its backend
+    refusing the call before it communicated: c10d's checks of its
+    arguments (a ``TypeError`` or ``ValueError``), or a backend's
+    (``ProcessGroupGloo::broadcast: invalid root rank: 5``, a
+    ``RuntimeError`` raised as the call was enqueued, before its wait)."""
+    if not refused_by_torch(error):
+        return False
+    if isinstance(error, (TypeError, ValueError)):
+        return True
+    return isinstance(error, RuntimeError) and not reached_wait and op not in _NO_WAIT and \
+        not _LOST.search(str(error))
+
+
+def mark_refused(error: BaseException) -> None:
+    """Note on ``error`` that its call was refused (:data:`REFUSED_MARK`)."""
+    try:
+        setattr(error, REFUSED_MARK, True)
+    except Exception:  # noqa: BLE001,S110 (an exception that takes no attribute stays unmarked)
+        pass
+
+
 def refused_by_torch(error: BaseException) -> bool:
     """Whether ``error`` was raised where torch checks a call's arguments
     (its innermost frame is in torch's own package: c10d's Python checks,
@@ -425,7 +459,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if "root" in tracker.record:  # (a broadcast from another root cannot match it)
                 call["root"] = tracker.record["root"]
         local.depth = depth + 1
-        local.inner = False
+        local.inner = local.began = False
         failed = True
         try:
             result = func(*args, **kwargs)
@@ -436,12 +470,15 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if call is not None and result is not None:
                 _remember(dist, tracker, name, call, result, get_group(args, kwargs), posted, args, kwargs)
             return result
-        except (TypeError, ValueError) as e:
+        except Exception as e:
             # Refused: by torch's checks, before any collective inside it
             # completed (an object collective's receivers unpickle after
-            # its broadcast: the call is their peers' too).
-            if refused_by_torch(e) and not local.inner:
+            # its broadcast: the call is their peers' too). Not counted, and
+            # not a collective the rank failed in: the error is its own.
+            if not local.inner and refused(e, name, local.began):
                 tracker.refused([group, *posted])
+                mark_refused(e)
+                failed = False
             raise
         finally:
             local.depth = depth
@@ -488,7 +525,10 @@ def _waiting(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = _current()
-        if tracker is None or not tracker.pending or tracker.depth or _compiling():
+        if tracker is not None and tracker.depth:
+            tracker._local.began = True  # (the call of torch.distributed it is in reached its wait)
+            return original(self, *args, **kwargs)
+        if tracker is None or not tracker.pending or _compiling():
             return original(self, *args, **kwargs)
         try:
             call = tracker.pending.get(self)

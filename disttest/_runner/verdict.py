@@ -22,7 +22,7 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["CALLS_DIFFER", "CALLS_MISMATCH", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "MISMATCH_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "explain",
+__all__ = ["CALLS_DIFFER", "CALLS_MISMATCH", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "MISMATCH_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "expected_end", "explain",
            "judge", "reclassified", "who"]
 
 HARD = (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DEADLOCK)
@@ -165,6 +165,17 @@ def _what(o: Outcome, flight: InFlight | None) -> str:
     return o.comm
 
 
+def expected_end(o: Outcome, expected_exit_codes: Collection[int] = (), lenient_exits: bool = False) -> bool:
+    """Whether rank outcome ``o`` is a death the test expects: an exit code
+    of ``expected_exit_codes``, or a signal given as its negative number
+    (upstream's ``-signal.SIGABRT``, as ``Process.exitcode`` says it), or
+    any death with ``lenient_exits``."""
+    if o.kind is not Kind.CRASHED or o.exit is None:
+        return False
+    return lenient_exits or o.exit.code in expected_exit_codes or (
+        o.exit.signal is not None and -o.exit.signal in expected_exit_codes)
+
+
 def judge(outcomes: Sequence[Outcome], always_failure: bool = False,
           expected_exit_codes: Collection[int] = (), lenient_exits: bool = False) -> Verdict:
     """The verdict on one test's outcomes.
@@ -174,14 +185,11 @@ def judge(outcomes: Sequence[Outcome], always_failure: bool = False,
     otherwise any cause fails the test: a failure if every cause is an
     assertion (or ``always_failure``), else an error. A rank that died
     without reporting passes when its exit code is in
-    ``expected_exit_codes``, or with ``lenient_exits`` (upstream's
+    ``expected_exit_codes`` (a signal as its negative number), or with ``lenient_exits`` (upstream's
     ``special_return_code_checks`` / ``skip_return_code_checks``).
     """
     final = tuple(
-        dataclasses.replace(o, kind=Kind.PASSED)
-        if o.kind is Kind.CRASHED and o.exit is not None
-        and (lenient_exits or o.exit.code in expected_exit_codes)
-        else o
+        dataclasses.replace(o, kind=Kind.PASSED) if expected_end(o, expected_exit_codes, lenient_exits) else o
         for o in outcomes
     )
     skipped = [o for o in final if o.kind is Kind.SKIPPED]

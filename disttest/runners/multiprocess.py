@@ -38,7 +38,7 @@ from disttest._runner.outcome import (
     subtests_named,
 )
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
-from disttest._runner.verdict import judge
+from disttest._runner.verdict import expected_end, judge
 from disttest._runner.verdict import who as verdict_who
 from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher, ZygoteUnavailable
 from disttest.config import (
@@ -250,9 +250,9 @@ class MultiProcessTestCase(RankDispatch):
         # report names the limit the join kept.
         self._joined_limit = self._test_timeout()
         self._outcomes = self._join_ranks(self._launcher, self._joined_limit)
-        crashed = self._crashed(self._outcomes)
+        crashed = self._crashed(self._outcomes, fn)
         if crashed and zygote.from_copy(self._launcher):
-            self._again_in_a_fresh_server(crashed)
+            self._again_in_a_fresh_server(crashed, fn)
         self._check_return_codes(fn, time.monotonic() - start)
 
     def _join_ranks(self, launcher: ProcessLauncher, limit: float) -> list[Outcome]:
@@ -271,13 +271,17 @@ class MultiProcessTestCase(RankDispatch):
             self._joined_limit = start_up.given
         return outcomes
 
-    def _crashed(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """The ranks that crashed (a fatal signal, not an injected death)."""
+    def _crashed(self, outcomes: list[Outcome], fn: Callable[[], Any]) -> list[Outcome]:
+        """The ranks that crashed (a fatal signal, not an injected death nor
+        one test ``fn`` expects: upstream's ``special_return_code_checks``)."""
         injected = self._injection.expected_end
+        code = self.special_return_code_checks.get(fn)
+        lenient = fn is not None and fn in self.skip_return_code_checks
         return [o for o in outcomes if o.kind is Kind.CRASHED and o.exit is not None
-                and o.exit.signal in _CRASH_SIGNALS and not (injected and injected(o.rank))]
+                and o.exit.signal in _CRASH_SIGNALS and not (injected and injected(o.rank))
+                and not expected_end(o, () if code is None else (code,), lenient)]
 
-    def _again_in_a_fresh_server(self, crashed: list[Outcome]) -> None:
+    def _again_in_a_fresh_server(self, crashed: list[Outcome], fn: Callable[[], Any]) -> None:
         """Ranks forked by a copy of the test process crashed: run the test
         again in ranks of a fresh fork server (as a fresh interpreter would
         run it). If no rank crashes there, the copy was at fault: that run's
@@ -297,7 +301,7 @@ class MultiProcessTestCase(RankDispatch):
         assert again is not None  # (started, or it raised)
         first_limit, self._joined_limit = self._joined_limit, self._test_timeout()
         self._outcomes = self._join_ranks(again, self._joined_limit)
-        if self._crashed(self._outcomes):
+        if self._crashed(self._outcomes, fn):
             zygote.trust_copies_again(reason)
             self._outcomes, self._joined_limit = first_outcomes, first_limit
             return
