@@ -77,6 +77,10 @@ class Hangs(Base):
         else:
             stuck_in_a_helper()
 
+    def test_hang_in_a_cleanup(self):
+        if self.rank == 1:
+            self.addCleanup(time.sleep, 60)  # (no Python frame of the test's)
+
     def test_peer_fails_while_blocked(self):
         init_pg(self)
         if self.rank == 1:

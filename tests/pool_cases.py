@@ -499,3 +499,21 @@ class Collectives(disttest.MultiProcContinousTest):
     def test_5_all_reduce(self):
         self._all_reduce()
 
+
+
+class OutputPerTest(disttest.MultiProcContinousTest):
+    """A rank that crashes silently after a test that printed."""
+
+    world_size = 2
+    timeout = 20
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def test_1_prints(self):
+        print(f"printed by test_1 on rank {self.rank}", flush=True)
+
+    def test_2_crashes(self):
+        if self.rank == 1:
+            os._exit(5)

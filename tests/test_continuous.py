@@ -167,6 +167,18 @@ class CollectiveLeftoversTest(unittest.TestCase):
         self.assertEqual(live_ranks(), [])
 
 
+class OutputPerTestTest(unittest.TestCase):
+    def test_a_crashed_rank_s_report_shows_only_its_test_s_output(self):
+        # It showed what the rank printed in the test before (one log per rank for the pool's life).
+        with mock.patch.dict(os.environ, {"DISTTEST_OUTPUT": "tail"}):
+            result, _ = run_class(cases.OutputPerTest)
+        errors = by_name(result.errors)
+        self.assertEqual(list(errors), ["test_2_crashes"])
+        self.assertIn("rank 1/2 exited with code 5", errors["test_2_crashes"])
+        self.assertNotIn("printed by test_1", errors["test_2_crashes"])
+        self.assertEqual(live_ranks(), [])
+
+
 class GroupLimitTest(unittest.TestCase):
     def test_the_class_s_group_times_out_after_its_longest_test_s_limit(self):
         # Without a class timeout the group waited torch's 30 minutes, also

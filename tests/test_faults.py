@@ -123,6 +123,8 @@ class DeclarationTest(unittest.TestCase):
             (dict(rank=1, action="corrupt", at="all_gather_object"), "all_gather_object receives no tensor"),
             (dict(rank=1, action="raise", ends_test=True), "only a death (kill or exit) can end the test"),
             (dict(rank=1, action="kill", ends_test="maybe"), "Invalid fault ends_test 'maybe'"),
+            # (a string in code: "no" was read as False, "yes" as True; only a spec is text)
+            (dict(rank=1, action="kill", ends_test="no"), "Invalid fault ends_test 'no' from @inject_fault"),
             (dict(rank=1.0, action="kill"), "Invalid fault rank 1.0"),
             (dict(rank=1, action="kill", nth=1.0), "Invalid fault nth 1.0"),
             (dict(rank=1, action="delay", seconds=10**400), "Invalid fault seconds 1000"),

@@ -113,6 +113,16 @@ class RefusedCallTest(OutcomeMixin, unittest.TestCase):
 
 
 class FailFastTest(OutcomeMixin, unittest.TestCase):
+    def test_a_hang_in_a_cleanup_with_no_frame_of_the_test_says_so(self):
+        # (it said "the rank was in disttest's own code")
+        from disttest._runner.report import IN_CLEANUP
+
+        result, _ = run(cases.Hangs, "test_hang_in_a_cleanup")
+        text = self.only(result.errors)
+        self.assertIn("rank 1/2 did not finish 'test_hang_in_a_cleanup' within 2s", text)
+        self.assertIn(IN_CLEANUP.split("{")[0], text)
+        self.assertRegex(text, r'File ".*outcome\.py", line \d+ in after_cleanups\)$')
+
     def test_stack_of_a_rank_blocked_in_a_collective(self):
         result, _ = run(cases.Hangs, "test_blocked_in_collective")
         text = self.only(result.errors)

@@ -186,10 +186,14 @@ class ProcessLauncher:
         answer = self.channel.answers.get(rank)
         return None if answer is None else copy.copy(answer)
 
-    def output(self, rank: int) -> str:
+    def output(self, rank: int, since: int = 0) -> str:
+        """The end of what ``rank`` printed (after byte ``since`` of its log)."""
         # More when it ends in faulthandler's dump (crashsite), which can be long.
-        text = rank_mod.tail(rank_mod.paths(self.spec.run_dir, rank)["log"], 8 * OUTPUT_CHARS)
+        text = rank_mod.tail(self.log_path(rank), 8 * OUTPUT_CHARS, since)
         return text if FATAL in text else text[-OUTPUT_CHARS:]
+
+    def log_path(self, rank: int) -> str:
+        return rank_mod.paths(self.spec.run_dir, rank)["log"]
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:
@@ -466,8 +470,8 @@ class SpawnLauncher(ProcessLauncher):
             if rank not in self._exits and p.exitcode is not None:
                 self._exits[rank] = ExitStatus.from_exitcode(p.exitcode)
 
-    def output(self, rank: int) -> str:
-        text = super().output(rank)
+    def output(self, rank: int, since: int = 0) -> str:
+        text = super().output(rank, since)
         if not text.strip() and rank in self._exits and rank not in self.channel.conns:
             return SPAWN_SILENT
         return text

@@ -106,7 +106,11 @@ class Pool:
 
     def dispatch(self, test_name: str) -> TestRun:
         """Send ``test_name`` to every worker; return the test's view."""
-        return TestRun(self, self.channel.dispatch(test_name))
+        # Where each rank's log stands before the test: its report shows what
+        # the rank printed in this test, never an earlier test's lines (the
+        # ranks flush their output before they answer a test).
+        since = [_log_size(self.launcher.log_path(r)) for r in range(self.world_size)]
+        return TestRun(self, self.channel.dispatch(test_name), since)
 
     def note(self, outcomes: Sequence[Outcome]) -> tuple[str | None, str | None]:
         """After a test: a pool that lost or had to stop a rank is broken;
@@ -149,6 +153,13 @@ class Pool:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def _log_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 def _tail(launcher: ProcessLauncher, dead: dict[int, ExitStatus]) -> str:
     rank = next(iter(dead))
     out = launcher.output(rank).strip()
@@ -160,10 +171,11 @@ class TestRun:
 
     __test__ = False  # not a test class, whatever its name
 
-    def __init__(self, pool: Pool, seq: int) -> None:
+    def __init__(self, pool: Pool, seq: int, since: Sequence[int] = ()) -> None:
         self.pool = pool
         self.seq = seq
         self.world_size = pool.world_size
+        self._since = list(since) or [0] * pool.world_size  # (each rank's log offset at the test's start)
 
     def poll(self) -> dict[int, ExitStatus]:
         ended = dict(self.pool.launcher.poll())
@@ -176,7 +188,7 @@ class TestRun:
         return self.pool.launcher.outcome(rank) if self.pool.channel.seq == self.seq else None
 
     def output(self, rank: int) -> str:
-        return self.pool.launcher.output(rank)
+        return self.pool.launcher.output(rank, self._since[rank])
 
     def desync(self, ranks: Sequence[int], finished: Sequence[int], ended: bool = False,
                entered_counts: bool = True) -> list[tuple[int, InFlight]]:

@@ -55,6 +55,9 @@ NO_RANKS_STARTED = (
 )
 TAIL_CHARS = 2000
 NO_USER_FRAME = "(no frame of the test: the rank was in disttest's own code)"
+#: A rank in a cleanup the test registered, in a function with no Python
+#: frame of its own (``addCleanup(time.sleep, 100)``).
+IN_CLEANUP = "(no frame of the test: the rank was in a cleanup the test registered, in a builtin it called: {frame})"
 LEFT_RUNNING = "{who} left processes running when its test ended; disttest killed them: {procs}"
 SECTION = "disttest {who} ({kind})"
 LOGS_KEPT = "the whole output of every rank is kept in {folder} (disttest, DISTTEST_KEEP_LOGS)"
@@ -157,13 +160,21 @@ def user_stack(stacks: str) -> str:
     threads left with no frame of their own (disttest's watcher) are dropped."""
     blocks: list[list[str]] = []  # a header (or ""), then its kept frames
     past = False  # below a rank entry: the launcher's frames, not the rank's
+    innermost = ""  # the first (innermost) frame of each thread, unittest's included
+    cleanup = ""  # a thread whose innermost frame is unittest's call of a cleanup
     for line in stacks.rstrip().splitlines():
         if not line.lstrip().startswith("File "):  # a thread's header, a blank line
             past = False
+            innermost = ""
             blocks.append([line])
-        elif past:
             continue
-        elif _OWN in line and line.endswith(_ENTRIES):
+        if not innermost:
+            innermost = line.strip()
+            if line.endswith(_CLEANUP_CALLERS) and (_UNITTEST in line or _OWN in line):
+                cleanup = innermost
+        if past:
+            continue
+        if _OWN in line and line.endswith(_ENTRIES):
             past = True
         elif _OWN not in line and '"<string>"' not in line and _UNITTEST not in line:
             if not blocks:
@@ -171,7 +182,7 @@ def user_stack(stacks: str) -> str:
             blocks[-1].append(line)
     busy = [b for b in blocks if any(_THREADING not in f for f in b[1:])]
     if not busy and any(b[0].startswith(("Thread ", "Current thread ")) for b in blocks):
-        return NO_USER_FRAME
+        return IN_CLEANUP.format(frame=cleanup) if cleanup else NO_USER_FRAME
     out: list[str] = []
     for b in blocks:
         is_thread = b[0].startswith(("Thread ", "Current thread "))
@@ -184,6 +195,9 @@ def user_stack(stacks: str) -> str:
 
 
 _THREADING = os.sep + "threading.py"
+#: The frames that call a test's cleanups: unittest's (a pool's rank, the
+#: threads) and disttest's own (a rank process, outcome.after_cleanups).
+_CLEANUP_CALLERS = (" in _callCleanup", " in doCleanups", " in after_cleanups")
 #: unittest's own frames (a pool rank runs each test through ``case.run``).
 _UNITTEST = os.path.dirname(unittest.__file__) + os.sep
 

@@ -189,10 +189,11 @@ def _ranks(value: object, where: str) -> tuple[int, ...]:
 
 
 def _flag(value: object, where: str) -> bool:
-    """``ends_test``: a bool, or from a spec 1/0, true/false, yes/no."""
+    """``ends_test``: a bool, or from a spec (text) 1/0, true/false, yes/no."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower() if isinstance(value, str) else None
+    # (a string in code, "no", is a mistake a bool() would read as True)
+    text = str(value).strip().lower() if isinstance(value, str) and where != DECORATOR else None
     if text in ("1", "true", "yes"):
         return True
     if text in ("0", "false", "no"):
