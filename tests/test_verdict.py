@@ -170,6 +170,40 @@ class ExplainTest(unittest.TestCase):
         self.assertEqual(out[1].detail, "rank 0/2 finished; {who} {waits} in all_reduce #2 of the default group")
 
 
+class RefusedTest(unittest.TestCase):
+    """Which errors of a call of torch.distributed are torch refusing the
+    call before it communicated (the rank's own error, uncounted)."""
+
+    @staticmethod
+    def raised_in_torch(exc: BaseException) -> BaseException:
+        import os
+
+        from disttest._runner import tracking
+
+        # (a frame whose file is torch's, as c10d's Python raising a backend's error)
+        code = compile("raise exc", os.path.join(tracking._torch_dir(), "distributed", "distributed_c10d.py"), "exec")
+        try:
+            exec(code, {"exc": exc})
+        except BaseException as e:  # noqa: BLE001
+            return e
+        raise AssertionError("did not raise")
+
+    def test_which_errors_are_refusals(self):
+        from disttest._runner.tracking import refused
+
+        enqueue = self.raised_in_torch(RuntimeError("ProcessGroupGloo::broadcast: invalid root rank: 5"))
+        self.assertTrue(refused(enqueue, "broadcast", reached_wait=False))
+        self.assertFalse(refused(enqueue, "broadcast", reached_wait=True))  # (raised by its wait: communication)
+        self.assertFalse(refused(enqueue, "monitored_barrier", reached_wait=False))  # (it communicates in the call)
+        self.assertTrue(refused(self.raised_in_torch(ValueError("bad src")), "scatter", reached_wait=True))
+        for said in ("Connection closed by peer [127.0.0.1]:1", "Timed out waiting 3000ms for recv",
+                     "NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "remote process exited"):
+            with self.subTest(said=said):
+                self.assertFalse(refused(self.raised_in_torch(RuntimeError(said)), "all_reduce", reached_wait=False))
+        # Raised outside torch (a backend written in Python, the test): never.
+        self.assertFalse(refused(RuntimeError("invalid root rank: 5"), "broadcast", reached_wait=False))
+
+
 class CommSiteTest(unittest.TestCase):
     """Whether an error came out of torch.distributed: a fact of its traceback."""
 

@@ -32,6 +32,7 @@ from disttest._runner.progress import (
     _runs,
     p2p_key,
 )
+from disttest._runner.verdict import PEER_LOST
 
 __unittest = True
 
@@ -261,9 +262,10 @@ def tracked(op: str, group: str, peers: Sequence[int]) -> Iterator[None]:
 #: Calls that communicate inside the call itself, with no Work to wait on
 #: (an error before a wait is not a refusal there).
 _NO_WAIT = {"monitored_barrier", *_RENDEZVOUS}
-#: What an error that says a peer went away, or a wait ran out, says (as the
-#: verdict's PEER_LOST): never a refusal, wherever it was raised.
-_LOST = re.compile(r"closed by peer|reset by peer|broken pipe|connection|timed? ?out|timeout|abort", re.IGNORECASE)
+#: Errors that are never a refusal, wherever raised: NCCL's (it may set up
+#: its communicator with the peers as the call is enqueued), and what
+#: verdict.PEER_LOST says (a peer went away, a wait ran out).
+_NEVER_REFUSED = re.compile(r"NCCL error|ncclSystemError|ncclRemoteError|connection", re.IGNORECASE)
 #: Set on an exception a call of torch.distributed raised before it
 #: communicated: the test's own error (see outcome.comm_site), not a peer's.
 REFUSED_MARK = "__disttest_refused__"
@@ -279,8 +281,10 @@ def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
         return False
     if isinstance(error, (TypeError, ValueError)):
         return True
-    return isinstance(error, RuntimeError) and not reached_wait and op not in _NO_WAIT and \
-        not _LOST.search(str(error))
+    if not isinstance(error, RuntimeError) or reached_wait or op in _NO_WAIT:
+        return False
+    text = str(error)
+    return not (PEER_LOST.search(text) or _NEVER_REFUSED.search(text))
 
 
 def mark_refused(error: BaseException) -> None:
