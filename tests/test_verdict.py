@@ -197,9 +197,13 @@ class RefusedTest(unittest.TestCase):
         self.assertFalse(refused(enqueue, "monitored_barrier", reached_wait=False))  # (it communicates in the call)
         self.assertTrue(refused(self.raised_in_torch(ValueError("bad src")), "scatter", reached_wait=True))
         for said in ("Connection closed by peer [127.0.0.1]:1", "Timed out waiting 3000ms for recv",
-                     "NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "remote process exited"):
+                     "NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "remote process exited",
+                     "ncclRemoteError: A call failed possibly due to a network error",
+                     "socketPollConnect: Connect to 10.0.0.2 returned 113(No route to host)"):
             with self.subTest(said=said):
                 self.assertFalse(refused(self.raised_in_torch(RuntimeError(said)), "all_reduce", reached_wait=False))
+        backend_error = type("DistBackendError", (RuntimeError,), {})  # (c10d's class, by name)
+        self.assertFalse(refused(self.raised_in_torch(backend_error("invalid root")), "broadcast", reached_wait=False))
         # Raised outside torch (a backend written in Python, the test): never.
         self.assertFalse(refused(RuntimeError("invalid root rank: 5"), "broadcast", reached_wait=False))
 

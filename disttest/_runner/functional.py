@@ -72,6 +72,7 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
         call = None if tracker.threads else _enter(tracker, op, get_group(args, kwargs),
                                                           get_tag(args, kwargs))
         local.depth = depth + 1
+        local.began = False  # (set by a wait inside the call: all_gather_single's)
         local.functional_call = call  # (a wait inside the call is a wait in it: all_gather_single's)
         failed = True
         try:
@@ -82,7 +83,7 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
             # tensor): what torch raises there, its own checks raised
             # (AssertionError, RuntimeError, ValueError) before the call
             # reached the group (not a backend written in Python).
-            if call is not None and tracking.refused_by_torch(e):
+            if call is not None and tracking.refused(e, op, getattr(local, "began", False)):
                 tracker.refused([call["group"]])
                 tracking.mark_refused(e)
                 failed = False
@@ -170,6 +171,8 @@ def _wait_tensor(func: Callable[..., Any]) -> Callable[..., Any]:
         call = None
         if tracker is not None and not tracker.threads:
             call = _POSTED.pop(tensor) or getattr(tracker._local, "functional_call", None)
+        if tracker is not None and getattr(tracker._local, "functional_call", None) is not None:
+            tracker._local.began = True  # (a functional call waits inside itself: not refused after this)
         if tracker is None or call is None:
             return func(tensor, *args, **kwargs)
         tracker.wait_in(call, call.get("limit"))

@@ -265,7 +265,7 @@ _NO_WAIT = {"monitored_barrier", *_RENDEZVOUS}
 #: Errors that are never a refusal, wherever raised: NCCL's (it may set up
 #: its communicator with the peers as the call is enqueued), and what
 #: verdict.PEER_LOST says (a peer went away, a wait ran out).
-_NEVER_REFUSED = re.compile(r"NCCL error|ncclSystemError|ncclRemoteError|connection", re.IGNORECASE)
+_NEVER_REFUSED = re.compile(r"nccl|network|connect|remote|socket", re.IGNORECASE)
 #: Set on an exception a call of torch.distributed raised before it
 #: communicated: the test's own error (see outcome.comm_site), not a peer's.
 REFUSED_MARK = "__disttest_refused__"
@@ -282,6 +282,9 @@ def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
     if isinstance(error, (TypeError, ValueError)):
         return True
     if not isinstance(error, RuntimeError) or reached_wait or op in _NO_WAIT:
+        return False
+    # (c10d raises its backends' communication errors as DistError and its subclasses)
+    if any(c.__name__ in ("DistError", "DistBackendError", "DistNetworkError") for c in type(error).__mro__):
         return False
     text = str(error)
     return not (PEER_LOST.search(text) or _NEVER_REFUSED.search(text))
