@@ -31,14 +31,15 @@ def main() -> None:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from disttest._runner import functional, progress, tracking
+    from disttest._runner import board as boards
+    from disttest._runner import functional, tracking
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     direct, direct_functional = dist.all_reduce, funcol.all_reduce
     subgroup = dist.new_group([0])
     undo = tracking.install_tracking()
     with tempfile.TemporaryDirectory() as tmp:
-        board = progress.ProgressBoard(os.path.join(tmp, "board"), 1, create=True)
+        board = boards.ProgressBoard(os.path.join(tmp, "board"), 1, create=True)
         tracking.track_into(board, 0)
         functional.track_functional()  # (as a rank does at each test's start)
         t = torch.ones(4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __unittest = True
 
-__all__ = ["COLLECTIVES", "P2P_OPS"]
+__all__ = ["COLLECTIVES", "P2P_OPS", "RENDEZVOUS_OPS"]
 
 #: Collectives that wait for peers, as ``torch.distributed`` spells them.
 COLLECTIVES = (
@@ -19,3 +19,6 @@ COLLECTIVES = (
 )
 #: Point-to-point operations.
 P2P_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+#: Collective set-up: every rank must take part, so a peer that leaves breaks
+#: it; counted apart, so collective numbers read as the user counts them.
+RENDEZVOUS_OPS = ("init_process_group", "new_group")

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from disttest._runner import functional, progress, tracking
+from disttest._runner import board as boards
+from disttest._runner import functional, record, tracking
 
 
 class TrackedFunctionalCallsTest(unittest.TestCase):
@@ -20,8 +21,8 @@ class TrackedFunctionalCallsTest(unittest.TestCase):
         self.addCleanup(vars(funcol).update, saved)  # (the test process's own funcol stays unwrapped)
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         self.addCleanup(dist.destroy_process_group)
-        self.board = progress.MemoryBoard(1)
-        tracker = tracking._Tracker(self.board, 0)
+        self.board = boards.MemoryBoard(1)
+        tracker = record.Tracker(self.board, 0)
         patch = mock.patch.object(tracking, "_process_tracker", [tracker])
         patch.start()
         self.addCleanup(patch.stop)
@@ -40,13 +41,13 @@ class TrackedFunctionalCallsTest(unittest.TestCase):
 
     def test_a_wait_is_a_wait_in_the_call(self):
         waits = []
-        real = tracking._Tracker.wait_in
+        real = record.Tracker.wait_in
 
         def wait_in(tracker, call, limit):
             waits.append(call["op"])
             return real(tracker, call, limit)
 
-        with mock.patch.object(tracking._Tracker, "wait_in", wait_in):
+        with mock.patch.object(record.Tracker, "wait_in", wait_in):
             # (a gather on dim 1 waits inside the call itself)
             funcol.all_gather_tensor(torch.ones(4, 2), 1, dist.group.WORLD).sum()
             funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).sum()

@@ -7,8 +7,8 @@ import time
 import unittest
 
 from disttest._runner import join as join_mod
+from disttest._runner.board import InFlight
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
-from disttest._runner.progress import InFlight
 from disttest._runner.verdict import DESYNC_DETAIL, MISMATCH_DETAIL, WAITED_FOR
 
 
@@ -193,7 +193,7 @@ class FailingLauncher(SlowBoardLauncher):
         return dict.fromkeys(self.outcomes, ExitStatus(code=1))
 
     def desync(self, ranks, finished, ended=False, entered_counts=True):
-        from disttest._runner.progress import InFlight
+        from disttest._runner.board import InFlight
 
         if self.stuck and 1 in ranks and 0 in finished:
             return [(0, InFlight(1, "all_gather", 2, "world", range(2)))]
@@ -372,7 +372,7 @@ class FailFastTest(unittest.TestCase):
         # grace must not report rank 2 as merely stopped.
         from unittest import mock
 
-        from disttest._runner.progress import InFlight
+        from disttest._runner.board import InFlight
 
         class Launcher(FailingLauncher):
             world_size = 3

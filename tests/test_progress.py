@@ -12,8 +12,11 @@ import time
 import unittest
 from unittest import mock
 
+from disttest._runner import board as boards
 from disttest._runner import join, progress, tracking
-from disttest._runner.progress import WAITING, MemoryBoard, ProgressBoard, find_desync
+from disttest._runner.board import WAITING, MemoryBoard, ProgressBoard
+from disttest._runner.progress import find_desync
+from disttest._runner.record import Tracker
 
 
 class RecordEncoderTest(unittest.TestCase):
@@ -33,7 +36,7 @@ class RecordEncoderTest(unittest.TestCase):
 
         for record in self.RECORDS:
             with self.subTest(record=record):
-                self.assertEqual(progress._encode(record), json.dumps(record, separators=(",", ":")))
+                self.assertEqual(boards._encode(record), json.dumps(record, separators=(",", ":")))
 
     def test_without_the_c_encoder_or_where_it_differs_the_public_one(self):
         import json
@@ -43,10 +46,10 @@ class RecordEncoderTest(unittest.TestCase):
 
         for make in (None, differs):
             with self.subTest(make=make), mock.patch.object(json.encoder, "c_make_encoder", make):
-                encode = progress._record_encoder()
+                encode = boards._record_encoder()
             self.assertIsInstance(getattr(encode, "__self__", None), json.JSONEncoder)  # the public encoder
             self.assertEqual(encode(self.RECORDS[0]), json.dumps(self.RECORDS[0], separators=(",", ":")))
-        self.assertNotIsInstance(getattr(progress._encode, "__self__", None), json.JSONEncoder)  # the fast one here
+        self.assertNotIsInstance(getattr(boards._encode, "__self__", None), json.JSONEncoder)  # the fast one here
 
 
 class BoardTest(unittest.TestCase):
@@ -59,8 +62,8 @@ class BoardTest(unittest.TestCase):
 
     def test_a_256_rank_collective(self):
         board = self.board(256)
-        tracker = tracking._Tracker(board, 5)
-        tracker.enter("all_reduce", progress.DEFAULT_GROUP, list(range(256)), waits=True)
+        tracker = Tracker(board, 5)
+        tracker.enter("all_reduce", boards.DEFAULT_GROUP, list(range(256)), waits=True)
         flight = board.in_flight(5)
         self.assertEqual(flight.peers, range(256))  # a whole group: O(1) to record and to ask
         self.assertEqual((flight.op, flight.seq), ("all_reduce", 1))
@@ -72,15 +75,15 @@ class BoardTest(unittest.TestCase):
         # needs waiting ranks) and, after each pool test, whether any rank
         # made point-to-point calls: from the header and the bytes.
         board = self.board(3)
-        board.write(0, {"counts": {"all_reduce": 1}, "op": "all_reduce", "state": progress.WAITING})
-        board.write(1, {"counts": {"all_reduce": 1}, "state": progress.IDLE})
+        board.write(0, {"counts": {"all_reduce": 1}, "op": "all_reduce", "state": boards.WAITING})
+        board.write(1, {"counts": {"all_reduce": 1}, "state": boards.IDLE})
         with mock.patch.object(json, "loads", side_effect=AssertionError("decoded")):
-            self.assertEqual([board.state(r) for r in range(3)], [progress.WAITING, progress.IDLE, None])
+            self.assertEqual([board.state(r) for r in range(3)], [boards.WAITING, boards.IDLE, None])
             self.assertEqual([board.names_p2p(r) for r in range(3)], [False, False, False])
             self.assertIsNone(progress.unmatched_p2p(board))
             self.assertEqual(progress.find_deadlocks(board, [1, 2], time.time()), [])
-        board.write(1, {"counts": {"send>0": 1}, "state": progress.IDLE})
-        board.write(2, {"counts": {}, "op": "recv", "group": "recv<0", "state": progress.WAITING})
+        board.write(1, {"counts": {"send>0": 1}, "state": boards.IDLE})
+        board.write(2, {"counts": {}, "op": "recv", "group": "recv<0", "state": boards.WAITING})
         self.assertEqual([board.names_p2p(r) for r in range(3)], [False, True, True])
         self.assertEqual(progress.unmatched_p2p(board), "rank 1 sent rank 0 1 message(s) it did not receive")
         self.assertEqual(MemoryBoard(1).state(0), None)
@@ -89,11 +92,11 @@ class BoardTest(unittest.TestCase):
         # (a test that checks an argument error on one rank: its next call is
         # its peers' next, and the group holds nothing of it)
         board = self.board(2)
-        tracker = tracking._Tracker(board, 0)
-        tracker.enter("scatter", progress.DEFAULT_GROUP, range(2), waits=True)
-        tracker.refused([progress.DEFAULT_GROUP])
+        tracker = Tracker(board, 0)
+        tracker.enter("scatter", boards.DEFAULT_GROUP, range(2), waits=True)
+        tracker.refused([boards.DEFAULT_GROUP])
         self.assertEqual(board.counts(0), {"default": 0})
-        tracker.enter("all_reduce", progress.DEFAULT_GROUP, range(2), waits=True)
+        tracker.enter("all_reduce", boards.DEFAULT_GROUP, range(2), waits=True)
         self.assertEqual(board.in_flight(0).seq, 1)
 
     def test_a_desync_check_reads_each_finished_peer_once(self):
@@ -102,8 +105,8 @@ class BoardTest(unittest.TestCase):
         world = 1024
         board = MemoryBoard(world)
         for r in range(world):
-            tracker = tracking._Tracker(board, r)
-            tracker.enter("barrier", progress.DEFAULT_GROUP, range(world), waits=r >= 512)
+            tracker = Tracker(board, r)
+            tracker.enter("barrier", boards.DEFAULT_GROUP, range(world), waits=r >= 512)
         reads = []
         counts = board.counts
         with mock.patch.object(board, "counts", side_effect=lambda r: reads.append(r) or counts(r)):
@@ -115,7 +118,7 @@ class BoardTest(unittest.TestCase):
 
     def test_all_pairs_point_to_point_at_64_ranks(self):
         board = self.board(64)
-        tracker = tracking._Tracker(board, 3)
+        tracker = Tracker(board, 3)
         for peer in range(64):
             if peer != 3:
                 tracker.enter("send", f"send>{peer}", [peer], waits=False)
@@ -172,7 +175,7 @@ class BoardTest(unittest.TestCase):
         board = self.board(2)
         now = time.time()
         failed = {"op": "all_reduce", "seq": 1, "group": "default", "peers": [[0, 2]], "counts": {"default": 1},
-                  "state": progress.FAILED, "fr_at": [now - 2, now]}
+                  "state": boards.FAILED, "fr_at": [now - 2, now]}
         board.write(0, {**failed, "fr": {"default": [1, 0, "all_reduce", None]}})
         self.assertIsNone(board.in_flight(0))
         # A later collective the recorder saw (issued from C++ after the error) is waited in.
@@ -180,7 +183,7 @@ class BoardTest(unittest.TestCase):
         self.assertEqual((board.in_flight(0).op, board.in_flight(0).seq), ("all_reduce", 2))
 
     def test_threads_of_one_rank_count_their_own_depth(self):
-        tracker = tracking._Tracker(self.board(2), 0)
+        tracker = Tracker(self.board(2), 0)
         tracker.depth += 1
         seen = []
         thread = threading.Thread(target=lambda: seen.append(tracker.depth))
@@ -202,18 +205,18 @@ class PointToPointTest(unittest.TestCase):
         return board
 
     def test_the_key_names_a_tag_other_than_zero(self):
-        self.assertEqual(progress.p2p_key("send>", "3", 0), "send>3")
-        self.assertEqual(progress.p2p_key("recv<", "*", 7), "recv<*#7")
-        self.assertEqual(progress.p2p_key("recv<", "1", None), "recv<1")
+        self.assertEqual(boards.p2p_key("send>", "3", 0), "send>3")
+        self.assertEqual(boards.p2p_key("recv<", "*", 7), "recv<*#7")
+        self.assertEqual(boards.p2p_key("recv<", "1", None), "recv<1")
 
     def test_a_send_of_another_tag_leaves_a_finished_peers_receiver_waiting(self):
         board = MemoryBoard(2)
-        board.write(0, {"counts": {"send>1#1": 1}, "state": progress.IDLE})
+        board.write(0, {"counts": {"send>1#1": 1}, "state": boards.IDLE})
         board.write(1, {"op": "recv", "seq": 1, "group": "recv<0#2", "peers": [[0, 0]], "counts": {"recv<0#2": 1},
                         "state": WAITING})
         [(peer, flight)] = find_desync(board, [1], [0])
         self.assertEqual((peer, flight.describe()), (0, "recv #1 from rank 0 (tag 2)"))
-        board.write(0, {"counts": {"send>1#2": 1}, "state": progress.IDLE})  # the same tag: it was sent
+        board.write(0, {"counts": {"send>1#2": 1}, "state": boards.IDLE})  # the same tag: it was sent
         self.assertEqual(find_desync(board, [1], [0]), [])
 
     def test_calls_that_cannot_match_are_a_deadlock_once_settled(self):
@@ -296,7 +299,7 @@ class PointToPointTest(unittest.TestCase):
         call, and ``entered``)."""
         board = MemoryBoard(world_size)
         for rank, (op, group, seq, peers) in calls.items():
-            board.write(rank, {"op": op, "seq": seq, "group": group, "peers": progress._runs(peers),
+            board.write(rank, {"op": op, "seq": seq, "group": group, "peers": boards._runs(peers),
                                "counts": {group: seq, **(entered or {}).get(rank, {})}, "state": WAITING,
                                "at": 100.0})
         self.board = board
@@ -417,7 +420,7 @@ class PointToPointTest(unittest.TestCase):
         board.write(1, {"op": "barrier", "seq": 1, "group": "default", "peers": [[0, 1]], "counts": {"default": 1},
                         "state": WAITING, "at": 100.0 + progress.P2P_SETTLE / 2})
         self.assertEqual(progress.find_deadlocks(board, [0, 1], 100.0 + progress.P2P_SETTLE), [])
-        board.read(1)["state"] = progress.IDLE  # a rank that computes waits for no one
+        board.read(1)["state"] = boards.IDLE  # a rank that computes waits for no one
         self.assertEqual(progress.find_deadlocks(board, [0, 1], 100.0 + 2 * progress.P2P_SETTLE), [])
 
     def test_a_rank_in_a_broadcast_that_is_not_its_root_waits_for_the_root_only(self):
@@ -463,11 +466,11 @@ class PointToPointTest(unittest.TestCase):
         # The threaded group's broadcast waits for every rank: no root to wait for only.
         self.assertNotIn("root", records[2])
         # The wait on an asynchronous call's request is a wait in the call.
-        self.assertEqual((records[-1]["op"], records[-1]["seq"], records[-1]["state"]), ("broadcast", 1, progress.IDLE))
+        self.assertEqual((records[-1]["op"], records[-1]["seq"], records[-1]["state"]), ("broadcast", 1, boards.IDLE))
         self.assertIn("limit", records[-1])
         # A process rank's (gloo's) records it, as a global rank.
         board = MemoryBoard(4)
-        tracker = tracking._Tracker(board, 2)
+        tracker = Tracker(board, 2)
         with mock.patch.object(tracking, "_current", return_value=tracker), \
                 mock.patch("torch.distributed.is_initialized", return_value=True), \
                 mock.patch("torch.distributed.get_global_rank", return_value=3), \
@@ -489,9 +492,9 @@ class PointToPointTest(unittest.TestCase):
         class Work:  # (what a batch returns: one per operation)
             pass
 
-        tracker = tracking._Tracker(MemoryBoard(4), 2)
+        tracker = Tracker(MemoryBoard(4), 2)
         keys = ["send>3", "recv<1#5", "send>3"]
-        tracker.enter("batch_isend_irecv", progress.P2P_GROUP, [], False, keys)
+        tracker.enter("batch_isend_irecv", boards.P2P_GROUP, [], False, keys)
         works = [Work(), Work(), Work()]
         ops = [mock.Mock(group=None), mock.Mock(group=None), mock.Mock(group=None)]
         with mock.patch.object(tracker, "limit", return_value=None):
@@ -505,7 +508,7 @@ class PointToPointTest(unittest.TestCase):
             during = waited(works[1])
             self.assertEqual((during["op"], during["group"], during["state"]), ("irecv", "recv<1#5", WAITING))
             self.assertIsNone(during["limit"])
-            self.assertEqual(tracker.board.read(2)["state"], progress.IDLE)  # after the wait
+            self.assertEqual(tracker.board.read(2)["state"], boards.IDLE)  # after the wait
             self.assertNotIn(works[1], tracker.pending)  # (waited once)
             self.assertEqual(waited(works[0], datetime.timedelta(seconds=3))["limit"], 3.0)
             before = dict(tracker.board.read(2))
@@ -514,7 +517,7 @@ class PointToPointTest(unittest.TestCase):
     def test_a_wait_in_another_thread_of_the_rank_makes_no_cycle(self):
         # A communication thread waits on an irecv while the rank's own thread
         # computes and then sends: the rank may still act.
-        tracker = tracking._Tracker(MemoryBoard(2), 0)
+        tracker = Tracker(MemoryBoard(2), 0)
         tracker.enter("irecv", "recv<1", [1], False)
         call = {k: tracker.record[k] for k in ("op", "seq", "group", "peers")}
         helper = threading.Thread(target=tracker.wait_in, args=(call, None))
@@ -634,7 +637,7 @@ class UnmatchedPointToPointTest(unittest.TestCase):
     """What a pool's parent reads after each test: the point-to-point calls
     of the ranks that nothing matched (they would match the next test's)."""
 
-    class Board(progress._Reads):
+    class Board(boards._Reads):
         def __init__(self, counts):
             self.c = counts
             self.world_size = len(counts)

@@ -9,8 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from disttest._runner.board import InFlight
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, comm_site, outcome_from_exception
-from disttest._runner.progress import InFlight
 from disttest._runner.report import RankError, raise_for_outcomes
 from disttest._runner.verdict import Status, ended, explain, judge, reclassified
 
@@ -178,10 +178,10 @@ class RefusedTest(unittest.TestCase):
     def raised_in_torch(exc: BaseException) -> BaseException:
         import os
 
-        from disttest._runner import tracking
+        from disttest._runner import refusals
 
         # (a frame whose file is torch's, as c10d's Python raising a backend's error)
-        code = compile("raise exc", os.path.join(tracking._torch_dir(), "distributed", "distributed_c10d.py"), "exec")
+        code = compile("raise exc", os.path.join(refusals._torch_dir(), "distributed", "distributed_c10d.py"), "exec")
         try:
             exec(code, {"exc": exc})
         except BaseException as e:  # noqa: BLE001
@@ -189,7 +189,7 @@ class RefusedTest(unittest.TestCase):
         raise AssertionError("did not raise")
 
     def test_which_errors_are_refusals(self):
-        from disttest._runner.tracking import refused
+        from disttest._runner.refusals import refused
 
         enqueue = self.raised_in_torch(RuntimeError("ProcessGroupGloo::broadcast: invalid root rank: 5"))
         self.assertTrue(refused(enqueue, "broadcast", reached_wait=False))
@@ -226,10 +226,10 @@ class CommSiteTest(unittest.TestCase):
 
     def test_a_call_torch_refused_is_the_tests_own(self):
         # (marked by the rank's tracking: raised before the call communicated)
-        from disttest._runner import tracking
+        from disttest._runner import refusals
 
         exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))
-        tracking.mark_refused(exc)
+        refusals.mark_refused(exc)
         self.assertEqual(comm_site(exc), "")
         self.assertEqual(outcome_from_exception(0, exc).comm, "")
 

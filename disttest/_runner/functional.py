@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disttest import _compat
-from disttest._runner import tracking
+from disttest._runner import refusals, tracking
 
 __unittest = True
 
@@ -83,9 +83,9 @@ def _wrap(op: str, func: Callable[..., Any]) -> Callable[..., Any]:
             # tensor): what torch raises there, its own checks raised
             # (AssertionError, RuntimeError, ValueError) before the call
             # reached the group (not a backend written in Python).
-            if call is not None and tracking.refused(e, op, getattr(local, "began", False)):
+            if call is not None and refusals.refused(e, op, getattr(local, "began", False)):
                 tracker.refused([call["group"]])
-                tracking.mark_refused(e)
+                refusals.mark_refused(e)
                 failed = False
             raise
         finally:

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from disttest._runner.board import RECORDER, InFlight
 from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
-from disttest._runner.progress import RECORDER, InFlight
 from disttest._runner.verdict import (
     DEADLOCK_DETAIL,
     DESYNC_DETAIL,

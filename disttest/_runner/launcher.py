@@ -30,11 +30,12 @@ import psutil
 
 from disttest._runner import fork_threads, proctree, settings, thread_pool
 from disttest._runner import rank as rank_mod
+from disttest._runner.board import InFlight, ProgressBoard
 from disttest._runner.channel import Channel
 from disttest._runner.crashsite import FATAL
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Outcome
-from disttest._runner.progress import InFlight, ProgressBoard, find_desync
+from disttest._runner.progress import find_desync
 from disttest.support import janitor
 
 __unittest = True

@@ -20,7 +20,7 @@ A rank's conversation (a fresh-process test is a pool of one test)::
 Three facts do not travel as messages, on purpose: a rank's stacks
 (faulthandler writes them from a signal handler, which works while the rank
 is blocked inside C++, where no Python code of ours could answer), its
-collective progress (a shared-memory board, :mod:`.progress`: a message per
+collective progress (a shared-memory board, :mod:`.board`: a message per
 collective would cost a system call each, and the parent needs only the
 latest state), and its output (file descriptors 1 and 2 go to a file, which
 also catches what C++ code and child processes write).

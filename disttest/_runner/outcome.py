@@ -354,7 +354,7 @@ def comm_site(exc: BaseException) -> str:
     communicated (an argument error, marked by the rank's tracking).
     ``DistError`` and its subclasses count wherever they were raised.
     """
-    if getattr(exc, "__disttest_refused__", False):  # (tracking.REFUSED_MARK: refused before it communicated)
+    if getattr(exc, "__disttest_refused__", False):  # (refusals.REFUSED_MARK: refused before it communicated)
         return ""
     frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
     modules = [_module(f) for f in frames]

@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from disttest._runner import rank as rank_mod
+from disttest._runner.board import InFlight
 from disttest._runner.launcher import ProcessLauncher
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
-from disttest._runner.progress import InFlight, unmatched_collectives, unmatched_p2p
+from disttest._runner.progress import unmatched_collectives, unmatched_p2p
 from disttest._runner.report import user_stack
 from disttest.support import janitor
 

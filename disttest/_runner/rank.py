@@ -1,7 +1,7 @@
 """The code that runs inside a rank process: the one rank loop.
 
 Self-contained: it depends on the standard library, torch, the data
-modules of the core (:mod:`.outcome`, :mod:`.progress`, :mod:`.tracking`, :mod:`.messages`, :mod:`.proctree`,
+modules of the core (:mod:`.outcome`, :mod:`.board`, :mod:`.tracking`, :mod:`.messages`, :mod:`.proctree`,
 :mod:`.channel`'s ``connect``) and :mod:`disttest._compat`, not on the runners. A rank prepares itself
 right after fork (parent-death signal, environment, output to a file, one
 OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from disttest import _compat
-from disttest._runner import progress, rank_look, tracking
+from disttest._runner import board, rank_look, tracking
 from disttest._runner.channel import connect
 from disttest._runner.functional import track_functional
 from disttest._runner.messages import Done, Hello, Ready, Run, send
@@ -237,7 +237,7 @@ def _prepare(spec: RankSpec, rank: int, parent_pid: int) -> dict[str, str]:
     # assert_close imports torch.distributed.tensor (0.9 s) only to ask
     # whether an input is a DTensor: not before anything else imported it.
     _compat.lazy_dtensor_comparison()
-    tracking.track_into(progress.ProgressBoard(files["progress"], spec.world_size), rank)
+    tracking.track_into(board.ProgressBoard(files["progress"], spec.world_size), rank)
     # c10d's flight recorder sees collectives issued from C++ (DDP's reducer)
     # and functional collectives; the watcher publishes what it sees.
     os.environ.setdefault(FR_ENV, str(FR_ENTRIES))

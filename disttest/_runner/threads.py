@@ -23,10 +23,11 @@ from types import FrameType
 from typing import Any, TextIO
 
 from disttest._runner import settings, thread_pool
+from disttest._runner.board import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard
 from disttest._runner.deadline import current_frames, raise_in, stop_when_safe, stoppable
 from disttest._runner.launcher import stream_lines
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, outcome_from_exception
-from disttest._runner.progress import FR_SETTLE, WORLD_GROUP, InFlight, MemoryBoard, find_desync
+from disttest._runner.progress import find_desync
 from disttest._runner.tracking import install_tracking, track_into, untrack_thread
 from disttest.pg.threaded import CollectiveAborted, ThreadedWorld, _bind_thread
 
@@ -253,7 +254,7 @@ class ThreadLauncher:
                       entered_counts: bool) -> list[tuple[int, InFlight]]:
         """What the tracked calls miss (DDP's reducer calls the group from C++):
         a rank's collective of a world-wide group, joined and still pending
-        :data:`~.progress.FR_SETTLE` s after a peer's test ended without
+        :data:`~.board.FR_SETTLE` s after a peer's test ended without
         joining it, as the threaded world itself counts."""
         if not finished:
             return []

@@ -11,28 +11,24 @@ import contextlib
 import functools
 import inspect
 import operator
-import re
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from disttest._ops import COLLECTIVES, P2P_OPS
-from disttest._runner.progress import (
+from disttest._ops import COLLECTIVES, P2P_OPS, RENDEZVOUS_OPS
+from disttest._runner.board import (
     ANY,
-    DEFAULT_GROUP,
-    FAILED,
-    IDLE,
     P2P_GROUP,
     RENDEZVOUS_GROUP,
-    WAITING,
     Board,
     _p2p_parts,
     _runs,
     p2p_key,
 )
-from disttest._runner.verdict import PEER_LOST
+from disttest._runner.record import Tracker
+from disttest._runner.refusals import mark_refused, refused
 
 __unittest = True
 
@@ -44,160 +40,9 @@ __all__ = [
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
 _ASYNC_ONLY = {"isend", "irecv", "batch_isend_irecv"}
 _ROOTED = {"broadcast", "scatter"}
-# Collective set-up: every rank must take part, so a peer that leaves breaks
-# it; counted apart, so collective numbers read as the user counts them.
-_RENDEZVOUS = ("init_process_group", "new_group")
 
 
-class _Tracker:
-    def __init__(self, board: Board, rank: int, threads: bool = False) -> None:
-        self.board = board
-        self.rank = rank
-        self.threads = threads  # a rank thread of the threaded group
-        self.home = threading.get_ident()  # the rank's own thread (the one that runs its test)
-        self.counts: dict[str, int] = {}
-        self._local = threading.local()  # each thread of a rank its own depth
-        self._lock = threading.Lock()  # the rank's threads and its watcher write
-        self.record: dict[str, Any] = {"counts": {}, "state": IDLE}
-        self._pending: list[tuple[str, int]] = []  # flight-recorder collectives pending
-        self._since = 0.0
-        # NB: both made on first use (a thread rank's tracker lives for one test).
-        self._limits: weakref.WeakKeyDictionary[Any, float | None] | None = None
-        self._groups: weakref.WeakKeyDictionary[Any, tuple[str, list[int] | None]] | None = None
-        #: The Work of each asynchronous call not yet waited on -> the call
-        #: (what the record says while a wait on it blocks).
-        self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] | None = None
-
-    @property
-    def depth(self) -> int:
-        return getattr(self._local, "depth", 0)
-
-    @depth.setter
-    def depth(self, value: int) -> None:
-        self._local.depth = value
-
-    def limit(self, dist: Any, group: Any) -> float | None:
-        """Seconds after which a call of ``group`` (None: the default group)
-        raises by itself; asked of each group once."""
-        pg = dist.GroupMember.WORLD if group is None else group
-        if pg is None:
-            return None
-        if self._limits is None:
-            self._limits = weakref.WeakKeyDictionary()
-        try:
-            return self._limits[pg]
-        except KeyError:
-            pass
-        except TypeError:  # (a group that takes no weak reference)
-            return None
-        from disttest import _compat
-
-        value = self._limits[pg] = _compat.group_timeout(pg)
-        return value
-
-    def group_of(self, dist: Any, group: Any) -> tuple[str, list[int] | None]:
-        """A group's name as records give it and its ranks (None: the
-        default group's, every rank), asked of each group once: its ranks
-        are a list c10d builds at every call."""
-        if group is None or group is dist.GroupMember.WORLD:
-            return DEFAULT_GROUP, None
-        if self._groups is None:
-            self._groups = weakref.WeakKeyDictionary()
-        try:
-            return self._groups[group]
-        except KeyError:
-            pass
-        except TypeError:  # (a group that takes no weak reference)
-            return _group_of(dist, group)
-        found = self._groups[group] = _group_of(dist, group)
-        return found
-
-    def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = (),
-              extra: dict[str, Any] | None = None) -> None:
-        """Record the call of ``op`` on ``group``; ``also``: the groups of
-        calls it makes that are counted but not waited in (the sends and
-        receives of a ``batch_isend_irecv``); ``extra``: more of the call
-        (``limit``, its group's timeout; ``root``, a broadcast's source)."""
-        for other in also:
-            self.counts[other] = self.counts.get(other, 0) + 1
-        self.counts[group] = self.counts.get(group, 0) + 1
-        self._publish({"op": op, "seq": self.counts[group], "group": group, "peers": _runs(peers), **(extra or {})},
-                      waits)
-
-    def remember(self, work: Any, call: dict[str, Any]) -> None:
-        """``work`` (returned by an asynchronous call) is ``call``: a wait on
-        it is recorded as waiting in the call."""
-        if self.pending is None:
-            self.pending = weakref.WeakKeyDictionary()
-        try:
-            self.pending[work] = call
-        except TypeError:  # (a Work that takes no weak reference)
-            pass
-
-    def wait_in(self, call: dict[str, Any], limit: float | None) -> None:
-        """Record that the rank waits on the Work of ``call`` (``limit``: the
-        wait's own timeout, if it has one)."""
-        self._publish(call if limit is None else {**call, "limit": limit}, True)
-
-    def _publish(self, call: dict[str, Any], waits: bool) -> None:
-        """Make ``call`` (op, seq, group, peers and more) the rank's record,
-        waited in or not, with the counts so far."""
-        with self._lock:
-            self.record = {**call, "counts": dict(self.counts), "state": WAITING if waits else IDLE, "at": time.time(),
-                           "fr": self.record.get("fr"), "fr_at": self.record.get("fr_at")}
-            if waits and threading.get_ident() != self.home:
-                self.record["aside"] = True  # (its own thread may still act: see find_deadlocks)
-            self.board.write(self.rank, self.record)
-
-    def leave(self, failed: bool) -> None:
-        # A failed collective keeps its record: the parent tells a desync
-        # from a plain error by the collective a rank died in.
-        with self._lock:
-            self.record["state"] = FAILED if failed else IDLE
-            self.board.set_state(self.rank, self.record["state"])
-
-    def refused(self, groups: Sequence[str]) -> None:
-        """The call just counted on ``groups`` raised a ``TypeError`` or
-        ``ValueError``: c10d's checks of its arguments (a list of the wrong
-        length, a rank out of range) refused it before it reached the group,
-        as a test may check on one rank. Not counted: its peers' next call is
-        this rank's next, and the group holds nothing of it (a pool's next
-        test would have been given fresh ranks, and a peer that finished
-        first was taken for one that never entered the next call)."""
-        with self._lock:
-            for group in groups:
-                if self.counts.get(group):
-                    self.counts[group] -= 1
-            self.record["counts"] = dict(self.counts)
-            self.board.write(self.rank, self.record)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.counts = {}
-            self.record = {"counts": {}, "state": IDLE, "fr": self.record.get("fr"),
-                           "fr_at": self.record.get("fr_at")}
-            self.board.write(self.rank, self.record)
-
-    def done(self) -> None:
-        """The rank's test ended (its peers' desync judgement needs when)."""
-        with self._lock:
-            self.record["done_at"] = time.time()
-            self.board.write(self.rank, self.record)
-
-    def recorded(self, status: dict[str, list[Any]]) -> None:
-        """Publish what the flight recorder says (from the watcher thread),
-        with since when the same collectives are pending and when last seen."""
-        now = time.time()
-        pending = sorted((k, v[0]) for k, v in status.items() if v[0] > v[1])
-        with self._lock:
-            if pending != self._pending:
-                self._pending, self._since = pending, now
-            self.record["fr"] = status
-            self.record["fr_at"] = [self._since, now]
-            self.board.write(self.rank, self.record)
-
-
-_TRACKED = (*COLLECTIVES, *P2P_OPS, *_RENDEZVOUS)
+_TRACKED = (*COLLECTIVES, *P2P_OPS, *RENDEZVOUS_OPS)
 
 #: What the tracking wrapper asks as a rank enters a collective: ``(op,
 #: rank) -> after or None``, where ``after(args, kwargs, result)`` runs once
@@ -213,11 +58,11 @@ def set_collective_hook(hook: CollectiveHook | None) -> None:
     _hook[:] = [hook] if hook is not None else []
 
 _local = threading.local()
-_process_tracker: list[_Tracker] = []
+_process_tracker: list[Tracker] = []
 
 
-def _current() -> _Tracker | None:
-    tracker: _Tracker | None = getattr(_local, "tracker", None)
+def _current() -> Tracker | None:
+    tracker: Tracker | None = getattr(_local, "tracker", None)
     if tracker is not None:
         return tracker
     return _process_tracker[0] if _process_tracker else None
@@ -226,7 +71,7 @@ def _current() -> _Tracker | None:
 def track_into(board: Board, rank: int, per_thread: bool = False) -> None:
     """Record this process's (or, with ``per_thread``, this thread's)
     collectives into ``board`` as ``rank``."""
-    tracker = _Tracker(board, rank, threads=per_thread)
+    tracker = Tracker(board, rank, threads=per_thread)
     if per_thread:
         _local.tracker = tracker
     else:
@@ -259,82 +104,12 @@ def tracked(op: str, group: str, peers: Sequence[int]) -> Iterator[None]:
         tracker.leave(failed)
 
 
-#: Calls that communicate inside the call itself, with no Work to wait on
-#: (an error before a wait is not a refusal there).
-_NO_WAIT = {"monitored_barrier", *_RENDEZVOUS}
-#: Errors that are never a refusal, wherever raised: NCCL's (it may set up
-#: its communicator with the peers as the call is enqueued), and what
-#: verdict.PEER_LOST says (a peer went away, a wait ran out).
-_NEVER_REFUSED = re.compile(r"nccl|network|connect|remote|socket", re.IGNORECASE)
-#: Set on an exception a call of torch.distributed raised before it
-#: communicated: the test's own error (see outcome.comm_site), not a peer's.
-REFUSED_MARK = "__disttest_refused__"
-
-
-def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
-    """Whether ``error``, raised by a call of ``op``, is torch or its backend
-    refusing the call before it communicated: c10d's checks of its
-    arguments (a ``TypeError`` or ``ValueError``), or a backend's
-    (``ProcessGroupGloo::broadcast: invalid root rank: 5``, a
-    ``RuntimeError`` raised as the call was enqueued, before its wait)."""
-    if not refused_by_torch(error):
-        return False
-    if isinstance(error, (TypeError, ValueError)):
-        return True
-    if not isinstance(error, RuntimeError) or reached_wait or op in _NO_WAIT:
-        return False
-    # (c10d raises its backends' communication errors as DistError and its subclasses)
-    if any(c.__name__ in ("DistError", "DistBackendError", "DistNetworkError") for c in type(error).__mro__):
-        return False
-    text = str(error)
-    return not (PEER_LOST.search(text) or _NEVER_REFUSED.search(text))
-
-
-def mark_refused(error: BaseException) -> None:
-    """Note on ``error`` that its call was refused (:data:`REFUSED_MARK`)."""
-    try:
-        setattr(error, REFUSED_MARK, True)
-    except Exception:  # noqa: BLE001,S110 (an exception that takes no attribute stays unmarked)
-        pass
-
-
-def refused_by_torch(error: BaseException) -> bool:
-    """Whether ``error`` was raised where torch checks a call's arguments
-    (its innermost frame is in torch's own package: c10d's Python checks,
-    or a C++ check surfacing at the call), not by a backend written in
-    Python (the threaded group, a user's), which may have begun the
-    collective with its peers before it raised."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename.startswith(_torch_dir())
-
-
-@functools.cache
-def _torch_dir() -> str:
-    import os
-
-    import torch
-
-    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-
-
 def restart_counts() -> None:
     """Count this rank's collectives from zero again (every rank of a pool
     does it at the start of each test, so numbers read per test)."""
     tracker = _current()
     if tracker is not None:
         tracker.reset()
-
-
-def _group_of(dist: Any, group: Any) -> tuple[str, list[int] | None]:
-    if group is None or group is dist.GroupMember.WORLD:
-        return DEFAULT_GROUP, None
-    from disttest import _compat
-
-    return _compat.group_name(group), dist.get_process_group_ranks(group)
 
 
 def _seconds(value: Any) -> float | None:
@@ -420,7 +195,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             result = func(*args, **kwargs)
             local.inner = True  # (a collective inside completed: see `refused` below)
             return result
-        if _compiling() or not (dist.is_initialized() or name in _RENDEZVOUS):
+        if _compiling() or not (dist.is_initialized() or name in RENDEZVOUS_OPS):
             return func(*args, **kwargs)
         # Injected faults and schedule fuzzing (disttest.faults); before the
         # record, so that an injected raise is not counted as entered.
@@ -430,7 +205,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             ranks: Sequence[int] | None
             # NB: a whole group is a range (O(1) to record): a list of every
             # rank would cost each rank O(world) per call.
-            if name in _RENDEZVOUS:
+            if name in RENDEZVOUS_OPS:
                 group, ranks = RENDEZVOUS_GROUP, range(tracker.board.world_size)
             elif name == "batch_isend_irecv":
                 group, ranks = P2P_GROUP, []
@@ -495,7 +270,7 @@ def _wrap(dist: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return tracked
 
 
-def _remember(dist: Any, tracker: _Tracker, name: str, call: dict[str, Any], result: Any, group: Any,
+def _remember(dist: Any, tracker: Tracker, name: str, call: dict[str, Any], result: Any, group: Any,
               posted: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Keep what an asynchronous call's Work (``result``) is, for a wait on
     it; a ``batch_isend_irecv`` returns one Work per operation, each its

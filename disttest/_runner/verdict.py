@@ -15,8 +15,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from disttest._runner.board import RECORDER, InFlight
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
-from disttest._runner.progress import RECORDER, InFlight
 from disttest.pg._local import rank_runs
 from disttest.support.skips import skip_for_exit_code
 
