@@ -65,6 +65,13 @@ class FaultBodies:
             survived = False
         self.assertTrue(survived, f"rank {self.rank}: the second all_reduce completed")
 
+    def test_hang_in_fuzzed_calls(self):
+        # (run under DISTTEST_CHAOS: its delays add up until the limit ends the test)
+        self.init()
+        t = torch.ones(1)
+        while True:
+            dist.all_reduce(t)
+
     @inject_fault(rank=1, action="kill", at="all_reduce", nth=1)
     def test_kill_survivor_takes_its_time(self):
         self.init()

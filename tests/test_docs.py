@@ -46,6 +46,7 @@ NOT_MESSAGES = {
     "disttest._runner.thread_pool.IDLE_NAME": "a thread's name",
     "disttest.faults.pytest_options.REPEAT_SECTION": "a pytest report section's title",
     "disttest._runner.report.NEVER_MARK": "a prefix of the never-fired line",
+    "disttest._runner.report.DELAYED_MARK": "the prefix of a rank's fuzzing-delay entry, never shown",
     "disttest._runner.report.SECTION": "a pytest report section's title (one per group of ranks)",
 }
 

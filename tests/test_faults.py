@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,14 @@ from disttest.faults import (
     test_faults,
 )
 from disttest.faults import rank as _faults_rank
-from disttest.faults.judge import ALL_DIED, INJECTED, NOT_IN_WORLD, check_world, judge_injected
+from disttest.faults.judge import (
+    ALL_DIED,
+    INJECTED,
+    NOT_IN_WORLD,
+    check_world,
+    injected_lines,
+    judge_injected,
+)
 from disttest.faults.rank import (
     CHAOS_LONG,
     _local,
@@ -273,6 +281,18 @@ class JudgeTest(unittest.TestCase):
         self.assertEqual(judged[1].faults_fired, ["rank 1 killed at all_reduce #3"])
         self.assertEqual(outcomes[1].kind, Kind.CRASHED)  # inputs untouched
 
+    def test_schedule_fuzzing_delays_are_named_from_a_tenth_of_a_second(self):
+        def line(*delayed):
+            outcomes = [Outcome(r, Kind.TIMED_OUT) for r in range(len(delayed))]
+            fired = {r: [{"chaos": 5, "where": CHAOS_ENV}, {"delayed": d / 2}, {"delayed": d}]
+                     for r, d in enumerate(delayed)}
+            [text] = injected_lines(judge_injected(outcomes, [], fired))
+            return text
+
+        seed = "schedule fuzzing: DISTTEST_CHAOS=5 (the same seed gives the same delays)"
+        self.assertEqual(line(0.05, 0.02), seed)
+        self.assertEqual(line(0.3, 1.26, 0.7), seed + "; its delays took 1.3s of rank 1/3's time, the most of any rank")
+
     def test_death_not_injected_stays_a_cause(self):
         outcomes = [Outcome(0, Kind.PASSED), Outcome(1, Kind.CRASHED, exit=ExitStatus(signal=9))]
         judged = judge_injected(outcomes, [self.kill], {1: [{"counts": {"all_reduce": 2}}]})
@@ -416,6 +436,17 @@ class RunnerFaultsTest(unittest.TestCase):
         for runner, result, _ in self.each("test_kill_survivor_takes_its_time"):
             with self.subTest(runner=runner.__name__):
                 self.assert_passed(result)
+
+    def test_a_timeout_says_what_schedule_fuzzing_delays_took(self):
+        with mock.patch.dict(os.environ, {CHAOS_ENV: "5"}):
+            for runner, result, _ in self.each("test_hang_in_fuzzed_calls"):
+                with self.subTest(runner=runner.__name__):
+                    text = self.only_error(result)
+                    self.assertIn("timed out after", text)
+                    found = re.search(r"schedule fuzzing: DISTTEST_CHAOS=5 \(the same seed gives the same delays\); "
+                                      r"its delays took (\d+\.\d)s of rank [01]/2's time, the most of any rank", text)
+                    self.assertIsNotNone(found, text)
+                    self.assertGreaterEqual(float(found.group(1)), 0.1)
 
     def test_exit_is_expected(self):
         for runner, result, _ in self.each("test_exit_survived"):

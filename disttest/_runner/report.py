@@ -65,9 +65,13 @@ LOGS_KEPT = "the whole output of every rank is kept in {folder} (disttest, DISTT
 #: :mod:`disttest.faults.judge`) is listed apart from the causes; entries with
 #: these marks are a schedule-fuzzing seed or a fault that never fired.
 CHAOS_MARK = "chaos: "
+#: An entry with this mark: the seconds a rank's schedule-fuzzing delays took.
+DELAYED_MARK = "chaos delays: "
 NEVER_MARK = "never fired: "
 INJECTED = "injected by disttest (not causes): {faults}"
 CHAOS = "schedule fuzzing: {setting} (the same seed gives the same delays)"
+#: Appended to :data:`CHAOS` where the delays took a tenth of a second or more of a rank's time.
+CHAOS_DELAYED = "; its delays took {seconds:.1f}s of {who}'s time, the most of any rank"
 
 
 class RankReport(Exception):
@@ -452,9 +456,12 @@ def injected_lines(outcomes: Sequence[Outcome]) -> list[str]:
     fired: list[str] = []
     never: list[str] = []
     seeds: list[str] = []
+    most = (0.0, -1)  # (seconds of schedule-fuzzing delays, rank)
     for o in outcomes:
         for text in getattr(o, "faults_fired", ()) or ():
-            if text.startswith(CHAOS_MARK):
+            if text.startswith(DELAYED_MARK):
+                most = max(most, (float(text[len(DELAYED_MARK):]), o.rank))
+            elif text.startswith(CHAOS_MARK):
                 if text not in seeds:
                     seeds.append(text)
             elif text.startswith(NEVER_MARK):
@@ -465,6 +472,8 @@ def injected_lines(outcomes: Sequence[Outcome]) -> list[str]:
     if fired:
         lines.append(INJECTED.format(faults="; ".join(fired)))
     lines += never
+    delayed = (CHAOS_DELAYED.format(seconds=most[0], who=f"rank {most[1]}/{len(outcomes)}")
+               if most[0] >= 0.1 else "")
     for text in seeds:
-        lines.append(CHAOS.format(setting=text[len(CHAOS_MARK):]))
+        lines.append(CHAOS.format(setting=text[len(CHAOS_MARK):]) + delayed)
     return lines

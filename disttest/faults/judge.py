@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from disttest._runner.outcome import Kind, Outcome
-from disttest._runner.report import CHAOS_MARK, INJECTED, NEVER_MARK, injected_lines
+from disttest._runner.report import CHAOS_MARK, DELAYED_MARK, INJECTED, NEVER_MARK, injected_lines
 from disttest.config import ConfigError
 from disttest.faults import CHAOS_ENV, DEATHS, Fault, chaos_seed, test_faults
 
@@ -59,6 +59,9 @@ def judge_injected(outcomes: Sequence[Outcome], faults: Sequence[Fault],
         records = fired.get(o.rank, [])
         o.faults_fired = [r["what"] for r in records if "what" in r]
         o.faults_fired += [f"{_CHAOS_PREFIX}{r['chaos']}" for r in records if "chaos" in r]
+        delayed = max((r["delayed"] for r in records if isinstance(r.get("delayed"), (int, float))), default=0.0)
+        if delayed:
+            o.faults_fired.append(f"{DELAYED_MARK}{delayed:.3f}")
         for r in records:
             if r.get("action") in DEATHS:
                 deaths[o.rank] = r["what"]

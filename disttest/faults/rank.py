@@ -51,7 +51,7 @@ from disttest.faults import (
 __unittest = True
 
 __all__ = [
-    "CHAOS_LONG", "CHAOS_LONG_ODDS", "CHAOS_SHORT", "RankKilled", "armed", "before_collective",
+    "CHAOS_LONG", "CHAOS_LONG_ODDS", "CHAOS_NOTE", "CHAOS_SHORT", "RankKilled", "armed", "before_collective",
     "chaos_delay", "chaos_delays", "corrupt_", "forget_fired",
     "read_fired",
 ]
@@ -62,6 +62,11 @@ __all__ = [
 CHAOS_SHORT = 0.002
 CHAOS_LONG = 0.05
 CHAOS_LONG_ODDS = 0.125
+#: A rank writes how long its schedule-fuzzing delays took each time they
+#: add up to this many seconds more (and when its test ends): a rank that
+#: times out is stopped before it writes again, and the report says what
+#: the delays took of the limit.
+CHAOS_NOTE = 0.1
 HANG_TICK = 0.05  # a hang sleeps in ticks, so a thread rank can still be stopped
 RAISED = "injected fault (disttest): rank {rank} raised at {op} #{nth}, declared {fault}"
 KILLED = "rank {rank} was killed by an injected fault at {op} #{nth} (disttest)"
@@ -85,6 +90,9 @@ class _State:
     total: int = 0
     #: Why this rank thread was killed (its RankKilled, if the test caught it).
     killed: str | None = None
+    #: Seconds of schedule-fuzzing delays this rank has begun, and as last written.
+    delayed: float = 0.0
+    delayed_written: float = 0.0
 
 
 _local = threading.local()
@@ -210,7 +218,7 @@ def _armed(declared: tuple[Fault, ...], test_name: str, rank: int, run_dir: str 
                 tracking.set_collective_hook(None)
                 while _unwrap:
                     _unwrap.pop()()
-        write({"counts": state.counts})
+        write({"counts": state.counts, **({"delayed": state.delayed} if state.rng is not None else {})})
         _swap(previous, world is not None)
         if close is not None:
             close()
@@ -243,7 +251,12 @@ def before_collective(op: str, rank: int) -> Callable[[tuple[Any, ...], dict[str
     nth = state.counts[op] = state.counts.get(op, 0) + 1
     state.total += 1
     if state.rng is not None:
-        _sleep(state, chaos_delay(state.rng))
+        delay = chaos_delay(state.rng)
+        state.delayed += delay
+        if state.delayed - state.delayed_written >= CHAOS_NOTE:
+            state.delayed_written = state.delayed
+            state.write({"delayed": state.delayed})
+        _sleep(state, delay)
     here = [(i, f) for i, f in state.faults
             if (f.at == op and f.nth == nth) or (f.at == ANY and f.nth == state.total)]
     acting = [(i, f) for i, f in here if f.action != "delay"]
