@@ -257,6 +257,18 @@ class OneRankGroups(Base):
             dist.destroy_process_group()
 
 
+class ClosedChannel(Base):
+    """A rank whose test closes every descriptor above 2: its channel to the
+    parent with them (its output, descriptors 1 and 2, stays)."""
+
+    timeout = 20
+
+    def test_closes_its_descriptors_then_fails(self):
+        if self.rank == 1:
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            raise ValueError("rank 1's error, after closing its descriptors")
+
+
 class Refusals(Base):
     """A call torch refuses on one rank (the rank's own argument error,
     raised before the call communicates), and what its peer does meanwhile."""

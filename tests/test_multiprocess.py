@@ -85,6 +85,21 @@ class OutcomesTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("rank 0/2: SystemExit: sys.exit(5) in the test", self.only(result.errors))
 
 
+class ClosedChannelTest(OutcomeMixin, unittest.TestCase):
+    def test_a_rank_that_closed_its_channel_still_shows_its_error(self):
+        # (it was "exited with code 10" and nothing more: the error was lost with the channel)
+        from disttest._runner.rank import UNREPORTED
+
+        result, _ = run(cases.ClosedChannel, "test_closes_its_descriptors_then_fails")
+        text = self.only(result.errors)
+        self.assertIn("rank 1/2 exited with code 10 before finishing 'test_closes_its_descriptors_then_fails'", text)
+        self.assertIn(UNREPORTED.format(rank=1, test="test_closes_its_descriptors_then_fails",
+                                        error="[Errno 9] Bad file descriptor",
+                                        outcome="errored: ValueError: rank 1's error, after closing its descriptors"),
+                      text)
+        self.assertIn('raise ValueError("rank 1\'s error, after closing its descriptors")', text)
+
+
 class RefusedCallTest(OutcomeMixin, unittest.TestCase):
     """A call torch refused on one rank (its own argument error, raised
     before the call communicated) is that rank's own error, whatever its

@@ -49,6 +49,11 @@ __all__ = ["RankSpec", "current", "paths", "process_helpers", "record_test_outco
 
 STACK_SIGNAL = signal.SIGUSR1
 TEST_ERROR_EXIT_CODE = 10
+#: Written to the rank's output (which the report shows) when its outcome
+#: cannot reach the parent: the test closed the rank's channel (a
+#: ``closerange`` of every descriptor above 2, a fork helper closing fds).
+UNREPORTED = ("disttest: rank {rank} could not send the outcome of {test!r} to the parent ({error}: did the test "
+              "close the rank's file descriptors?); its outcome: {outcome}")
 #: Seconds at most a fresh-process rank stays after answering, unless the
 #: parent says ``Leave`` sooner (every rank has answered). Its exit would
 #: close its sockets under peers still completing communication with it (a
@@ -388,7 +393,7 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         send(conn, Hello(rank, spec.token))
         part = (_PoolWorker if spec.entry == "pool" else _OneTest)(cls, ctx)
         send(conn, Ready(rank, part.init()))
-        passed = False
+        passed = lost = False
         # A fresh-process rank knows its one test: it starts it at once
         # instead of waiting a round trip for the parent's Run (the parent may
         # still be busy starting the other ranks).
@@ -402,7 +407,12 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             if not isinstance(message, Run):
                 break  # Leave
             outcome = _run_one(part, ctx, files, message.test)
-            send(conn, Done(message.seq, outcome))
+            try:
+                send(conn, Done(message.seq, outcome))
+            except OSError as e:
+                _unreported(rank, message.test, outcome, e)
+                lost = True
+                break
             if part.single:
                 passed = outcome.kind in (Kind.PASSED, Kind.SKIPPED)
                 # Stay until every rank has answered (the parent says Leave),
@@ -413,8 +423,9 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
         part.shutdown()
         kill_descendants()
         # A pool worker that leaves cleanly has done its part; a fresh-process
-        # rank only once its test passed or skipped.
-        code = 0 if passed or not part.single else TEST_ERROR_EXIT_CODE
+        # rank only once its test passed or skipped (and either, once the
+        # parent had its outcome: else the parent reads it in the output).
+        code = 0 if not lost and (passed or not part.single) else TEST_ERROR_EXIT_CODE
     finally:
         _exit(code)
 
@@ -441,6 +452,19 @@ def _run_one(part: _OneTest | _PoolWorker, ctx: _Context, files: dict[str, str],
     publish_progress(passed=outcome.kind in (Kind.PASSED, Kind.SKIPPED))
     outcome.output_tail = tail(files["log"], start=start)
     return outcome
+
+
+def _unreported(rank: int, test: str, outcome: Outcome, error: OSError) -> None:
+    """Write ``outcome`` where the report reads it when the channel is gone:
+    the rank's output (descriptor 2, its log)."""
+    said = outcome.kind.value
+    if outcome.exc_type or outcome.message:
+        said += f": {outcome.exc_type}: {outcome.message}" if outcome.exc_type else f": {outcome.message}"
+    if outcome.traceback:
+        said += "\n" + outcome.traceback.rstrip()
+    text = UNREPORTED.format(rank=rank, test=test, error=error, outcome=said)
+    with contextlib.suppress(OSError):
+        os.write(2, (text + "\n").encode(errors="replace"))
 
 
 def _rearm_stacks(ctx: _Context, files: dict[str, str]) -> None:
