@@ -145,6 +145,7 @@ MARKERS_TWICE = "@pytest.mark.world_size given twice, {markers}, on {where} (dis
 MARKER_EXTRA = "@pytest.mark.world_size takes one number and mode=, not {extra}, on {where} (disttest)"
 
 
+@pytest.hookimpl(trylast=True)  # the tests that will run: after -k and -m deselected theirs
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     _skip_gpu_tests(items)
     for item in items:

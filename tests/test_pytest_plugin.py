@@ -273,6 +273,43 @@ class MarkerErrorsTest(unittest.TestCase):
                     self.assertIn("1 passed", out)
 
 
+class DeselectedMarkerTest(unittest.TestCase):
+    def test_a_bad_marker_on_a_deselected_test_stops_nothing(self):
+        # (it stopped the session, "-k good" too, as a usage error)
+        source = textwrap.dedent("""
+            import pytest
+            import disttest
+
+            class T(disttest.MultiThreadedTestCase):
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_threads()
+
+                @pytest.mark.world_size(-1)
+                def test_bad(self):
+                    pass
+
+                @pytest.mark.world_size(3)
+                def test_good(self):
+                    assert self.world_size == 3
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_marks.py"), "w") as f:
+                f.write(source)
+
+            def pytest(*args):
+                return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_marks.py",
+                                       *args], cwd=tmp, capture_output=True, text=True, timeout=300)
+
+            selected = pytest("-k", "good")
+            self.assertEqual(selected.returncode, 0, selected.stdout + selected.stderr)
+            self.assertIn("1 passed, 1 deselected", selected.stdout)
+            whole = pytest()
+            self.assertEqual(whole.returncode, 4, whole.stdout + whole.stderr)
+            self.assertIn("Invalid world size -1 from @pytest.mark.world_size on test_marks.py::T::test_bad",
+                          whole.stdout + whole.stderr)
+
+
 class HarnessErrorsTest(unittest.TestCase):
     def test_an_error_raised_in_disttest_alone_points_at_the_test(self):
         # A pool's bad setting has no frame of the user's: pytest, which hides
