@@ -205,6 +205,38 @@ class RewriteTest(unittest.TestCase):
         out, _ = migrated(source)  # common_device_type's TestCase is upstream's framework, not disttest's
         self.assertEqual(out, source)
 
+    def test_a_statement_of_several_modules_is_split_where_one_moves(self):
+        # (it was left as it was, "change it by hand")
+        source = """\
+            import os, torch.testing._internal.common_distributed as cd  # why
+            from torch.testing._internal import common_distributed as cd2, common_utils
+            from torch.testing._internal import common_utils, common_methods_invocations
+            from torch.testing._internal import (  # a comment a split would lose
+                common_distributed as cd3,
+                common_utils,
+            )
+            print(cd.MultiProcessTestCase, cd2.skip_if_lt_x_gpu, cd3.find_free_port)
+        """
+        out, changes = migrated(source)
+        self.assertEqual(out, textwrap.dedent("""\
+            import os
+            import disttest as cd  # why
+            import disttest as cd2
+            from torch.testing._internal import common_utils
+            from torch.testing._internal import common_utils, common_methods_invocations
+            from torch.testing._internal import (  # a comment a split would lose
+                common_distributed as cd3,
+                common_utils,
+            )
+            print(cd.MultiProcessTestCase, cd2.skip_if_lt_x_gpu, cd3.find_free_port)
+        """))
+        self.assertIn("module common_distributed from common_distributed -> disttest", changes)
+        self.assertIn("module common_utils from common_utils kept (no disttest module stands for it; "
+                      "upstream's is used)", changes)
+        self.assertIn("import (torch.testing._internal.common_distributed) left as it is: change it by hand "
+                      "(several modules in one statement, with a comment inside)", changes)
+        self.assertEqual(migrated(out)[0], out)
+
     def test_imports_it_cannot_rewrite_in_place_are_noted(self):
         out, changes = migrated("""
             import os; from torch.testing._internal.common_distributed import MultiProcessTestCase

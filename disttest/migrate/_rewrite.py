@@ -26,6 +26,7 @@ import ast
 import dataclasses
 import types
 from collections.abc import Callable, Container, Sequence
+from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
@@ -475,11 +476,10 @@ class _Rewriter(m.MatcherDecoratableTransformer):
 
     def _module_names(self, stmt: cst.ImportFrom, updated: cst.SimpleStatementLine, module: str,
                       line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        if isinstance(stmt.names, cst.ImportStar) or len(stmt.names) != 1:
-            for alias in [] if isinstance(stmt.names, cst.ImportStar) else stmt.names:
-                self.changes.append(Change("noted", line, f"{module}.{_dotted(alias.name)}", "import",
-                                           why="several modules in one statement"))
+        if isinstance(stmt.names, cst.ImportStar):
             return updated
+        if len(stmt.names) != 1:
+            return self._each_module(stmt, updated, line, lambda s, u: self._module_names(s, u, module, line))
         alias = stmt.names[0]
         name = _dotted(alias.name)
         upstream = (module[len(PREFIX) + 1:] + "." if module != PREFIX else "") + name
@@ -501,8 +501,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
 
     def _import(self, stmt: cst.Import, updated: cst.SimpleStatementLine, line: int) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         if len(stmt.names) != 1:
-            self._note_imports([stmt], line, "several modules in one statement")
-            return updated
+            return self._each_module(stmt, updated, line, lambda s, u: self._import(s, u, line))
         alias = stmt.names[0]
         upstream = _upstream(_dotted(alias.name))
         if upstream is None:
@@ -520,6 +519,37 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         self.changes.append(Change("moved", line, upstream, f"module as {bound}", home))
         return updated.with_changes(body=[stmt.with_changes(
             names=[alias.with_changes(name=cst.parse_expression(home))])])
+
+    def _each_module(self, stmt: cst.Import | cst.ImportFrom, updated: cst.SimpleStatementLine, line: int,
+                     one: Callable[[Any, cst.SimpleStatementLine], cst.BaseStatement | cst.FlattenSentinel[
+                         cst.BaseStatement]]) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        """A statement that imports several modules (``import a as x, os``,
+        ``from torch.testing._internal import common_distributed as cd,
+        common_utils``) as one statement a module, each rewritten by ``one``
+        as if alone; as it was where none of them moves. A statement with a
+        comment inside its parentheses is only noted (a split would lose it)."""
+        assert not isinstance(stmt.names, cst.ImportStar)
+        names = list(stmt.names)
+        if isinstance(stmt, cst.ImportFrom) and stmt.lpar is not None and "#" in cst.Module([]).code_for_node(stmt):
+            for alias in names:
+                self.changes.append(Change("noted", line, f"{_dotted(stmt.module)}.{_dotted(alias.name)}", "import",
+                                           why="several modules in one statement, with a comment inside"))
+            return updated
+        kept = True
+        results: list[cst.BaseStatement] = []
+        for i, alias in enumerate(names):
+            single = stmt.with_changes(names=[alias.with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+            if isinstance(single, cst.ImportFrom):
+                single = single.with_changes(lpar=None, rpar=None)
+            part = updated.with_changes(
+                body=[single], leading_lines=updated.leading_lines if i == 0 else (),
+                trailing_whitespace=updated.trailing_whitespace if i == len(names) - 1 else cst.TrailingWhitespace())
+            done = one(single, part)
+            kept = kept and done is part
+            results += list(done) if isinstance(done, cst.FlattenSentinel) else [done]
+        if kept:  # (none moves: the statement stays whole, byte for byte)
+            return updated
+        return cst.FlattenSentinel(results)
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if PREFIX in node.value:
