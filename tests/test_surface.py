@@ -25,7 +25,7 @@ from surface_names import (
 )
 
 from disttest.migrate._cli import HOMES
-from disttest.migrate._rewrite import _home_for, module_names
+from disttest.migrate._survey import _home_for, module_names
 
 #: The releases of disttest's supported range (torch >= 2.7) the record must cover.
 SUPPORTED_MINORS = ("2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14")

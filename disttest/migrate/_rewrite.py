@@ -22,23 +22,31 @@ Rules, for ``from torch.testing._internal.<module> import <names>``:
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import types
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
 
-from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX, RPC_FIXTURES, RPC_SUITES
+from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX, RPC_FIXTURES
+from disttest.migrate._survey import (
+    RPC_FIXTURE_KEPT,
+    Lookup,
+    _Attributes,
+    _dotted,
+    _home_for,
+    _nothing_upstream,
+    _rpc_suites,
+    _unbound,
+    _upstream,
+    module_names,
+)
 
 __unittest = True
 
 __all__ = ["FALLBACK", "HOMES", "PREFIX", "Change", "Result", "module_names", "rewrite"]
 
-#: (home module, name) -> whether the home offers the name ("*": whether the home exists).
-Lookup = Callable[[str, str], bool]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,117 +88,6 @@ class Result:
     @property
     def changed(self) -> bool:
         return any(c.kind == "moved" for c in self.changes)
-
-
-def _dotted(node: cst.BaseExpression | None) -> str:
-    if node is None:
-        return ""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        left = _dotted(node.value)
-        return f"{left}.{node.attr.value}" if left else ""
-    return ""
-
-
-def _upstream(module: str) -> str | None:
-    """``common_distributed`` for ``torch.testing._internal.common_distributed``."""
-    if module.startswith(PREFIX + "."):
-        return module[len(PREFIX) + 1:]
-    return None
-
-
-def _home_for(upstream: str, name: str, offers: Lookup) -> str | None:
-    only = ONLY.get(upstream)
-    if only is not None and name not in only:
-        return None
-    if only is None and upstream not in HOMES and not upstream.startswith("distributed."):
-        return None  # a module of upstream's general framework (common_device_type's TestCase is not ours)
-    first = HOMES.get(upstream)
-    homes = [first] if first else []
-    homes += [h for h in FALLBACK if h not in homes]
-    return next((h for h in homes if offers(h, name)), None)
-
-
-class _Attributes(cst.CSTVisitor):
-    """How the file uses each name: the attributes it reads (``m.X`` ->
-    ``{"m": {"X"}}``), assigns (``m.X = 1``), and the names it uses whole
-    (passed, returned, patched: anything but ``name.attr``)."""
-
-    def __init__(self) -> None:
-        self.read: dict[str, set[str]] = {}
-        self.written: dict[str, set[str]] = {}
-        self.bare: set[str] = set()
-        #: The nodes (ids) that hold a string literal naming an upstream module.
-        self.holding_strings: set[int] = set()
-        self._bases: set[int] = set()  # the Name nodes that are some attribute's base
-        self._path: list[int] = []  # the nodes from the module down to the current one
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self._path.append(id(node))
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self._path.pop()
-        super().on_leave(original_node)
-
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        if PREFIX in node.value:
-            self.holding_strings.update(self._path)
-
-    def visit_FormattedString(self, node: cst.FormattedString) -> None:
-        # The literal parts joined, as the rewriter reads them.
-        if PREFIX in "".join(p.value for p in node.parts if isinstance(p, cst.FormattedStringText)):
-            self.holding_strings.update(self._path)
-
-    def visit_Import(self, node: cst.Import) -> bool:
-        return False  # the names an import binds are not uses
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        if _dotted(node).startswith(PREFIX + "."):  # (a read the rewriter notes: it walks there)
-            self.holding_strings.update(self._path)
-        if isinstance(node.value, cst.Name):
-            self._bases.add(id(node.value))
-            self.read.setdefault(node.value.value, set()).add(node.attr.value)
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if id(node) not in self._bases:
-            self.bare.add(node.value)
-
-    def _assigned(self, target: cst.BaseExpression) -> None:
-        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
-            self.written.setdefault(target.value.value, set()).add(target.attr.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._assigned(element.value)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._assigned(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._assigned(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._assigned(node.target)
-
-    def visit_Del(self, node: cst.Del) -> None:
-        self._assigned(node.target)
-
-
-def _unbound(tree: cst.Module) -> set[str]:
-    """The names the file uses and never binds (what a star import gives it)."""
-    wrapper = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True)
-    scopes = {s for s in wrapper.resolve(cst.metadata.ScopeProvider).values() if s is not None}
-    found: set[str] = set()
-    for scope in scopes:
-        for access in scope.accesses:
-            name = getattr(access.node, "value", None)
-            if isinstance(name, str) and not access.referents and name not in scope.globals:
-                found.add(name)
-    return found
 
 
 #: Upstream modules whose import registers a c10d backend as it runs, which
@@ -640,67 +537,3 @@ def rewrite(source: str | bytes, offers: Lookup) -> Result:
         code += "\r"
         data += "\r".encode(new.encoding)
     return Result(code, tuple(sorted(rewriter.changes, key=lambda c: c.line)), data, new.encoding)
-
-
-#: Why an RPC fixture disttest offers stays upstream's.
-RPC_FIXTURE_KEPT = ("the file keeps upstream's RPC suites ({suites}), which derive from upstream's fixture; "
-                    "with disttest's the classes would stay abstract and no test would run")
-
-
-def _rpc_suites(tree: cst.Module, source: str | bytes, offers: Lookup) -> list[str]:
-    """The names the file keeps from upstream's RPC suite modules (sorted)."""
-    if b"rpc" not in (source.encode("utf-8", "replace") if isinstance(source, str) else source):
-        return []
-    kept = set()
-    for stmt in m.findall(tree, m.ImportFrom()):
-        if not isinstance(stmt, cst.ImportFrom) or stmt.relative:
-            continue
-        upstream = _upstream(_dotted(stmt.module))
-        if upstream is None or upstream in RPC_FIXTURES or not upstream.startswith(RPC_SUITES):
-            continue
-        if isinstance(stmt.names, cst.ImportStar):
-            kept.add(f"{upstream}.*")
-            continue
-        kept |= {_dotted(a.name) for a in stmt.names if _home_for(upstream, _dotted(a.name), offers) is None}
-    return sorted(kept)
-
-
-def _nothing_upstream(source: str | bytes) -> bool:
-    """Whether ``source`` names none of torch's testing modules (no
-    ``_internal`` anywhere) and parses: the file needs no syntax tree (most
-    of a suite's helpers; the tree costs about 2 ms a line). Anything else,
-    or a file ``ast`` cannot read, goes to libcst, which names its errors."""
-    if isinstance(source, bytes) and b"_internal" in source or isinstance(source, str) and "_internal" in source:
-        return False
-    try:
-        text = source if isinstance(source, str) else source.decode("utf-8")
-        ast.parse(text)
-    except (SyntaxError, ValueError, UnicodeDecodeError):  # ValueError: a NUL byte
-        return False
-    return True
-
-
-def module_names(modules: Sequence[str]) -> Lookup:
-    """A lookup on the installed disttest: does ``home`` offer ``name``?"""
-    import importlib
-
-    cache: dict[str, object] = {}
-
-    def offers(home: str, name: str) -> bool:
-        if home not in modules:
-            return False
-        if home not in cache:
-            try:
-                cache[home] = importlib.import_module(home)
-            except ImportError:  # a home this disttest does not have
-                cache[home] = None
-        if name == "*":  # whether the home exists
-            return cache[home] is not None
-        try:
-            found = getattr(cache[home], name, types)  # (a value that is never a name's)
-        except Exception:  # noqa: BLE001 - a lazy name whose value failed (a bad DISTTEST_TIMEOUT): it exists
-            return True
-        # Not a submodule of disttest's (``disttest.fake`` is an old module path, not a name).
-        return found is not types and not isinstance(found, types.ModuleType)
-
-    return offers
