@@ -21,7 +21,7 @@ from torch.testing._internal import common_utils as upstream
 
 import disttest
 from disttest import _compat
-from disttest.runners import case_guards, case_parity
+from disttest.runners import case_expect, case_guards, case_parity
 
 #: Upstream's private run machinery (disabled-test lists, dynamo/inductor
 #: test modes, reruns) and its bookkeeping attributes: not offered.
@@ -306,7 +306,7 @@ class ExpectedTest(unittest.TestCase, Cases):
 
         self.ours.assertExpectedInlineMunged(ValueError, boom, """bad at foo.py:N""")
         self.assertEqual(failure(self.ours.assertExpectedInlineMunged, ValueError, lambda: None, ""),
-                         case_parity.DID_NOT_RAISE)
+                         case_expect.DID_NOT_RAISE)
 
     @contextlib.contextmanager
     def expect_module(self):
@@ -349,9 +349,9 @@ class ExpectedTest(unittest.TestCase, Cases):
                     case.assertExpected("other", "sub")
                 case.assertExpectedRaises(ValueError, lambda: (_ for _ in ()).throw(ValueError("output")),
                                           subname="sub")
-                with self.assertRaisesRegex(AssertionError, case_parity.DID_NOT_RAISE):
+                with self.assertRaisesRegex(AssertionError, case_expect.DID_NOT_RAISE):
                     case.assertExpectedRaises(ValueError, lambda: None, subname="sub")
-                with self.assertRaisesRegex(TypeError, case_parity.STRINGS_ONLY):
+                with self.assertRaisesRegex(TypeError, case_expect.STRINGS_ONLY):
                     case.assertExpected(1)
 
     def test_assert_expected_accepts(self):

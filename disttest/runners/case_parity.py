@@ -2,7 +2,8 @@
 
 :class:`CaseParityMixin` (a base of :class:`disttest.TestCase`) carries
 upstream's extra assertions (``assertEqualIgnoreType``, ``assertNotWarn``,
-``assertWarnsOnceRegex``, ``assertExpected`` and friends...), its comparison
+``assertWarnsOnceRegex``...; ``assertExpected`` and friends from
+:mod:`disttest.runners.case_expect`), its comparison
 helpers (``compare_with_numpy``), its subprocess helpers, the policy
 wrappers (``wrap_with_policy``, the CUDA ones) and, from
 :mod:`disttest.runners.case_sparse`, its sparse-tensor generators, with
@@ -16,7 +17,6 @@ CUDA; the CUDA policies of ``__init__`` then wrap nothing, as upstream's.
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
 import logging
 import os
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from disttest import _compat
+from disttest.runners.case_expect import ExpectedOutputMixin
 from disttest.runners.case_guards import (
     NEEDS_CUDA,
     CudaMemoryLeakCheck,
@@ -43,7 +44,6 @@ from disttest.runners.case_guards import (
     DeterministicGuard,
     _has_cuda,
     _warn_always,
-    munge_exc,
 )
 from disttest.runners.case_sparse import SparseTensorsMixin
 
@@ -58,30 +58,12 @@ FUNCTION_MODES_LEAKED = "torch function mode stack was leaked: length changed fr
 FUNCTION_STATE_LEAKED = "torch function state was leaked: changed from {before} to {after}"
 #: ``{flags}``: a line ``  torch.backends.cuda.matmul.fp32_precision: was 'none', became 'tf32'`` per flag.
 FP32_PRECISION_LEAKED = "fp32 precision flag leak detected:\n{flags}"
-DID_NOT_RAISE = "Did not raise when expected to"
 NO_WARNING_CAUGHT = "no warning caught"
 OBJECT_NOT_FOUND = "object not found in iterable"
-STRINGS_ONLY = "assertExpected is strings only"
-NO_EXPECT_FILE = (
-    "I got this output for {test}{subname}:\n\n{output}\n\n"
-    "No expect file exists; to accept the current output, run:\npython {main} {test} --accept"
-)
-
 _IS_WINDOWS = sys.platform == "win32"
 #: The first torch whose ``TestCase`` fails a test that leaves an fp32
 #: precision setting changed, and resets dynamo around every test.
 CHECKS_FROM = "2.14"
-_ANSI_ESCAPE = re.compile(r"""
-    \x1B  # ESC
-    (?:   # 7-bit C1 Fe (except CSI)
-        [@-Z\\-_]
-    |     # or [ for CSI, followed by a control sequence
-        \[
-        [0-?]*  # Parameter bytes
-        [ -/]*  # Intermediate bytes
-        [@-~]   # Final byte
-    )
-""", re.VERBOSE)
 
 
 class _RaisesSkippingNotImplemented(unittest.case._AssertRaisesContext):  # type: ignore[type-arg]
@@ -107,7 +89,7 @@ else:
     _Base = object
 
 
-class CaseParityMixin(SparseTensorsMixin, _Base):
+class CaseParityMixin(SparseTensorsMixin, ExpectedOutputMixin, _Base):
     """Upstream ``common_utils.TestCase``'s additions to ``unittest.TestCase``
     (a mixin of :class:`disttest.TestCase`, which holds ``assertEqual``).
 
@@ -318,109 +300,6 @@ class CaseParityMixin(SparseTensorsMixin, _Base):
         """Hook method for compiling ``fn``: ``torch.compile(fn, backend=backend,
         fullgraph=nopython)``."""
         return torch.compile(fn, backend=backend, fullgraph=nopython)
-
-    # --- expected output -------------------------------------------------------
-
-    def _remove_ansi_escape(self, input: str) -> str:
-        return _ANSI_ESCAPE.sub("", input)
-
-    def remove_comment_lines(self, input_string: str) -> str:
-        """``input_string`` without the lines that start with ``#`` (after spaces)."""
-        return "\n".join(line for line in input_string.split("\n") if not line.strip().startswith("#"))
-
-    def remove_empty_lines(self, input_string: str) -> str:
-        """``input_string`` without its blank lines."""
-        return "\n".join(line for line in input_string.split("\n") if line.strip() != "")
-
-    def assertExpectedInline(self, actual: Any, expect: str, skip: int = 0, ignore_comments: bool = False,
-                             ignore_empty_lines: bool = False) -> None:
-        """expecttest's ``assertExpectedInline`` on ``str(actual)``, both
-        sides without ANSI escapes, and optionally without comment lines or
-        blank lines."""
-        actual = self._remove_ansi_escape(actual if isinstance(actual, str) else str(actual))
-        expect = self._remove_ansi_escape(expect)
-        if ignore_comments:
-            actual, expect = self.remove_comment_lines(actual), self.remove_comment_lines(expect)
-        if ignore_empty_lines:
-            actual, expect = self.remove_empty_lines(actual), self.remove_empty_lines(expect)
-        super().assertExpectedInline(actual, expect, skip + 1)
-
-    def assertExpectedInlineMunged(self, exc_type: type[BaseException], callable: Callable[[], Any], expect: str, *,
-                                   skip: int = 0, suppress_suffix: bool = True,
-                                   post_munge: Callable[[str], str] | None = None) -> None:
-        """:meth:`assertExpectedInline` on the :func:`munge_exc` text of the
-        ``exc_type`` that ``callable()`` raises; fails if it raises none."""
-        try:
-            callable()
-        except exc_type as e:
-            munged = munge_exc(e, suppress_suffix=suppress_suffix, skip=skip + 1)
-            if post_munge:
-                munged = post_munge(munged)
-            self.assertExpectedInline(munged, expect, skip=skip + 1)
-            return
-        self.fail(msg=DID_NOT_RAISE)
-
-    def assertExpected(self, s: str, subname: str | None = None) -> None:
-        """Fail unless ``s`` equals the file ``expect/<test id>[-subname].expect``
-        beside the test's module; with expecttest's accept mode (``--accept``
-        or ``EXPECTTEST_ACCEPT=1``), write it instead."""
-        if not isinstance(s, str):
-            raise TypeError(STRINGS_ONLY)
-        module_id = self.__class__.__module__
-        test_id = self.id().removeprefix(module_id + ".")
-        test_file = os.path.realpath(str(sys.modules[module_id].__file__))
-        expected_file = os.path.join(os.path.dirname(test_file), "expect", test_id)
-        subname_output = ""
-        if subname:
-            expected_file += "-" + subname
-            subname_output = f" ({subname})"
-        expected_file += ".expect"
-
-        def accept_output(update_type: str) -> None:
-            print(f"Accepting {update_type} for {test_id}{subname_output}:\n\n{s}")
-            with open(expected_file, "w") as f:
-                f.write(re.sub(r'(producer_version): "[0-9.]*"', r'\1: "CURRENT_VERSION"', s))
-
-        try:
-            with open(expected_file) as f:
-                expected = f.read()
-        except OSError as e:
-            if e.errno != errno.ENOENT:
-                raise
-            if expecttest.ACCEPT:
-                return accept_output("output")
-            main = getattr(sys.modules["__main__"], "__file__", "<main>")
-            raise RuntimeError(NO_EXPECT_FILE.format(test=test_id, subname=subname_output, output=s,
-                                                     main=main)) from None
-        if _IS_WINDOWS:  # a hack for JIT tests, as upstream
-            expected = re.sub(r"CppOp\[(.+?)\]", "CppOp[]", expected)
-            s = re.sub(r"CppOp\[(.+?)\]", "CppOp[]", s)
-        if 'producer_version: "CURRENT_VERSION"' in expected:
-            import torch.onnx
-
-            expected = expected.replace('producer_version: "CURRENT_VERSION"',
-                                        f'producer_version: "{torch.onnx.producer_version}"')
-        if expecttest.ACCEPT:
-            if expected != s:
-                return accept_output("updated output")
-        else:
-            self.assertMultiLineEqual(expected, s)
-
-    def assertExpectedStripMangled(self, s: str, subname: str | None = None) -> None:
-        """:meth:`assertExpected` with TorchScript's ``__torch__...`` names removed."""
-        self.assertExpected(re.sub(r"__torch__[^ ]+", "", s), subname)
-
-    def assertExpectedRaises(self, exc_type: type[BaseException], callable: Callable[..., Any], *args: Any,
-                             **kwargs: Any) -> None:
-        """:meth:`assertExpected` on the message of the ``exc_type`` that
-        ``callable(*args, **kwargs)`` raises (``subname`` is taken from kwargs)."""
-        subname = kwargs.pop("subname", None)
-        try:
-            callable(*args, **kwargs)
-        except exc_type as e:
-            self.assertExpected(str(e), subname)
-            return
-        self.fail(msg=DID_NOT_RAISE)
 
     # --- assertions ------------------------------------------------------------
 
