@@ -400,10 +400,10 @@ class ShardedTensorTestBase(MultiProcessTestCase):
         if accelerator_count() >= self.world_size:
             for rank in range(self.world_size):
                 options.set_device_map(f"worker{rank}", {rank: self.rank, self.rank: rank})
-        rpc.init_rpc(  # type: ignore[no-untyped-call]  # torch: unannotated
-            name=f"worker{self.rank:d}", rank=self.rank, world_size=self.world_size,
-            rpc_backend_options=options,
-        )
+        from disttest.bases.rpc import init_rpc_quietly
+
+        init_rpc_quietly(name=f"worker{self.rank:d}", rank=self.rank, world_size=self.world_size,
+                         rpc_backend_options=options)
 
     def init_comms(self, init_rpc: bool = True, backend: str | None = "nccl") -> None:
         """In a rank: ``init_rpc()`` (when ``init_rpc``), then ``init_pg(backend)``."""
