@@ -109,6 +109,8 @@ class ForkServerTest(unittest.TestCase):
         text = " ".join(proc.stderr.split())
         self.assertIn(multiprocess.COPY_CRASHED.format(
             test="CrashesInACopy.test_crashes_in_a_copy_only", who="rank 0/2", how="was killed by SIGSEGV"), text)
+        # (at the test, not at disttest's frame that noticed it)
+        self.assertRegex(proc.stderr, r"fork_server_cases\.py:\d+: UserWarning: CrashesInACopy\.test_crashes_in_a_copy_only:")
         self.assertIn("Ran 3 tests", text)
 
     def test_a_crash_in_a_fresh_server_too_is_the_tests_and_copies_go_on(self):
@@ -322,6 +324,8 @@ class ThreadsAtImportTest(unittest.TestCase):
                                                     reason=fork_threads.PARENT_THREADS.format(count="COUNT"))
         head, tail = warning.split("COUNT")
         self.assertRegex(text, re.escape(head) + r"[1-9]\d*" + re.escape(tail))
+        # (at the class, not at disttest's frame that noticed it)
+        self.assertRegex(proc.stderr, r"omp_parent_cases\.py:\d+: UserWarning: ForkedRanks")
         self.assertNotIn("PooledRanks: its ranks", text)  # the pool's own default: the fork server, silently
 
     def test_the_test_processs_threads(self):

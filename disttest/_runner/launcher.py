@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -36,6 +35,7 @@ from disttest._runner.crashsite import FATAL
 from disttest._runner.messages import Leave
 from disttest._runner.outcome import ExitStatus, Outcome
 from disttest._runner.progress import find_desync
+from disttest._runner.report import warn_at
 from disttest.support import janitor
 
 __unittest = True
@@ -413,7 +413,7 @@ class ForkLauncher(ProcessLauncher):
         reason = fork_threads.parent_refusal(self.spec.threads)
         if reason is not None:
             # NB: OpenMP's pool runs here; its forks would hang at their first parallel op.
-            warnings.warn(fork_threads.forked_serial(cls, self.spec.threads, reason), stacklevel=3)
+            warn_at(cls, fork_threads.forked_serial(cls, self.spec.threads, reason))
             self.spec = dataclasses.replace(self.spec, threads=1)
         for rank in range(self.world_size):
             try:

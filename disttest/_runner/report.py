@@ -9,6 +9,7 @@ message names every failing rank and groups identical tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -262,18 +263,23 @@ def _waiting_frames(stack: str) -> str:
     return "\n".join(line for line in (current[0] if current else stack).splitlines()[1:])
 
 
-def warn_at(where: Callable[..., Any] | None, message: str) -> None:
+def warn_at(where: Callable[..., Any] | type | None, message: str) -> None:
     """Warn ``message`` (a ``UserWarning``) at the first line of the test
-    function ``where``, where the user looks, rather than at disttest's or
-    unittest's frame that noticed it (warning filters apply as to any
-    warning there); without one, at the caller's caller."""
-    function = inspect.unwrap(where) if where is not None else None
-    code = getattr(function, "__code__", None)
-    module = sys.modules.get(getattr(function, "__module__", "") or "")
-    if code is None or module is None:
+    function or test class ``where``, where the user looks, rather than at
+    disttest's or unittest's frame that noticed it (warning filters apply
+    as to any warning there); without one, at the caller's caller."""
+    found: tuple[str, int] | None = None
+    if isinstance(where, type):
+        with contextlib.suppress(OSError, TypeError):  # (no source: a class made at run time)
+            found = inspect.getsourcefile(where) or "", inspect.getsourcelines(where)[1]
+    elif where is not None:
+        code = getattr(inspect.unwrap(where), "__code__", None)
+        found = (code.co_filename, code.co_firstlineno) if code is not None else None
+    module = sys.modules.get(getattr(where, "__module__", "") or "")
+    if not found or not found[0] or module is None:
         warnings.warn(message, stacklevel=3)
         return
-    warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, module=module.__name__,
+    warnings.warn_explicit(message, UserWarning, found[0], found[1], module=module.__name__,
                            registry=module.__dict__.setdefault("__warningregistry__", {}),
                            module_globals=module.__dict__)
 

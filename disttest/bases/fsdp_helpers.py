@@ -8,7 +8,6 @@ Importing this module does no tensor work and changes nothing in torch;
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Mapping
 from copy import deepcopy
 from enum import Enum, auto
@@ -19,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from disttest import _compat
+from disttest._runner.report import warn_at
 
 __unittest = True
 
@@ -152,7 +152,7 @@ def compiled_fsdp_test(compile_compute_on_module: type | None = None) -> Callabl
             namespace: dict[str, Any] = getattr(func, "__globals__")  # noqa: B009  # F is any callable
             for mode in _FullyShardMode:
                 if mode is _FullyShardMode.COMPILED_COMPUTE and not _compat.has_triton():
-                    warnings.warn(NO_TRITON.format(test=func.__qualname__), stacklevel=2)
+                    warn_at(func, NO_TRITON.format(test=func.__qualname__))
                     continue
                 config = _compat.inductor_config()
                 orig_threads = config.compile_threads

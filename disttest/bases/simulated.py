@@ -32,7 +32,6 @@ import threading
 import time
 import traceback
 import unittest
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +41,7 @@ import torch.distributed as dist
 from disttest import _compat
 from disttest._runner import settings
 from disttest._runner.deadline import Deadline, DeadlinePassed
+from disttest._runner.report import warn_at
 from disttest.config import TIMEOUT_FALLBACK, ConfigError, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, chaos_seed, env_faults
 from disttest.runners.case import TestCase, assert_equal
@@ -388,7 +388,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         super().setUp()
         for variable, value in ((FAULT_ENV, env_faults()), (CHAOS_ENV, chaos_seed())):
             if value:  # (a bad value is refused as everywhere)
-                warnings.warn(RUN_FAULTS_IDLE.format(variable=variable, test=self._testMethodName), stacklevel=2)
+                warn_at(getattr(self, self._testMethodName, None),
+                        RUN_FAULTS_IDLE.format(variable=variable, test=self._testMethodName))
         lt = _compat.local_tensor()
         if lt is None:
             raise unittest.SkipTest(_compat.LOCAL_TENSOR_MISSING.format(version=torch.__version__))

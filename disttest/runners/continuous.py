@@ -21,7 +21,6 @@ import functools
 import os
 import sys
 import unittest
-import warnings
 import weakref
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -258,7 +257,7 @@ class MultiProcContinousTest(TestCase):
             cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)
             raise PoolUnavailable(cls._pool_failed) from None
         if note is not None:
-            warnings.warn(note, stacklevel=2)
+            warn_at(cls, note)
         cls._pool = pool
         _live_pools.add(pool)
         # NB: also where a subclass's tearDownClass does not call super()'s

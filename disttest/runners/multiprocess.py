@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 import unittest
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,7 @@ from disttest._runner.outcome import (
     outcome_from_exception,
     subtests_named,
 )
-from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for
+from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for, warn_at
 from disttest._runner.verdict import expected_end, judge
 from disttest._runner.verdict import who as verdict_who
 from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher, ZygoteUnavailable
@@ -221,13 +220,13 @@ class MultiProcessTestCase(RankDispatch):
             launcher = SpawnLauncher(dataclasses.replace(spec, threads=settings.threads_for("spawn", cls, rank_threads)))
             self._start(launcher, cls)
         except ZygoteUnavailable as e:
-            warnings.warn(f"disttest: forking from the test process instead: {e}", stacklevel=2)
+            warn_at(getattr(self, self._testMethodName, None), f"disttest: forking from the test process instead: {e}")
             method, note = cuda_fork.choose("fork", cls, test, source, importable, server=False)
             threads = settings.threads_for(method, cls, rank_threads)
             launcher = _LAUNCHERS[method](dataclasses.replace(spec, threads=threads))
             self._start(launcher, cls)
         if note is not None:
-            warnings.warn(note, stacklevel=3)
+            warn_at(getattr(self, self._testMethodName, None), note)
         self._launcher = launcher
         self.processes = launcher.processes()
 
@@ -306,8 +305,9 @@ class MultiProcessTestCase(RankDispatch):
             self._outcomes, self._joined_limit = first_outcomes, first_limit
             return
         who = verdict_who([o.rank for o in crashed], len(self._outcomes))
-        warnings.warn(COPY_CRASHED.format(test=f"{type(self).__qualname__}.{self._current_test_name()}", who=who,
-                                          how=how), stacklevel=4)
+        # (at the test's first line: the frames that noticed it are disttest's and unittest's)
+        warn_at(getattr(self, self._testMethodName, None), COPY_CRASHED.format(
+            test=f"{type(self).__qualname__}.{self._current_test_name()}", who=who, how=how))
 
     def _check_return_codes(self, fn: Callable[[], Any], elapsed_time: float) -> None:
         """Hook: turn the ranks' outcomes into the test's result.
