@@ -21,6 +21,10 @@ __all__ = ["Tracker"]
 _T = TypeVar("_T")
 
 
+def _no_group(group: Any) -> tuple[str, list[int] | None]:
+    raise AssertionError("Tracker.group_of asked before it was set up")
+
+
 def _once(memo: weakref.WeakKeyDictionary[Any, _T], key: Any, ask: Callable[[Any], _T],
           unkept: Callable[[Any], _T]) -> _T:
     """``ask(key)``, asked once per ``key`` while ``key`` lives; ``unkept(key)``
@@ -55,6 +59,7 @@ class Tracker:
         # NB: both made on first use (a thread rank's tracker lives for one test).
         self._limits: weakref.WeakKeyDictionary[Any, float | None] | None = None
         self._groups: weakref.WeakKeyDictionary[Any, tuple[str, list[int] | None]] | None = None
+        self._ask_group: Callable[[Any], tuple[str, list[int] | None]] = _no_group
         #: The Work of each asynchronous call not yet waited on -> the call
         #: (what the record says while a wait on it blocks).
         self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] | None = None
@@ -88,8 +93,8 @@ class Tracker:
             return DEFAULT_GROUP, None
         if self._groups is None:
             self._groups = weakref.WeakKeyDictionary()
-        ask = functools.partial(_group_of, dist)
-        return _once(self._groups, group, ask, ask)
+            self._ask_group = functools.partial(_group_of, dist)  # (made once: this runs at every call)
+        return _once(self._groups, group, self._ask_group, self._ask_group)
 
     def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = (),
               extra: dict[str, Any] | None = None) -> None:
