@@ -175,6 +175,14 @@ class BehaviourTest(unittest.TestCase):
                     self.assertEqual(result.skipped, [])
                     self.assertIn(f"{body!r} failed (disttest): {header}\n", self.only(result.failures))
                     self.assertLess(elapsed, 15, "ranks went on out of step to the timeout")
+        # A subTest one rank skipped does not make its peers' desync a skip
+        # (the rank ran on: it left no peer waiting by skipping the test).
+        for sub, result, elapsed in self.each("test_subtest_skipped_on_one_rank_then_desync"):
+            with sub:
+                self.assertEqual(result.skipped, [])
+                self.assertIn("errored (disttest): desync: rank 1/2 finished; rank 0/2 waits in all_reduce #2",
+                              self.only(result.errors))
+                self.assertLess(elapsed, 15)
         for sub, result, _ in self.each("test_do_cleanups_in_the_test"):
             with sub:
                 self.assertEqual(result.errors + result.failures, [])

@@ -10,6 +10,7 @@ import contextlib
 import enum
 import signal
 import sys
+import threading
 import time
 import traceback
 import unittest
@@ -303,7 +304,8 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
     name = type(exc).__qualname__
     from_pytest = pytest_outcome(exc)
     if isinstance(exc, unittest.SkipTest) or from_pytest == "skip":
-        return Outcome(rank, Kind.SKIPPED, name, cap(safe_str(exc)))
+        only = getattr(exc, "__disttest_subtests_only__", False)
+        return Outcome(rank, Kind.SKIPPED, name, cap(safe_str(exc)), detail=SUBTEST_ONLY if only else "")
     if isinstance(exc, SystemExit):
         skip = skip_for_exit_code(exc.code)
         if skip is not None:
@@ -391,6 +393,12 @@ def _keep_whole(text: str) -> None:
         pass
 
 
+#: The detail of a rank's skip that came from skipped subTests alone: the
+#: rank ran the rest of its test (its peers' desyncs are not its skip's effect).
+SUBTEST_ONLY = "only subTests were skipped; the rest of the test ran"
+_subtest_skip = threading.local()  # set as subtests_named raises a skipped subTest's SkipTest
+
+
 class PhaseResult(unittest.TestResult):
     """Records, in a rank, what unittest's own machinery reports for one
     test (setUp, the test, subTests, tearDown, cleanups), with the phase
@@ -430,6 +438,8 @@ class PhaseResult(unittest.TestResult):
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         self._skip = reason
+        self._subtests_only = getattr(_subtest_skip, "raised", False)
+        _subtest_skip.raised = False
 
     def outcome(self) -> Outcome:
         if self._errors:
@@ -441,7 +451,10 @@ class PhaseResult(unittest.TestResult):
                 outcome.detail = ALSO.format(later=", ".join(later))
             return outcome
         if self._skip is not None:
-            return outcome_from_exception(self.rank, unittest.SkipTest(self._skip))
+            outcome = outcome_from_exception(self.rank, unittest.SkipTest(self._skip))
+            if getattr(self, "_subtests_only", False):
+                outcome.detail = SUBTEST_ONLY
+            return outcome
         return outcome_from_exception(self.rank, None)
 
 
@@ -510,4 +523,7 @@ def subtests_named(case: unittest.TestCase) -> Iterator[None]:
     if outcome.failures:
         raise outcome.failures[0]
     if outcome.skips:
-        raise unittest.SkipTest(outcome.skips[0])
+        skip = unittest.SkipTest(outcome.skips[0])
+        skip.__disttest_subtests_only__ = True  # type: ignore[attr-defined]  # (read by _classify)
+        _subtest_skip.raised = True  # (read by PhaseResult.addSkip, which gets the reason alone)
+        raise skip

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from disttest._runner.board import RECORDER, InFlight
-from disttest._runner.outcome import ExitStatus, Kind, Outcome
+from disttest._runner.outcome import SUBTEST_ONLY, ExitStatus, Kind, Outcome
 from disttest.pg._local import rank_runs
 from disttest.support.skips import skip_for_exit_code
 
@@ -193,7 +193,10 @@ def judge(outcomes: Sequence[Outcome], always_failure: bool = False,
         for o in outcomes
     )
     skipped = [o for o in final if o.kind is Kind.SKIPPED]
-    if skipped and not any(o.kind in HARD for o in final):
+    # A rank whose skipped subTests alone made its skip ran the rest of its
+    # test: it left no peer waiting, and a peer's desync is its own cause.
+    left = any(o.detail != SUBTEST_ONLY for o in skipped) or not any(o.kind.is_cause for o in final)
+    if skipped and left and not any(o.kind in HARD for o in final):
         return Verdict(Status.SKIPPED, final, "; ".join(sorted({o.message for o in skipped})))
     causes = [o for o in final if o.kind.is_cause]
     if not causes:
