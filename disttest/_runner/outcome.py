@@ -304,7 +304,7 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
     name = type(exc).__qualname__
     from_pytest = pytest_outcome(exc)
     if isinstance(exc, unittest.SkipTest) or from_pytest == "skip":
-        only = getattr(exc, "__disttest_subtests_only__", False)
+        only = getattr(exc, SUBTESTS_ONLY_MARK, False)
         return Outcome(rank, Kind.SKIPPED, name, cap(safe_str(exc)), detail=SUBTEST_ONLY if only else "")
     if isinstance(exc, SystemExit):
         skip = skip_for_exit_code(exc.code)
@@ -382,7 +382,6 @@ def _keep_whole(text: str) -> None:
     a rank process), for DISTTEST_KEEP_LOGS. Not from a rank thread: its
     stderr is the test process's (a megabyte on the user's terminal)."""
     import sys
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return
@@ -396,7 +395,7 @@ def _keep_whole(text: str) -> None:
 #: The detail of a rank's skip that came from skipped subTests alone: the
 #: rank ran the rest of its test (its peers' desyncs are not its skip's effect).
 SUBTEST_ONLY = "only subTests were skipped; the rest of the test ran"
-_subtest_skip = threading.local()  # set as subtests_named raises a skipped subTest's SkipTest
+SUBTESTS_ONLY_MARK = "__disttest_subtests_only__"  # set on that SkipTest
 
 
 class PhaseResult(unittest.TestResult):
@@ -438,8 +437,8 @@ class PhaseResult(unittest.TestResult):
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         self._skip = reason
-        self._subtests_only = getattr(_subtest_skip, "raised", False)
-        _subtest_skip.raised = False
+        # (unittest calls this in its ``except SkipTest``: the exception is the one raised)
+        self._subtests_only = getattr(sys.exc_info()[1], SUBTESTS_ONLY_MARK, False)
 
     def outcome(self) -> Outcome:
         if self._errors:
@@ -524,6 +523,5 @@ def subtests_named(case: unittest.TestCase) -> Iterator[None]:
         raise outcome.failures[0]
     if outcome.skips:
         skip = unittest.SkipTest(outcome.skips[0])
-        skip.__disttest_subtests_only__ = True  # type: ignore[attr-defined]  # (read by _classify)
-        _subtest_skip.raised = True  # (read by PhaseResult.addSkip, which gets the reason alone)
+        setattr(skip, SUBTESTS_ONLY_MARK, True)  # (read by _classify and PhaseResult.addSkip)
         raise skip

@@ -5,7 +5,6 @@ collective. The wrappers of :mod:`~disttest._runner.tracking` drive it.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 import weakref
@@ -21,22 +20,22 @@ __all__ = ["Tracker"]
 _T = TypeVar("_T")
 
 
-def _no_group(group: Any) -> tuple[str, list[int] | None]:
-    raise AssertionError("Tracker.group_of asked before it was set up")
-
-
-def _once(memo: weakref.WeakKeyDictionary[Any, _T], key: Any, ask: Callable[[Any], _T],
-          unkept: Callable[[Any], _T]) -> _T:
-    """``ask(key)``, asked once per ``key`` while ``key`` lives; ``unkept(key)``
-    for a key that takes no weak reference."""
+def _once(memo: weakref.WeakKeyDictionary[Any, _T], key: Any, ask: Callable[..., _T],
+          unkept: Callable[..., _T], *before: Any) -> _T:
+    """``ask(*before, key)``, asked once per ``key`` while ``key`` lives;
+    ``unkept(*before, key)`` for a key that takes no weak reference."""
     try:
         return memo[key]
     except KeyError:
         pass
     except TypeError:
-        return unkept(key)
-    value = memo[key] = ask(key)
+        return unkept(*before, key)
+    value = memo[key] = ask(*before, key)
     return value
+
+
+def _unknown(key: Any) -> None:
+    return None
 
 
 class Tracker:
@@ -59,7 +58,6 @@ class Tracker:
         # NB: both made on first use (a thread rank's tracker lives for one test).
         self._limits: weakref.WeakKeyDictionary[Any, float | None] | None = None
         self._groups: weakref.WeakKeyDictionary[Any, tuple[str, list[int] | None]] | None = None
-        self._ask_group: Callable[[Any], tuple[str, list[int] | None]] = _no_group
         #: The Work of each asynchronous call not yet waited on -> the call
         #: (what the record says while a wait on it blocks).
         self.pending: weakref.WeakKeyDictionary[Any, dict[str, Any]] | None = None
@@ -82,8 +80,7 @@ class Tracker:
             self._limits = weakref.WeakKeyDictionary()
         from disttest import _compat
 
-        # (a group that takes no weak reference: no limit known)
-        return _once(self._limits, pg, _compat.group_timeout, lambda _: None)
+        return _once(self._limits, pg, _compat.group_timeout, _unknown)  # (no weak reference: no limit known)
 
     def group_of(self, dist: Any, group: Any) -> tuple[str, list[int] | None]:
         """A group's name as records give it and its ranks (None: the
@@ -93,8 +90,7 @@ class Tracker:
             return DEFAULT_GROUP, None
         if self._groups is None:
             self._groups = weakref.WeakKeyDictionary()
-            self._ask_group = functools.partial(_group_of, dist)  # (made once: this runs at every call)
-        return _once(self._groups, group, self._ask_group, self._ask_group)
+        return _once(self._groups, group, _group_of, _group_of, dist)
 
     def enter(self, op: str, group: str, peers: Sequence[int], waits: bool, also: Sequence[str] = (),
               extra: dict[str, Any] | None = None) -> None:
