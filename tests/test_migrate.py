@@ -24,7 +24,7 @@ OFFERED = {
 }
 
 
-def offers(home: str, name: str) -> bool:
+def offers(home: str, name: str, star: bool = False) -> bool:
     return home in OFFERED if name == "*" else name in OFFERED.get(home, set())
 
 
@@ -135,8 +135,12 @@ class RewriteTest(unittest.TestCase):
         out, changes = migrated(kept + star + "x = MultiProcessTestCase, TestCase\n")
         self.assertTrue(out.startswith(kept + star))
         self.assertEqual(changes[-1], "* from common_distributed kept (disttest's would rebind TestCase, which the "
-                                      "file keeps from upstream above it; import the names it uses one by one; "
+                                      "file binds above it; import the names it uses one by one; "
                                       "upstream's is used)")
+        # So with a name of the file's own (upstream's star holds no FakeStore).
+        own = "from mylib import FakeStore\n"
+        out, changes = migrated(own + star + "x = MultiProcessTestCase, FakeStore\n")
+        self.assertTrue(out.startswith(own + star), out)
         # A kept star rebinds what an import above it moved: the report said
         # disttest's MultiProcessTestCase, and upstream's was used.
         moved = "from torch.testing._internal.common_distributed import MultiProcessTestCase\n"
@@ -153,6 +157,46 @@ class RewriteTest(unittest.TestCase):
         self.assertEqual(changes[-1], "import * (common_distributed) left as it is: change it by hand (it may "
                                       "rebind find_free_port, moved to disttest above it, to upstream's: import the "
                                       "names the file uses one by one)")
+
+    def test_a_star_moves_by_what_the_homes_star_binds(self):
+        # Upstream's star binds every name its module holds; disttest's
+        # homes bind their __all__. getattr found skip_if_lt_x_gpu on
+        # disttest.bases.dtensor (imported there, not in its __all__): the
+        # star moved and the name was a NameError.
+        look = module_names(HOMES)
+        for upstream, home, uses, after in (
+                ("distributed._tensor.common_dtensor", "disttest.bases.dtensor", "DTensorTestBase, skip_if_lt_x_gpu",
+                 "from disttest import skip_if_lt_x_gpu\n"),
+                ("common_fsdp", "disttest.bases.fsdp", "FSDPTest, TEST_SKIPS", "from disttest import TEST_SKIPS\n")):
+            with self.subTest(upstream=upstream):
+                source = f"from torch.testing._internal.{upstream} import *\nx = {uses}\n"
+                result = rewrite(source, look)
+                self.assertEqual(result.source, f"from {home} import *\n{after}x = {uses}\n")
+                namespace: dict[str, object] = {}
+                exec(result.source, namespace)  # every name the file uses is bound
+        # A name no home binds keeps upstream's star (Any is only imported by disttest).
+        source = "from torch.testing._internal.common_distributed import *\nx = MultiProcessTestCase, Any\n"
+        result = rewrite(source, look)
+        self.assertEqual(result.source, source)
+        self.assertIn("the file uses Any, which disttest lacks", result.changes[0].describe())
+
+    def test_a_suite_module_imported_whole_keeps_the_fixture_upstreams(self):
+        # Upstream's RPC suites derive from upstream's fixture; a file that
+        # imports rpc_test as a module got disttest's: its classes stayed abstract.
+        fixture = ("from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture import "
+                   "TensorPipeRpcAgentTestFixture\n")
+        for suite in ("from torch.testing._internal.distributed.rpc import rpc_test\n",
+                      "from torch.testing._internal.distributed.rpc import rpc_test as r, dist_autograd_test\n",
+                      "import torch.testing._internal.distributed.rpc.rpc_test as rpc_test\n",
+                      "from torch.testing._internal.distributed import rpc_utils\n"):
+            with self.subTest(suite=suite):
+                out, changes = migrated(fixture + suite)
+                self.assertTrue(out.startswith(fixture), out)
+                self.assertTrue(any("abstract" in c for c in changes), changes)
+        # The fixtures' own package is not a suite.
+        out, _ = migrated(fixture + "from torch.testing._internal.distributed.rpc import "
+                                    "faulty_rpc_agent_test_fixture\n")
+        self.assertTrue(out.startswith("from disttest import TensorPipeRpcAgentTestFixture\n"), out)
 
     def test_comments_inside_a_parenthesised_import_stay(self):
         source = textwrap.dedent("""
@@ -568,17 +612,17 @@ class CommandTest(unittest.TestCase):
             f.write(SUITE.splitlines()[3] + "\nx = " + "+".join(["1"] * 600) + "\n")
         from disttest.migrate._cli import main
 
-        real_open = open
+        real_replace = os.replace
 
-        def refusing_open(path, mode="r", *args, **kwargs):
-            if mode == "wb" and str(path).endswith("test_sum.py"):
+        def refusing_replace(source, target):
+            if str(target).endswith("test_sum.py"):
                 raise PermissionError(13, "Permission denied")
-            return real_open(path, mode, *args, **kwargs)
+            return real_replace(source, target)
 
         second = os.path.join(self.folder, "z_other.py")
         with open(second, "w") as f:
             f.write(SUITE)
-        with mock.patch("builtins.open", refusing_open), contextlib.redirect_stdout(io.StringIO()) as out, \
+        with mock.patch("os.replace", refusing_replace), contextlib.redirect_stdout(io.StringIO()) as out, \
                 contextlib.redirect_stderr(io.StringIO()) as err:
             status = main([self.folder])
         self.assertEqual(status, 1)
@@ -586,6 +630,42 @@ class CommandTest(unittest.TestCase):
         self.assertIn("test_sum.py: not migrated: PermissionError: Permission denied (not written)", err.getvalue())
         self.assertIn("3 file(s) read, 1 changed", out.getvalue())
         with open(second) as f:
+            self.assertIn("from disttest import MultiProcessTestCase", f.read())
+
+    def test_a_failed_write_leaves_the_file_as_it_was(self):
+        # A full disk: the file was truncated while the report said "not written".
+        from disttest.migrate._cli import main
+
+        with open(self.path, "rb") as f:
+            before = f.read()
+        os.chmod(self.path, 0o640)
+        real_fdopen = os.fdopen
+
+        def full_disk(fd, mode="r", *args, **kwargs):
+            stream = real_fdopen(fd, mode, *args, **kwargs)
+            if mode == "wb":
+                def write(data):
+                    stream.raw.write(data[:10])
+                    raise OSError(28, "No space left on device")
+                stream.write = write
+            return stream
+
+        with mock.patch("os.fdopen", full_disk), contextlib.redirect_stdout(io.StringIO()) as out, \
+                contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(main([self.path]), 1)
+        self.assertIn("test_sum.py: not migrated: OSError: No space left on device (not written)", err.getvalue())
+        self.assertNotIn("changed\n", out.getvalue().replace("0 changed\n", ""))  # (not said before the write)
+        with open(self.path, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertEqual(os.listdir(self.folder), ["test_sum.py"])  # no temporary file left
+        # Written, the file keeps its permissions (and a link stays a link).
+        link = os.path.join(self.folder, "link.py")
+        os.symlink(self.path, link)
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(main([link]), 0)
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(os.stat(self.path).st_mode & 0o777, 0o640)
+        with open(self.path) as f:
             self.assertIn("from disttest import MultiProcessTestCase", f.read())
 
     def test_what_cpython_refuses_is_not_migrated(self):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import ast
 import codecs
+import contextlib
 import difflib
 import os
+import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 
@@ -93,6 +96,29 @@ def _diff(path: str, before: str, after: str) -> Iterator[str]:
             yield line + "\n\\ No newline at end of file\n"
 
 
+def _replace(path: str, data: bytes) -> None:
+    """Give the file at ``path`` (a link's target) the content ``data``
+    through a temporary file beside it, so that a write that fails (a full
+    disk) leaves the file as it was; its permissions are kept. Where the
+    folder refuses a new file (the file itself writable), it is written in place."""
+    target = os.path.realpath(path)
+    try:
+        fd, temp = tempfile.mkstemp(prefix=".disttest-migrate-", suffix=".tmp", dir=os.path.dirname(target))
+    except PermissionError:
+        with open(target, "wb") as f:
+            f.write(data)
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        shutil.copymode(target, temp)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -138,6 +164,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
             continue
         if not result.changes:
             continue
+        if result.changed and not dry:
+            try:
+                _replace(path, result.data)
+            except OSError as e:
+                print(f"{path}: not migrated: {type(e).__name__}: {e.strerror} (not written)", file=sys.stderr)
+                status = 1
+                continue
         if result.changed:
             changed += 1
         if result.changed or not args.quiet:
@@ -146,24 +179,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
             if not args.quiet:
                 for change in result.changes:
                     print(f"{path}:{change.line}: {change.describe()}")
-        if not result.changed:
-            continue
-        if args.diff:
+        if result.changed and args.diff:
             # (the BOM stays on the first line: patch compares bytes)
             bom = "\ufeff" if data.startswith(codecs.BOM_UTF8) else ""
             sys.stdout.writelines(_diff(path, bom + data.decode(result.encoding).removeprefix("\ufeff"),
                                         bom + result.source.removeprefix("\ufeff")))
-        if args.check:
+        if result.changed and args.check:
             status = 1
-        if not dry:
-            try:
-                with open(path, "wb") as f:
-                    f.write(result.data)
-            except OSError as e:
-                print(f"{path}: not migrated: {type(e).__name__}: {e.strerror} (not written)",
-                      file=sys.stderr)
-                changed -= 1
-                status = 1
     verb = "would change" if dry else "changed"
     print(f"{len(files)} file(s) read, {changed} {verb}")
     return status

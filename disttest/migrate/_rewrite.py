@@ -23,6 +23,7 @@ Rules, for ``from torch.testing._internal.<module> import <names>``:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
@@ -33,12 +34,13 @@ from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX, RPC_FIXTURES
 from disttest.migrate._survey import (
     RPC_FIXTURE_KEPT,
     Lookup,
+    Names,
     _Attributes,
     _dotted,
     _home_for,
+    _names,
     _nothing_upstream,
     _rpc_suites,
-    _unbound,
     _upstream,
     module_names,
 )
@@ -129,12 +131,12 @@ class _Block:
 class _Rewriter(m.MatcherDecoratableTransformer):
     METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
 
-    def __init__(self, offers: Lookup, attributes: _Attributes, unbound: Callable[[], set[str]],
+    def __init__(self, offers: Lookup, attributes: _Attributes, scope_names: Callable[[], Names],
                  rpc_suites: Sequence[str] = (), names: Container[str] = ()) -> None:
         super().__init__()
         self.offers = offers
         self.attributes = attributes
-        self._unbound = unbound
+        self._scope_names = scope_names
         #: Upstream RPC suites the file keeps: its fixtures stay upstream's too.
         self.rpc_suites = rpc_suites
         self.changes: list[Change] = []
@@ -242,26 +244,40 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             self.changes.append(Change("kept", line, upstream, "*", why="no disttest module stands for it"))
             return self._kept_star(updated, upstream, line)
         # Upstream's modules have no __all__: their star gives everything they
-        # hold (TEST_WITH_ROCM, os, torch...). Moved only when the file uses
-        # nothing from it that the home lacks.
-        lacking = sorted(n for n in self._unbound() if not self.offers(home, n))
-        if lacking:
-            shown = ", ".join(lacking[:3]) + (" ..." if len(lacking) > 3 else "")
+        # hold (TEST_WITH_ROCM, os, torch...); the home's gives its __all__.
+        # Moved when every name the file uses from it is in the home's star
+        # or imported after it from where disttest keeps it (common_dtensor's
+        # star holds skip_if_lt_x_gpu; disttest.bases.dtensor's does not).
+        names = self._scope_names()
+        lacking = sorted(n for n in names.unbound if not self.offers(home, n, star=True))
+        public = functools.partial(self.offers, star=True)
+        elsewhere = {n: _home_for(upstream, n, public) for n in lacking}
+        missing = [n for n, h in elsewhere.items() if h is None]
+        if missing:
+            shown = ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else "")
             self.changes.append(Change("kept", line, upstream, "*", why=f"the file uses {shown}, which {home} "
                                        "lacks; import the names it uses one by one"))
             return self._kept_star(updated, upstream, line)
-        # A name an earlier import kept from upstream, which disttest's star
-        # would rebind to disttest's (the file's TestCase from common_utils):
-        # the report would say upstream's is used, and it would not be.
-        rebound = sorted({c.name for c in self.changes
-                          if c.kind == "kept" and c.name != "*" and c.line < line and self.offers(home, c.name)})
+        # A name the file binds above the star (its own, or one an import
+        # kept from upstream), which the home's star would rebind.
+        moved_above = {c.name for c in self.changes if c.kind == "moved" and c.line < line}
+        rebound = sorted(n for n, first in names.first_bound.items()
+                         if first < line and n not in moved_above and self.offers(home, n, star=True))
         if rebound:
             shown = ", ".join(rebound[:3]) + (" ..." if len(rebound) > 3 else "")
             self.changes.append(Change("kept", line, upstream, "*", why=f"{home}'s would rebind {shown}, which the "
-                                       "file keeps from upstream above it; import the names it uses one by one"))
+                                       "file binds above it; import the names it uses one by one"))
             return updated
         self.changes.append(Change("moved", line, upstream, "*", home))
-        return updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])
+        statements: list[cst.BaseStatement] = [updated.with_changes(body=[stmt.with_changes(module=cst.parse_expression(home))])]
+        by_home: dict[str, list[str]] = {}
+        for n, h in elsewhere.items():
+            assert h is not None
+            by_home.setdefault(h, []).append(n)
+            self.changes.append(Change("moved", line, upstream, n, h))
+        for h, found in by_home.items():  # (sorted: ``lacking`` is)
+            statements.append(cst.parse_statement(f"from {h} import {', '.join(found)}\n"))
+        return statements[0] if len(statements) == 1 else cst.FlattenSentinel(statements)
 
     def _kept_star(self, updated: cst.SimpleStatementLine, upstream: str, line: int) -> cst.SimpleStatementLine:
         """A star import kept from upstream rebinds the names an earlier
@@ -367,7 +383,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         if written:
             return None, f"{bound}.{written[0]} is assigned, which would not set disttest's"
         for a in sorted(self.attributes.read.get(bound, ())):
-            if not _home_for(upstream, a, lambda h, n: h == home and self.offers(h, n)):
+            if not _home_for(upstream, a, lambda h, n, star=False: h == home and self.offers(h, n, star)):
                 return None, f"{bound}.{a} is not in {home}"
         return home, ""
 
@@ -518,16 +534,10 @@ def rewrite(source: str | bytes, offers: Lookup) -> Result:
     tree = cst.parse_module(source)
     attributes = _Attributes()
     tree.visit(attributes)
-    unbound: list[set[str]] = []
-
-    def unbound_names() -> set[str]:  # only for a star import: a scope analysis of the file
-        if not unbound:
-            unbound.append(_unbound(tree))
-        return unbound[0]
-
+    scope_names = functools.cache(functools.partial(_names, tree))  # only for a star import: a scope analysis
     text = source if isinstance(source, str) else source.decode(tree.encoding, "replace")
     names = {f for _, f in REGISTERED_HERE.values() if f in text}
-    rewriter = _Rewriter(offers, attributes, unbound_names, _rpc_suites(tree, source, offers), names)
+    rewriter = _Rewriter(offers, attributes, scope_names, _rpc_suites(tree, source, offers), names)
     # (no copy of the tree: nothing changes it, and a copy costs a fifth of the run)
     new = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True).visit(rewriter)
     code, data = new.code, new.bytes

@@ -9,8 +9,10 @@ torch's testing modules at all.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import libcst as cst
 import libcst.matchers as m
@@ -19,10 +21,14 @@ from disttest.migrate._homes import FALLBACK, HOMES, ONLY, PREFIX, RPC_FIXTURES,
 
 __unittest = True
 
-__all__ = ["RPC_FIXTURE_KEPT", "Lookup", "module_names"]
+__all__ = ["RPC_FIXTURE_KEPT", "Lookup", "Names", "module_names"]
 
-#: (home module, name) -> whether the home offers the name ("*": whether the home exists).
-Lookup = Callable[[str, str], bool]
+class Lookup(Protocol):
+    """Whether disttest's module ``home`` offers ``name`` (``"*"``: whether
+    the home exists); with ``star``, whether ``from home import *`` binds it
+    (the module's ``__all__``, which a name the module only imports is not in)."""
+
+    def __call__(self, home: str, name: str, star: bool = False) -> bool: ...
 
 
 def _dotted(node: cst.BaseExpression | None) -> str:
@@ -123,17 +129,33 @@ class _Attributes(cst.CSTVisitor):
         self._assigned(node.target)
 
 
-def _unbound(tree: cst.Module) -> set[str]:
-    """The names the file uses and never binds (what a star import gives it)."""
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """What a star import needs to know of the file: the names it uses and
+    never binds (what a star gives it), and the line where each module-level
+    name is first bound (a star below it would rebind it)."""
+
+    unbound: frozenset[str]
+    first_bound: dict[str, int]
+
+
+def _names(tree: cst.Module) -> Names:
     wrapper = cst.metadata.MetadataWrapper(tree, unsafe_skip_copy=True)
     scopes = {s for s in wrapper.resolve(cst.metadata.ScopeProvider).values() if s is not None}
-    found: set[str] = set()
+    positions = wrapper.resolve(cst.metadata.PositionProvider)
+    unbound: set[str] = set()
+    first: dict[str, int] = {}
     for scope in scopes:
         for access in scope.accesses:
             name = getattr(access.node, "value", None)
             if isinstance(name, str) and not access.referents and name not in scope.globals:
-                found.add(name)
-    return found
+                unbound.add(name)
+        if isinstance(scope, cst.metadata.GlobalScope):
+            for assignment in scope.assignments:
+                where = positions.get(getattr(assignment, "node", None))  # type: ignore[arg-type]
+                if where is not None:
+                    first[assignment.name] = min(first.get(assignment.name, where.start.line), where.start.line)
+    return Names(frozenset(unbound), first)
 
 
 #: Why an RPC fixture disttest offers stays upstream's.
@@ -146,17 +168,38 @@ def _rpc_suites(tree: cst.Module, source: str | bytes, offers: Lookup) -> list[s
     if b"rpc" not in (source.encode("utf-8", "replace") if isinstance(source, str) else source):
         return []
     kept = set()
-    for stmt in m.findall(tree, m.ImportFrom()):
+    for stmt in m.findall(tree, m.Import() | m.ImportFrom()):
+        if isinstance(stmt, cst.Import):  # import <suite module> (as x)
+            kept |= {_dotted(a.name) for a in stmt.names if _is_rpc_suite(_upstream(_dotted(a.name)))}
+            continue
         if not isinstance(stmt, cst.ImportFrom) or stmt.relative:
             continue
         upstream = _upstream(_dotted(stmt.module))
-        if upstream is None or upstream in RPC_FIXTURES or not upstream.startswith(RPC_SUITES):
+        if upstream is None and _dotted(stmt.module) == PREFIX:
+            upstream = ""
+        if upstream is None:
             continue
         if isinstance(stmt.names, cst.ImportStar):
-            kept.add(f"{upstream}.*")
+            if _is_rpc_suite(upstream):
+                kept.add(f"{upstream}.*")
             continue
-        kept |= {_dotted(a.name) for a in stmt.names if _home_for(upstream, _dotted(a.name), offers) is None}
+        for alias in stmt.names:
+            name = _dotted(alias.name)
+            if _is_rpc_suite(upstream):
+                if _home_for(upstream, name, offers) is None:
+                    kept.add(name)
+            elif upstream not in RPC_FIXTURES and _is_rpc_suite(f"{upstream}.{name}".lstrip(".")):
+                kept.add(f"{upstream}.{name}".lstrip("."))  # a package's module: from ...distributed.rpc import rpc_test
     return sorted(kept)
+
+
+def _is_rpc_suite(upstream: str | None) -> bool:
+    """Whether ``upstream`` (``distributed.rpc.rpc_test``) is a module of
+    upstream's RPC suites (its fixtures are not)."""
+    if upstream is None or upstream in RPC_FIXTURES:
+        return False
+    return any(upstream.startswith(s) if s.endswith(".") else upstream == s or upstream.startswith(s + ".")
+               for s in RPC_SUITES)
 
 
 def _nothing_upstream(source: str | bytes) -> bool:
@@ -180,7 +223,7 @@ def module_names(modules: Sequence[str]) -> Lookup:
 
     cache: dict[str, object] = {}
 
-    def offers(home: str, name: str) -> bool:
+    def offers(home: str, name: str, star: bool = False) -> bool:
         if home not in modules:
             return False
         if home not in cache:
@@ -195,6 +238,11 @@ def module_names(modules: Sequence[str]) -> Lookup:
         except Exception:  # noqa: BLE001 - a lazy name whose value failed (a bad DISTTEST_TIMEOUT): it exists
             return True
         # Not a submodule of disttest's (``disttest.fake`` is an old module path, not a name).
-        return found is not types and not isinstance(found, types.ModuleType)
+        if found is types or isinstance(found, types.ModuleType):
+            return False
+        if star:  # what ``import *`` binds: __all__ (every home has one), else the public names
+            public = getattr(cache[home], "__all__", None)
+            return name in public if public is not None else not name.startswith("_")
+        return True
 
     return offers
