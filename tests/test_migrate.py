@@ -198,6 +198,18 @@ class RewriteTest(unittest.TestCase):
                                     "faulty_rpc_agent_test_fixture\n")
         self.assertTrue(out.startswith("from disttest import TensorPipeRpcAgentTestFixture\n"), out)
 
+    def test_a_name_beside_a_module_moves_as_a_name(self):
+        # ShardedTensorTestBase was taken for a module ("module
+        # ShardedTensorTestBase ... kept") and moved only on a second run.
+        source = ("from torch.testing._internal.distributed._shard.sharded_tensor import ShardedTensorTestBase, "
+                  "_test_st_common\nx = _test_st_common.generate_chunk_sharding_specs_for_test\n")
+        look = module_names(HOMES)
+        result = rewrite(source, look)
+        self.assertEqual(result.source, "from disttest.bases.sharded_tensor import ShardedTensorTestBase\n"
+                                        "from disttest.bases import sharded_tensor as _test_st_common\n"
+                                        "x = _test_st_common.generate_chunk_sharding_specs_for_test\n")
+        self.assertEqual(rewrite(result.source, look).source, result.source)
+
     def test_comments_inside_a_parenthesised_import_stay(self):
         source = textwrap.dedent("""
             from torch.testing._internal.common_distributed import (
@@ -717,10 +729,15 @@ class CommandTest(unittest.TestCase):
         with open(os.path.join(elsewhere, "test_there.py"), "w") as f:
             f.write(SUITE)
         os.symlink(elsewhere, os.path.join(self.folder, "linked"))
+        # A link to a file elsewhere: the walk wrote through it, outside the folder.
+        os.symlink(os.path.join(elsewhere, "test_there.py"), os.path.join(self.folder, "test_link.py"))
         proc = self.command(self.folder, self.path)  # the file named twice is read once
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("1 file(s) read, 1 changed", proc.stdout)
         self.assertIn("linked: a link to a folder, not followed; name its target to migrate it", proc.stderr)
+        self.assertIn("test_link.py: a link to a file, not followed; name it to migrate its target", proc.stderr)
+        with open(os.path.join(elsewhere, "test_there.py")) as f:
+            self.assertEqual(f.read(), SUITE)
 
     def test_the_console_script(self):
         from importlib.metadata import entry_points

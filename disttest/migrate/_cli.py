@@ -38,16 +38,22 @@ def _files(paths: list[str], parser: argparse.ArgumentParser) -> Iterator[str]:
     seen: set[str] = set()
     for path in paths:
         if os.path.isdir(path):
-            found = []
+            found: list[str] = []
             for folder, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not _skipped_folder(folder, d))
                 for d in dirs:
                     if os.path.islink(os.path.join(folder, d)):  # os.walk does not follow it (a loop could)
                         print(f"{os.path.join(folder, d)}: a link to a folder, not followed; name its target "
                               "to migrate it", file=sys.stderr)
-                found += [os.path.join(folder, n) for n in sorted(names)
-                          if n.endswith(".py") and not n.startswith(".")
-                          and os.path.isfile(os.path.join(folder, n))]  # NB: not a FIFO: reading it waits forever
+                for n in sorted(names):
+                    file = os.path.join(folder, n)
+                    if not n.endswith(".py") or n.startswith(".") or not os.path.isfile(file):
+                        continue  # NB: not a FIFO: reading it waits forever
+                    if os.path.islink(file):  # its target may be outside the suite: writing it would reach there
+                        print(f"{file}: a link to a file, not followed; name it to migrate its target",
+                              file=sys.stderr)
+                        continue
+                    found.append(file)
         elif os.path.isfile(path):
             found = [path]
         elif os.path.exists(path):  # a FIFO, a device: reading it could wait forever

@@ -393,6 +393,10 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             return updated
         if len(stmt.names) != 1:
             return self._each_module(stmt, updated, line, lambda s, u: self._module_names(s, u, module, line))
+        if module != PREFIX and not self._imports_modules(stmt, module):
+            # A name beside a module (``from ..sharded_tensor import ShardedTensorTestBase,
+            # _test_st_common``): a name, moved as from-imported names are.
+            return self._from(stmt, updated, line)
         alias = stmt.names[0]
         name = _dotted(alias.name)
         upstream = (module[len(PREFIX) + 1:] + "." if module != PREFIX else "") + name
