@@ -4,8 +4,10 @@ the decorator's skip and failure types, upstream's hook names."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -108,8 +110,15 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
     def test_what_a_rank_changes_for_the_process_ends_with_the_test(self):
         # Ranks as processes would take it with them; thread ranks share the
         # test process, and the next test (or the test process) must not see it.
-        before = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                  torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters))
+        def state():
+            return (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                    torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters),
+                    os.getcwd(), torch.get_float32_matmul_precision(), sys.getrecursionlimit(),
+                    torch.get_rng_state(), random.getstate())
+
+        before = state()
+        folder = tempfile.mkdtemp(prefix="disttest-chdir-")
+        self.addCleanup(os.rmdir, folder)
 
         class Case(disttest.MultiThreadedTestCase):
             world_size = 2
@@ -120,6 +129,11 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
 
             def test_changes(self):
                 if self.rank == 1:
+                    os.chdir(folder)
+                    torch.set_float32_matmul_precision("medium")
+                    sys.setrecursionlimit(sys.getrecursionlimit() + 100)
+                    torch.manual_seed(1234)
+                    random.seed(1234)
                     torch.set_default_dtype(torch.float64)
                     torch.set_num_threads(1)
                     torch.use_deterministic_algorithms(True)
@@ -133,9 +147,10 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         with mock.patch.dict(os.environ, kept):
             self.assertTrue(run(Case("test_changes")).wasSuccessful())
             self.assertEqual({name: os.environ.get(name) for name in kept}, kept)
-        after = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                 torch.is_anomaly_enabled(), os.environ.get("DISTTEST_RANK_SET"), list(warnings.filters))
-        self.assertEqual(after, before)
+        after = state()
+        self.assertEqual(after[:-2], before[:-2])
+        self.assertTrue(torch.equal(after[-2], before[-2]))  # (the random states: a seed in a rank stays there)
+        self.assertEqual(after[-1], before[-1])
 
     def test_what_setup_changed_and_undid_around_the_ranks_stays_undone(self):
         # The ranks' changes are put back to the state before setUp, not to

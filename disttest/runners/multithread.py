@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import os
+import random
 import sys
 import threading
 import time
@@ -195,15 +196,33 @@ def _hold_rank_processes(test: str, where: Callable[..., Any] | None) -> Callabl
 def _process_state() -> Callable[[], None]:
     """Note what a rank thread can change for the whole process (a rank
     process would take it with it): torch's default dtype, intra-op thread
-    count, deterministic algorithms and anomaly mode, the environment and the
-    warnings filters; return what puts them back."""
+    count, deterministic algorithms, anomaly mode, float32 matmul precision
+    and CPU random state, Python's random state and recursion limit, the
+    working directory, the environment and the warnings filters; return
+    what puts them back."""
     dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
     anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
     environ, filters = _environ_data(), list(warnings.filters)
+    precision, recursion = torch.get_float32_matmul_precision(), sys.getrecursionlimit()
+    rng, py_rng = torch.get_rng_state(), random.getstate()
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # (a folder removed under the process: nothing to go back to)
+        cwd = None
 
     def restore() -> None:
+        if cwd is not None:
+            with contextlib.suppress(OSError):  # (removed since: the process stays where the test left it)
+                if os.getcwd() != cwd:  # (raises where the test's folder was removed under it)
+                    os.chdir(cwd)
+        if torch.get_float32_matmul_precision() != precision:
+            torch.set_float32_matmul_precision(precision)
+        if sys.getrecursionlimit() != recursion:
+            sys.setrecursionlimit(recursion)
+        torch.set_rng_state(rng)
+        random.setstate(py_rng)
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
         if torch.get_num_threads() != threads:
