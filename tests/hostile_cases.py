@@ -131,6 +131,14 @@ class ThreadCases(disttest.MultiThreadedTestCase):
             LEFT.append(stop)
             threading.Thread(target=stop.wait, name="left behind", daemon=False).start()
 
+    def test_leaves_a_thread_of_default_kind(self):
+        # (a rank thread is a daemon for the process; the threads it starts were too, and went unnamed)
+        if self.rank == 1:
+            stop = threading.Event()
+            LEFT.append(stop)
+            threading.Thread(target=stop.wait, name="left by default").start()
+            threading.Thread(target=stop.wait, name="a daemon by choice", daemon=True).start()
+
 
 LEFT: list[threading.Event] = []  # to end the thread that test_leaves_a_thread leaves
 

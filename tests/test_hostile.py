@@ -235,6 +235,12 @@ class HostileTest(unittest.TestCase):
             left = [t for t in threading.enumerate() if t.name == "left behind"]
             self.assertEqual(len(left), 1)
             self.assertTrue(left[0].daemon)  # it no longer holds the process at exit
+            # One a rank starts without saying is no daemon, as in a rank process.
+            result = run(cases.ThreadCases, "test_leaves_a_thread_of_default_kind")
+            self.assertEqual(len(result.errors), 1, result.failures)
+            self.assertIn("the test left a thread running after its ranks ended: 'left by default'",
+                          result.errors[0][1])
+            self.assertNotIn("a daemon by choice", result.errors[0][1])
         finally:
             for stop in cases.LEFT:
                 stop.set()

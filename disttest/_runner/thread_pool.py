@@ -28,7 +28,7 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["IDLE_EXIT", "START_LIMIT", "START_TIMEOUT", "RankThread", "release_idle", "take"]
+__all__ = ["IDLE_EXIT", "START_LIMIT", "START_TIMEOUT", "PoolThread", "RankThread", "release_idle", "take"]
 
 #: Seconds an idle rank thread waits for its next test before it ends.
 IDLE_EXIT = 5.0
@@ -55,6 +55,10 @@ def _thread_state() -> tuple[Any, ...]:
     return (*_compat.thread_local_modes(), sys.gettrace(), sys.getprofile())
 
 
+class PoolThread(threading.Thread):
+    """The thread of a :class:`RankThread` (a leak check tells it from the test's own)."""
+
+
 class RankThread:
     """One daemon thread that runs jobs (a rank of a test) one at a time."""
 
@@ -65,8 +69,7 @@ class RankThread:
         #: Set when the thread must not run another job (it ends after this one).
         self.retired = False
         self._fresh: tuple[Any, ...] | None = None
-        self.thread = threading.Thread(target=self._loop, name=IDLE_NAME.format(n=next(_names)),
-                                       daemon=True)
+        self.thread = PoolThread(target=self._loop, name=IDLE_NAME.format(n=next(_names)), daemon=True)
         self.thread.start()
 
     def run(self, job: Callable[[], None], finished: Callable[[], None]) -> None:
@@ -86,7 +89,16 @@ class RankThread:
                     continue
                 if job is None:
                     return
-                job[0]()
+                # NB: a thread inherits its starter's daemon flag. One the job
+                # starts is not a daemon, as a rank process's would not be, so
+                # that a leak check names it when the test leaves it running.
+                # (CPython reads the flag for its exit at a thread's start:
+                # this thread stays a daemon there.)
+                self.thread._daemonic = False  # type: ignore[attr-defined]
+                try:
+                    job[0]()
+                finally:
+                    self.thread._daemonic = True  # type: ignore[attr-defined]
                 if _thread_state() != self._fresh:
                     self.retired = True
                 job[1]()

@@ -274,7 +274,9 @@ def check_left_running(before: set[threading.Thread], test: str) -> None:
     """Raise if the test started a non-daemon thread that is still running
     (after a short wait); it is made daemon first, so that it does not hold
     the process at exit (NB: CPython's private shutdown bookkeeping, 3.11-3.13)."""
-    new = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
+    # (A rank thread is not a daemon while it runs a rank: one stuck there is the join's to report.)
+    new = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()
+           and not isinstance(t, thread_pool.PoolThread)]
     deadline = time.monotonic() + LEFT_RUNNING_WAIT
     for t in new:
         t.join(max(0.0, deadline - time.monotonic()))
