@@ -88,6 +88,28 @@ class ClassifyTest(unittest.TestCase):
         self.assertIn("rank 3/4 did not finish 'test_x' within 30s", text)
         self.assertIn('line 3 in f', text)
 
+    def test_ranks_that_differ_only_in_their_messages_are_one_section_past_a_few(self):
+        # A thousand ranks, each naming its own value, made a 100 KB report.
+        def ranks(n):
+            return [Outcome(r, Kind.FAILED, "AssertionError", f"got {r * 3}\nmore of it",
+                            f"Traceback...\n  File \"t.py\", line 9\nAssertionError: got {r * 3}\nmore of it\n")
+                    for r in range(n)] + [Outcome(n, Kind.ERRORED, "KeyError", "'k'", "Traceback...\nKeyError: 'k'\n")]
+
+        e = raised(ranks(20))
+        text = str(e)
+        self.assertIn("'test_x' errored (disttest): ranks 0-19/21 raised AssertionError; rank 20/21 raised KeyError\n",
+                      text)
+        self.assertIn("\n\nranks 0-19/21: AssertionError, 20 different messages (the first 8):\n"
+                      "  rank 0/21: got 0\n  rank 1/21: got 3\n", text)
+        self.assertIn("  rank 7/21: got 21\n  ... and 12 more\nthe traceback of rank 0/21:\nTraceback...\n", text)
+        self.assertEqual(text.count("Traceback..."), 2)  # the merged ranks' first, and the KeyError's
+        self.assertEqual([title for title, _ in e.sections],
+                         ["disttest ranks 0-19/21 (failed)", "disttest rank 20/21 (errored)"])
+        # A few are each shown whole.
+        e = raised(ranks(8))
+        self.assertEqual(str(e).count("Traceback..."), 9)
+        self.assertNotIn("different messages", str(e))
+
     def test_desync_groups_waiting_ranks(self):
         d = "rank 1/3 finished; {who} {waits} in all_reduce #2 of the default group"
         e = raised([Outcome(0, Kind.DESYNC, "RuntimeError", "port 1", detail=d),

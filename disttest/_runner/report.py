@@ -55,6 +55,11 @@ NO_RANKS_STARTED = (
     "in setUp, or the test passes without running"
 )
 TAIL_CHARS = 2000
+#: Ranks that raised alike, each with a message of its own: beyond this many
+#: messages they are one section, which shows this many (a line each).
+SHOWN_MESSAGES = 8
+MESSAGE_CHARS = 200
+MESSAGES_DIFFER = "{who}{where}: {exc_type}, {count} different messages (the first {shown}):"
 NO_USER_FRAME = "(no frame of the test: the rank was in disttest's own code)"
 #: A rank in a cleanup the test registered, in a function with no Python
 #: frame of its own (``addCleanup(time.sleep, 100)``).
@@ -309,6 +314,40 @@ def _details(sections: Sequence[tuple[str, str]]) -> str:
     return "".join(f"\n\n{text}" for _, text in sections)
 
 
+def _alike(groups: dict[tuple[str, ...], list[Outcome]]) -> list[tuple[list[Outcome], list[list[Outcome]]]]:
+    """``groups`` (by their key) as ``(ranks, parts)``: where more than
+    :data:`SHOWN_MESSAGES` of them read the same but for the message (a
+    thousand ranks that each name their own value), one group of all their
+    ranks, with those groups as its parts; else each group alone."""
+    by_shape: dict[tuple[str, ...], list[list[Outcome]]] = {}
+    for key, group in groups.items():
+        shape = key
+        if len(key) > 3 and key[2]:  # (kind, type, message, traceback, ...): the message out of both
+            shape = (key[0], key[1], "", key[3].replace(key[2], "\1"), *key[4:])
+        by_shape.setdefault(shape, []).append(group)
+    found: list[tuple[list[Outcome], list[list[Outcome]]]] = []
+    for parts in by_shape.values():
+        if len(parts) <= SHOWN_MESSAGES:
+            found += [(part, [part]) for part in parts]
+        else:
+            found.append((sorted((o for part in parts for o in part), key=lambda o: o.rank), parts))
+    return found
+
+
+def _messages(first: Outcome, who: str, parts: Sequence[Sequence[Outcome]], world_size: int) -> str:
+    """The line of ranks that raised alike, each group with its message:
+    the first :data:`SHOWN_MESSAGES` of them, a line each."""
+    lines = [MESSAGES_DIFFER.format(who=who, where=_in(first), exc_type=first.exc_type, count=len(parts),
+                                    shown=min(len(parts), SHOWN_MESSAGES))]
+    for part in parts[:SHOWN_MESSAGES]:
+        message = part[0].message.strip().splitlines()[0] if part[0].message.strip() else ""
+        lines.append(f"  {_who([o.rank for o in part], world_size)}: {message[:MESSAGE_CHARS]}")
+    if len(parts) > SHOWN_MESSAGES:
+        lines.append(f"  ... and {len(parts) - SHOWN_MESSAGES} more")
+    lines.append(f"the traceback of {RANK.format(rank=first.rank, world=world_size)}:")
+    return "\n".join(lines)
+
+
 def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Sequence[Outcome],
                  verdict: str) -> tuple[list[str], list[tuple[str, str]]]:
     """The report's header lines and its sections, ``(title, text)``: one per
@@ -327,10 +366,10 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
             continue
         groups.setdefault(key, []).append(o)
     # Causes first, then the ranks disttest stopped because of them.
-    ordered = sorted(groups.values(), key=lambda g: not g[0].kind.is_cause)
+    ordered = sorted(_alike(groups), key=lambda g: not g[0][0].kind.is_cause)
     # The header merges groups that read the same (ranks that all timed out).
     heads: dict[str, list[int]] = {}
-    for g in ordered:
+    for g, _ in ordered:
         if g[0].kind.is_cause:
             heads.setdefault(_short(g[0], "{who}", timeout), []).extend(o.rank for o in g)
     summary = "; ".join(_fill(text, _who(sorted(ranks), world_size)) for text, ranks in heads.items())
@@ -338,7 +377,7 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
     lines += injected_lines(outcomes)
     lines += left_running_lines(outcomes, world_size)
     sections = []
-    for group in ordered:
+    for group, parts in ordered:
         who = _who([o.rank for o in group], world_size)
         first = group[0]
         if len(group) > 1:  # the rank's own name reads as the group's
@@ -346,7 +385,10 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
             # (A deadlock's detail names each rank of the pair as itself.)
             detail = first.detail if first.kind is Kind.DEADLOCK else first.detail.replace(own, who)
             first = dataclasses.replace(first, message=first.message.replace(own, who), detail=detail)
-        text = _line(first, who, test, timeout)
+        if len(parts) > 1:  # ranks that read alike but for their messages
+            text = _messages(first, who, parts, world_size)
+        else:
+            text = _line(first, who, test, timeout)
         body = _body(first) if first.kind not in (Kind.DESYNC, Kind.DEADLOCK) else _stacks_of(group, world_size)
         sections.append((SECTION.format(who=who, kind=group[0].kind.value), f"{text}\n{body}" if body else text))
     return lines, sections
