@@ -421,7 +421,7 @@ class UnstoppableTest(unittest.TestCase):
         gate.set()
         (_, text), = result.failures + result.errors
         self.assertIn("rank 1/2 did not finish 'test_blocked' within 0.5s", text)
-        self.assertIn("the threads of [1] could not be stopped", text)
+        self.assertIn("the threads of rank 1/2 could not be stopped", text)
         self.assertGreater(elapsed, 3.0)
         self.assertLess(elapsed, 5.5)  # 0.5 + one STOP_WAIT, not two
 
@@ -472,7 +472,7 @@ class UnstoppableTest(unittest.TestCase):
 
         result, ended = self.run_stuck(body, stop_wait=0.3)
         (_, text), = result.failures + result.errors
-        self.assertIn("the threads of [1] could not be stopped", text)
+        self.assertIn("the threads of rank 1/2 could not be stopped", text)
         self.assertFalse(ended.is_set())
         self.assertTrue(ended.wait(10), "the rank thread spins on after its test")
         deadline = time.monotonic() + 5

@@ -387,10 +387,18 @@ class ArgumentErrorsTest(unittest.TestCase):
     def test_coalesced_calls_of_different_lengths(self):
         self.errors_on_every_rank(
             2, lambda rank, n: dist.all_reduce_coalesced([torch.ones(1)] * (1 + rank)), CollectiveMismatch,
-            "all_reduce: ranks passed different numbers of tensors (rank 0 passed 1, rank 1 passed 2)")
+            "all_reduce_coalesced: ranks passed different numbers of tensors (rank 0 passed 1; rank 1 passed 2)")
         self.errors_on_every_rank(  # (the longer list on rank 0 was an IndexError)
             2, lambda rank, n: dist.all_reduce_coalesced([torch.ones(1)] * (2 - rank)), CollectiveMismatch,
-            "(rank 0 passed 2, rank 1 passed 1)")
+            "(rank 0 passed 2; rank 1 passed 1)")
+        # Ranks that passed alike are named together (every rank had its own words).
+        self.errors_on_every_rank(
+            6, lambda rank, n: dist.all_reduce_coalesced([torch.ones(1)] * (2 if rank == 3 else 3)),
+            CollectiveMismatch, "(ranks 0, 1, 2, 4, 5 passed 3; rank 3 passed 2)")
+        # And it is not an all_reduce: one rank's all_reduce with another's coalesced call is a mismatch.
+        self.errors_on_every_rank(
+            2, lambda rank, n: (dist.all_reduce(torch.ones(1)) if rank else dist.all_reduce_coalesced([torch.ones(1)])),
+            CollectiveMismatch, "rank 0 called all_reduce_coalesced; rank 1 called all_reduce")
 
     def test_pieces_that_do_not_fit_are_not_cast_or_broadcast(self):
         # gloo refuses each of these; a copy would cast or broadcast in silence.

@@ -247,7 +247,7 @@ def _counts(what: str, lists: Sequence[Sequence[Any]]) -> int:
     :class:`CollectiveMismatch` naming what each rank passed."""
     lengths = [len(x) for x in lists]
     if len(set(lengths)) > 1:
-        passed = ", ".join(f"rank {r} passed {n}" for r, n in enumerate(lengths))
+        passed = each_rank(lengths, "passed {}")  # (ranks that passed alike together: its size does not grow)
         raise CollectiveMismatch(DIFFERENT_COUNTS.format(what=what, passed=passed))
     return lengths[0] if lengths else 0
 

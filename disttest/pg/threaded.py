@@ -126,22 +126,23 @@ class ProcessLocalGroup(PythonGroup):
         return check_rank(root, self.size(), what, name, self._name)
 
     # -- reductions --
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None, what: str = "all_reduce") -> ThreadedWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def compute(all_tensors: list[list[torch.Tensor]]) -> list[Any]:
-            for i in range(_counts("all_reduce", all_tensors)):
+            for i in range(_counts(what, all_tensors)):
                 column = [ts[i] for ts in all_tensors]
-                _same(column, "all_reduce")
-                result = _reduce(column, op, "all_reduce")
+                _same(column, what)
+                result = _reduce(column, op, what)
                 for t in column:
                     _copy(t, result)
             return all_tensors
 
-        return self._join("all_reduce", tensors, compute, {"op": op_label(op)})
+        return self._join(what, tensors, compute, {"op": op_label(op)})
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
-        return self.allreduce(tensors, opts)
+        # (its own collective: gloo matches it only with another rank's all_reduce_coalesced)
+        return self.allreduce(tensors, opts, "all_reduce_coalesced")
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> ThreadedWork:
         root, op = self._root(opts.rootRank, "reduce", "dst"), opts.reduceOp

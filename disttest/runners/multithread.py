@@ -44,6 +44,7 @@ from disttest._runner.report import (
     warn_at,
 )
 from disttest._runner.threads import ThreadLauncher
+from disttest._runner.verdict import who
 from disttest.config import DEFAULT_WORLD_SIZE, get_timeout, parse_timeout, parse_world_size
 from disttest.faults import SPAWNS, chaos_seed, test_faults
 from disttest.faults.judge import Injection
@@ -142,7 +143,8 @@ class _ThreadRun:
                 self._raise_for_undelivered(outcomes, timeout)
         except (RankFailure, RankError) as e:
             if self.launcher.unstoppable:
-                e.args = (e.args[0] + UNSTOPPABLE.format(who=self.launcher.unstoppable),)
+                stuck = who(sorted(self.launcher.unstoppable), len(outcomes))
+                e.args = (e.args[0] + UNSTOPPABLE.format(who=stuck),)
             raise
 
     def _raise_for_undelivered(self, outcomes: list[Outcome], timeout: float) -> None:
