@@ -539,8 +539,24 @@ class RankBranchTest(unittest.TestCase):
                 self.assertRanksEqual(torch.ones(2) * (self.rank + 1), lambda r: torch.full((2,), float(r + 1)))
                 self.assertRanksEqual(self.rank % 2, {r: r % 2 for r in range(4)})
 
+            def test_the_rest_of_int_arithmetic(self):
+                # torch's per-rank int lacks these: an AttributeError from inside torch
+                # ("'RankIntNode' object has no attribute 'pow_by_natural'").
+                for name, value, want in (("**", self.rank ** 2, lambda r: r ** 2), (">>", self.rank >> 1, lambda r: r >> 1),
+                                          ("<<", self.rank << 2, lambda r: r << 2), ("&", self.rank & 1, lambda r: r & 1),
+                                          ("|", self.rank | 4, lambda r: r | 4), ("^", self.rank ^ 3, lambda r: r ^ 3),
+                                          ("abs", abs(self.rank - 2), lambda r: abs(r - 2))):
+                    with self.subTest(op=name):
+                        self.assertRanksEqual(value, {r: want(r) for r in range(4)})
+                for name, form in (("/", lambda r: r / 2), ("float(), or ** by a negative number,", lambda r: r ** -1)):
+                    with self.subTest(op=name), self.assertRaises(TypeError) as caught:
+                        form(self.rank)
+                    self.assertEqual(str(caught.exception), simulated.RANK_NOT_INT.format(op=name))
+                with self.assertRaises(simulated.RankSplit):  # (guard_int: one int wanted)
+                    torch.tensor(self.rank)
+
         result = run(Branch)
-        self.assertEqual(result.testsRun, 3)
+        self.assertEqual(result.testsRun, 4)
         self.assertEqual(problems(result), [])
 
     def test_a_declared_fault_is_refused_saying_why(self):

@@ -54,6 +54,7 @@ __all__ = [
     "MISSING_RANKS",
     "OUTSIDE_RANKS",
     "RANKS_DIFFER",
+    "RANK_NOT_INT",
     "RANK_SPLIT",
     "RankSplit",
     "SIMULATED_MODE",
@@ -87,6 +88,10 @@ RUN_FAULTS_IDLE = ("{variable} does not act on {test!r} (disttest): a simulated 
 RANK_SPLIT = ("{what} has no one answer in a simulated test (disttest): every rank runs this line at once, "
               "and their answers differ ({answers}); a simulated test cannot branch on its rank: make the "
               "per-rank values with self.mode.rank_map(lambda rank: ...) and check them with assertRanksEqual")
+#: An operation on ``self.rank`` whose per-rank answer is not an int (``self.rank / 2``, ``** -1``).
+RANK_NOT_INT = ("{op} of a per-rank int (self.rank, or an int made from it) is not simulated (disttest): its "
+                "arithmetic gives per-rank ints only (+, -, *, //, %, ** by a natural number, <<, >>, &, |, ^, "
+                "abs); make per-rank values of other kinds with self.mode.rank_map(lambda rank: ...)")
 #: How many differing ranks a failure shows.
 SHOWN_RANKS = 5
 #: How many values of a tensor a failure shows.
@@ -143,6 +148,15 @@ class RankSplit(ValueError):
 _RANK_NODE: list[type] = []
 _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _ARITHMETIC = ("neg", "add", "sub", "mul", "floordiv", "mod", "int_floordiv", "sym_max", "sym_min", "sym_sum")
+#: Per-rank int operations torch's per-rank int lacks (its SymInt asked for them: an AttributeError).
+_MORE_ARITHMETIC: dict[str, Callable[..., int]] = {
+    "pow_by_natural": operator.pow, "lshift": operator.lshift, "rshift": operator.rshift,
+    "bitwise_and": operator.and_, "bitwise_or": operator.or_, "bitwise_xor": operator.xor,
+}
+#: Those whose answer is a float (how a message names each).
+_NOT_INT = {"int_truediv": "/", "truediv": "/", "float_truediv": "/", "float_pow": "** by a negative number",
+            "pow": "**", "sym_float": "float(), or ** by a negative number,",
+            "guard_float": "float()"}
 
 
 def _rank_node() -> type:
@@ -173,13 +187,28 @@ def _rank_node() -> type:
             return type(self)(result._local_ints) if type(result) is base else result
         return method
 
-    def int_(self: Any) -> int:
+    def more(op: Callable[..., int]) -> Callable[..., Any]:
+        def method(self: Any, *args: Any) -> Any:
+            theirs = _other_ints(args[0])[0] if args else None
+            return type(self)({r: op(v, theirs(r)) if theirs else op(v) for r, v in self._local_ints.items()})
+        return method
+
+    def not_int(name: str) -> Callable[..., Any]:
+        def method(self: Any, *args: Any) -> Any:
+            raise TypeError(RANK_NOT_INT.format(op=_NOT_INT[name]))
+        return method
+
+    def int_(self: Any, *args: Any) -> int:  # (also guard_int(file, line): torch.tensor(self.rank))
         raise RankSplit("int() of a per-rank int, or an index made of it (self.rank, or an int made from it),",
                         self._local_ints)
 
     namespace: dict[str, Any] = {name: compare(name) for name in _COMPARISONS}
     namespace.update({name: keep(name) for name in _ARITHMETIC if hasattr(base, name)})
-    namespace.update(int_=int_, __module__=__name__, __doc__="``self.rank`` of a simulated test (see _rank_node).")
+    namespace.update({name: more(op) for name, op in _MORE_ARITHMETIC.items()})
+    namespace.update(abs=more(operator.abs), pos=more(operator.pos))
+    namespace.update({name: not_int(name) for name in _NOT_INT})
+    namespace.update(int_=int_, guard_int=int_, __module__=__name__,
+                     __doc__="``self.rank`` of a simulated test (see _rank_node).")
     _RANK_NODE.append(type("RankIntNode", (base,), namespace))
     return _RANK_NODE[0]
 
