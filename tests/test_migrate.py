@@ -707,6 +707,22 @@ class CommandTest(unittest.TestCase):
                                        capture_output=True, timeout=60)
                 self.assertEqual(patch.returncode, 0, diff + (patch.stdout + patch.stderr).decode())
 
+    def test_a_diff_is_printed_in_the_file_s_encoding(self):
+        # A latin-1 file's diff was printed in UTF-8, which patch (comparing bytes) refused.
+        from disttest.migrate._cli import main
+
+        line = b"from torch.testing._internal.common_distributed import MultiProcessTestCase  # caf\xe9\n"
+        with open(self.path, "wb") as f:
+            f.write(b"# -*- coding: latin-1 -*-\n" + line)
+        out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(main(["--diff", "-q", self.path]), 0)
+        out.flush()
+        diff = out.buffer.getvalue().split(b"\n1 file(s)")[0] + b"\n"
+        self.assertIn(b"+from disttest import MultiProcessTestCase  # caf\xe9\n", diff)
+        patch = subprocess.run(["patch", "--dry-run", self.path], input=diff, capture_output=True, timeout=60)
+        self.assertEqual(patch.returncode, 0, (diff + patch.stdout + patch.stderr).decode("latin-1"))
+
     def test_a_reader_that_stops_early_gets_no_traceback(self):
         # python -m disttest.migrate --diff ... | head -5
         from disttest.migrate._cli import main_piped

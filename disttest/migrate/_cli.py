@@ -102,6 +102,19 @@ def _diff(path: str, before: str, after: str) -> Iterator[str]:
             yield line + "\n\\ No newline at end of file\n"
 
 
+def _print_diff(lines: Iterator[str], encoding: str) -> None:
+    """Print a diff in the file's own encoding (a latin-1 file's diff in
+    UTF-8 did not apply: ``patch`` compares bytes)."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    ours = getattr(sys.stdout, "encoding", None) or "utf-8"
+    if buffer is None or codecs.lookup(encoding).name == codecs.lookup(ours).name:
+        sys.stdout.writelines(lines)
+        return
+    sys.stdout.flush()
+    buffer.write("".join(lines).encode(encoding, "backslashreplace"))  # (the file's text encodes; a path may not)
+    buffer.flush()
+
+
 def _replace(path: str, data: bytes) -> None:
     """Give the file at ``path`` (a link's target) the content ``data``
     through a temporary file beside it, so that a write that fails (a full
@@ -188,8 +201,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m disttest.migrate"
         if result.changed and args.diff:
             # (the BOM stays on the first line: patch compares bytes)
             bom = "\ufeff" if data.startswith(codecs.BOM_UTF8) else ""
-            sys.stdout.writelines(_diff(path, bom + data.decode(result.encoding).removeprefix("\ufeff"),
-                                        bom + result.source.removeprefix("\ufeff")))
+            _print_diff(_diff(path, bom + data.decode(result.encoding).removeprefix("\ufeff"),
+                              bom + result.source.removeprefix("\ufeff")), result.encoding)
         if result.changed and args.check:
             status = 1
     verb = "would change" if dry else "changed"
