@@ -198,6 +198,21 @@ class RewriteTest(unittest.TestCase):
                                     "faulty_rpc_agent_test_fixture\n")
         self.assertTrue(out.startswith("from disttest import TensorPipeRpcAgentTestFixture\n"), out)
 
+    def test_a_split_line_s_comment_is_kept_once_or_on_each_line_for_a_tool(self):
+        # The comment was repeated on every line of a split.
+        out, _ = migrated("from torch.testing._internal.common_distributed import MultiProcessTestCase, "
+                          "not_offered  # the base\n")
+        self.assertEqual(out, "from disttest import MultiProcessTestCase  # the base\n"
+                              "from torch.testing._internal.common_distributed import not_offered\n")
+        out, _ = migrated("from torch.testing._internal.common_distributed import MultiProcessTestCase, "
+                          "not_offered  # noqa: F401\n")
+        self.assertEqual(out, "from disttest import MultiProcessTestCase  # noqa: F401\n"
+                              "from torch.testing._internal.common_distributed import not_offered  # noqa: F401\n")
+        out, _ = migrated("import os, torch.testing._internal.common_distributed as cd  # type: ignore\n"
+                          "cd.MultiProcessTestCase\n")
+        self.assertEqual(out, "import os  # type: ignore\nimport disttest as cd  # type: ignore\n"
+                              "cd.MultiProcessTestCase\n")
+
     def test_a_name_beside_a_module_moves_as_a_name(self):
         # ShardedTensorTestBase was taken for a module ("module
         # ShardedTensorTestBase ... kept") and moved only on a second run.

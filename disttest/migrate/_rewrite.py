@@ -231,7 +231,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             else:
                 names = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in names]
                 new = stmt.with_changes(module=cst.parse_expression(home), names=names, lpar=None, rpar=None)
-            line_stmt = updated.with_changes(body=[new])
+            line_stmt = updated.with_changes(body=[new], trailing_whitespace=_trailing(updated, i, len(names) - 1))
             if i:  # the comments above the original stay with the first
                 line_stmt = line_stmt.with_changes(leading_lines=[])
             statements.append(line_stmt)
@@ -460,7 +460,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
                 single = single.with_changes(lpar=None, rpar=None)
             part = updated.with_changes(
                 body=[single], leading_lines=updated.leading_lines if i == 0 else (),
-                trailing_whitespace=updated.trailing_whitespace if i == len(names) - 1 else cst.TrailingWhitespace())
+                trailing_whitespace=_trailing(updated, i, len(names) - 1))
             done = one(single, part)
             kept = kept and done is part
             results += list(done) if isinstance(done, cst.FlattenSentinel) else [done]
@@ -483,6 +483,20 @@ class _Rewriter(m.MatcherDecoratableTransformer):
         text = "".join(p.value for p in node.parts if isinstance(p, cst.FormattedStringText))
         if PREFIX in text:
             self.changes.append(Change("noted", self._line(node), text, "f-string"))
+
+
+#: Comments that say something to a tool about their line: each line a split makes keeps them.
+_DIRECTIVES = ("noqa", "type:", "pragma", "pylint:", "pyright:", "mypy:", "fmt:", "isort:", "nosec")
+
+
+def _trailing(line: cst.SimpleStatementLine, i: int, keeper: int) -> cst.TrailingWhitespace:
+    """The end of the ``i``-th line a statement line is split into: the
+    ``keeper``-th keeps its comment; the others too where it is a tool's
+    directive (``# noqa: F401`` applies to each), else they have none."""
+    comment = line.trailing_whitespace.comment
+    if i == keeper or comment is not None and comment.value.lstrip("#").strip().lower().startswith(_DIRECTIVES):
+        return line.trailing_whitespace
+    return cst.TrailingWhitespace()
 
 
 def _alias_comments(stmt: cst.ImportFrom) -> dict[int, tuple[list[str], str]]:
