@@ -205,6 +205,10 @@ class RewriteTest(unittest.TestCase):
         self.assertEqual(out, "from disttest import MultiProcessTestCase  # the base\n"
                               "from torch.testing._internal.common_distributed import not_offered\n")
         out, _ = migrated("from torch.testing._internal.common_distributed import MultiProcessTestCase, "
+                          "skip_if_lt_x_gpu, not_offered  # the base\n")
+        self.assertEqual(out, "from disttest import MultiProcessTestCase, skip_if_lt_x_gpu  # the base\n"
+                              "from torch.testing._internal.common_distributed import not_offered\n")
+        out, _ = migrated("from torch.testing._internal.common_distributed import MultiProcessTestCase, "
                           "not_offered  # noqa: F401\n")
         self.assertEqual(out, "from disttest import MultiProcessTestCase  # noqa: F401\n"
                               "from torch.testing._internal.common_distributed import not_offered  # noqa: F401\n")

@@ -231,7 +231,7 @@ class _Rewriter(m.MatcherDecoratableTransformer):
             else:
                 names = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in names]
                 new = stmt.with_changes(module=cst.parse_expression(home), names=names, lpar=None, rpar=None)
-            line_stmt = updated.with_changes(body=[new], trailing_whitespace=_trailing(updated, i, len(names) - 1))
+            line_stmt = updated.with_changes(body=[new], trailing_whitespace=_trailing(updated, i, 0))
             if i:  # the comments above the original stay with the first
                 line_stmt = line_stmt.with_changes(leading_lines=[])
             statements.append(line_stmt)
