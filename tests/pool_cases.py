@@ -517,3 +517,30 @@ class OutputPerTest(disttest.MultiProcContinousTest):
     def test_2_crashes(self):
         if self.rank == 1:
             os._exit(5)
+
+
+class ProcessState(disttest.MultiProcContinousTest):
+    """A test that changes its rank process for good, then one that looks."""
+
+    world_size = 2
+    timeout = 20
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def test_1_changes(self):
+        os.environ["DISTTEST_POOL_LEAK"] = "1"
+        os.chdir("/")
+        torch.set_default_dtype(torch.float64)
+        torch.set_float32_matmul_precision("medium")
+        import warnings
+
+        warnings.simplefilter("error")
+
+    def test_2_sees_none_of_it(self):
+        import warnings
+
+        self.assertEqual((os.environ.get("DISTTEST_POOL_LEAK"), os.getcwd() == "/", torch.get_default_dtype(),
+                          torch.get_float32_matmul_precision(), warnings.filters[0][0] == "error"),
+                         (None, False, torch.float32, "highest", False))

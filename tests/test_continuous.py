@@ -215,6 +215,14 @@ class GroupLimitTest(unittest.TestCase):
             set_timeout.assert_called_once_with(5)
 
 
+class ProcessStateTest(unittest.TestCase):
+    def test_what_a_test_changes_for_its_rank_process_ends_with_it(self):
+        # A fresh rank process takes it with it; a pool worker carried a
+        # test's environment, folder, dtype and warnings into the next test.
+        result, _ = run_class(cases.ProcessState)
+        self.assertEqual((result.testsRun, result.failures, result.errors), (2, [], []))
+
+
 class PoolTest(unittest.TestCase):
     def tearDown(self):
         self.assertEqual(live_ranks(), [])

@@ -2,7 +2,7 @@
 
 Self-contained: it depends on the standard library, torch, the data
 modules of the core (:mod:`.outcome`, :mod:`.board`, :mod:`.tracking`, :mod:`.messages`, :mod:`.proctree`,
-:mod:`.channel`'s ``connect``) and :mod:`disttest._compat`, not on the runners. A rank prepares itself
+:mod:`.channel`'s ``connect``, :mod:`.process_state`) and :mod:`disttest._compat`, not on the runners. A rank prepares itself
 right after fork (parent-death signal, environment, output to a file, one
 OpenMP thread, stack dumps on SIGUSR1, collective tracking), connects to the
 parent, and then runs the loop every rank process runs: be ready (a pool
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from disttest import _compat
-from disttest._runner import board, rank_look, tracking
+from disttest._runner import board, process_state, rank_look, tracking
 from disttest._runner.channel import connect
 from disttest._runner.functional import track_functional
 from disttest._runner.messages import Done, Hello, Ready, Run, send
@@ -370,7 +370,14 @@ class _PoolWorker:
     def run(self, test: str) -> Outcome:
         if self.failure is not None:
             return dataclasses.replace(self.failure)
-        outcome = cast(Outcome, self.cls._pool_run_test(test, self.ctx.rank))
+        # What the test changes for the whole process ends with it, as a
+        # fresh rank process would take it with it (the next test's start;
+        # its setUp seeds the random generators).
+        restore = process_state.snapshot(rng=False)
+        try:
+            outcome = cast(Outcome, self.cls._pool_run_test(test, self.ctx.rank))
+        finally:
+            restore()
         if not self.cls._pool_can_go_on():
             outcome.retired = GROUP_DESTROYED
         return outcome

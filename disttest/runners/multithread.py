@@ -13,13 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
-import random
 import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import proctree, settings, thread_pool
+from disttest._runner import process_state, proctree, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.outcome import (
     Kind,
@@ -86,7 +83,7 @@ class _ThreadRun:
         faults it declares (default ``test_cls``); ``timeout``: the test's
         limit, which starting the ranks is held to as well. (What the ranks
         change for the whole process is put back by the caller, around all
-        of the test: :func:`_process_state`.)"""
+        of the test: :func:`~disttest._runner.process_state.snapshot`.)"""
         # Each change to the process is undone by close(), also when a later
         # step (a fault declared wrong, a world the system will not start) raises.
         self._undo = contextlib.ExitStack()
@@ -195,77 +192,6 @@ def _hold_rank_processes(test: str, where: Callable[..., Any] | None) -> Callabl
     return release
 
 
-def _process_state() -> Callable[[], None]:
-    """Note what a rank thread can change for the whole process (a rank
-    process would take it with it): torch's default dtype, intra-op thread
-    count, deterministic algorithms, anomaly mode, float32 matmul precision
-    and CPU random state, Python's random state and recursion limit, the
-    working directory, the environment and the warnings filters; return
-    what puts them back."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
-    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-    environ, filters = _environ_data(), list(warnings.filters)
-    precision, recursion = torch.get_float32_matmul_precision(), sys.getrecursionlimit()
-    rng, py_rng = torch.get_rng_state(), random.getstate()
-    try:
-        cwd: str | None = os.getcwd()
-    except OSError:  # (a folder removed under the process: nothing to go back to)
-        cwd = None
-
-    def restore() -> None:
-        if cwd is not None:
-            with contextlib.suppress(OSError):  # (removed since: the process stays where the test left it)
-                if os.getcwd() != cwd:  # (raises where the test's folder was removed under it)
-                    os.chdir(cwd)
-        if torch.get_float32_matmul_precision() != precision:
-            torch.set_float32_matmul_precision(precision)
-        if sys.getrecursionlimit() != recursion:
-            sys.setrecursionlimit(recursion)
-        torch.set_rng_state(rng)
-        random.setstate(py_rng)
-        if torch.get_default_dtype() != dtype:
-            torch.set_default_dtype(dtype)
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        if (torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled()) != deterministic:
-            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
-        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
-            torch.autograd.set_detect_anomaly(anomaly[0], check_nan=anomaly[1])
-        if _environ_data() != environ:  # (compared as the bytes the process has: no decoding)
-            before = _decoded(environ)
-            for name in [n for n in os.environ if n not in before]:
-                del os.environ[name]
-            for name, value in before.items():
-                if os.environ.get(name) != value:
-                    os.environ[name] = value
-        if warnings.filters != filters:
-            warnings.filters[:] = filters  # type: ignore[index]  # (a list in CPython)
-            mutated = getattr(warnings, "_filters_mutated", None)  # (CPython: drop its cache)
-            if callable(mutated):
-                mutated()
-
-    return restore
-
-
-def _environ_data() -> dict[Any, Any]:
-    """A copy of the environment as ``os.environ`` keeps it (CPython's
-    ``_data``: encoded keys and values, copied without decoding each), else
-    as strings."""
-    data = getattr(os.environ, "_data", None)
-    return dict(data) if isinstance(data, dict) else dict(os.environ)
-
-
-def _decoded(environ: dict[Any, Any]) -> dict[str, str]:
-    """``environ`` (from :func:`_environ_data`) as names and values."""
-    key, value = getattr(os.environ, "decodekey", None), getattr(os.environ, "decodevalue", None)
-    if isinstance(getattr(os.environ, "_data", None), dict) and key is not None and value is not None:
-        return {key(k): value(v) for k, v in environ.items()}
-    return environ
-
-
 def restore_hooks(hook: Any, thread_hook: Any) -> None:
     """Put back ``sys.excepthook`` and ``threading.excepthook``: every
     ``init_process_group`` wraps the first in c10d's rank prefix."""
@@ -352,7 +278,7 @@ class MultiThreadedTestCase(RankDispatch):
         # What the ranks change for the whole process is put back after the
         # whole test (setUp to cleanups), as before it: a context that setUp
         # opened and closed around _spawn_threads() stays closed.
-        restore = _process_state()
+        restore = process_state.snapshot()
         try:
             return super().run(result)
         finally:
@@ -506,7 +432,7 @@ def threads_test(func: Callable[..., Any], size: int, limit: float | None, alway
         cap = settings.outer_cap()  # kept below pytest-timeout's, as every runner's limit
         if cap is not None and cap < seconds:
             seconds = cap
-        restore = _process_state()  # what the ranks change for the whole process ends with them
+        restore = process_state.snapshot()  # what the ranks change for the whole process ends with them
         release = _hold_rank_processes(test, func)
         try:
             run = _ThreadRun(size, body, test, seconds, owner=owner)
