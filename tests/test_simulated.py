@@ -5,6 +5,7 @@ rank) and shown to be in effect."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import threading
@@ -474,7 +475,8 @@ class InstallAndUndoTest(unittest.TestCase):
 
     def test_a_test_leaves_torch_as_it_found_it(self):
         def state():
-            return (self.replaced(), dist.is_initialized(), len(lt.get_local_tensor_mode_list()),
+            return (self.replaced(), lt._combine_any_rank_results, dist.is_initialized(),
+                    len(lt.get_local_tensor_mode_list()),
                     torch._C._len_torch_dispatch_stack(), sorted(_compat.registered_backend_names()),
                     {n: getattr(dist.DeviceMesh, n) for n in ("get_coordinate", "get_rank", "get_local_rank")})
 
@@ -554,10 +556,49 @@ class RankBranchTest(unittest.TestCase):
                     self.assertEqual(str(caught.exception), simulated.RANK_NOT_INT.format(op=name))
                 with self.assertRaises(simulated.RankSplit):  # (guard_int: one int wanted)
                     torch.tensor(self.rank)
+                # With the plain int on the left (torch's constant node had no such methods).
+                for name, form in (("//", lambda r: 10 // (r + 1)), ("%", lambda r: 7 % (r + 1)),
+                                   ("**", lambda r: 2 ** r), ("<<", lambda r: 1 << r), (">>", lambda r: 16 >> r),
+                                   ("&", lambda r: 3 & r), ("|", lambda r: 5 | r), ("-", lambda r: 10 - r)):
+                    with self.subTest(reflected=name):
+                        self.assertRanksEqual(form(self.rank), {r: form(r) for r in range(4)})
+
+            def test_a_python_value_made_of_per_rank_tensors(self):
+                # torch made one answer of differing ranks' answers: torch.equal
+                # and allclose were True where any rank was right, so a test
+                # that checked one rank's value passed for all.
+                out = torch.ones(3) * self.rank
+                for name, form in (("equal", lambda: torch.equal(out, torch.zeros(3))),
+                                   ("allclose", lambda: torch.allclose(out, torch.zeros(3))),
+                                   ("bool", lambda: bool((out == 0).all())), ("float item", lambda: out.sum().item())):
+                    with self.subTest(form=name), self.assertRaises(simulated.RankSplit) as caught:
+                        form()
+                    self.assertIn("a Python value made of per-rank tensors", str(caught.exception))
+                self.assertEqual(caught.exception.answers, {0: 0.0, 1: 3.0, 2: 6.0, 3: 9.0})
+                # An int's .item() is a per-rank int, as self.rank is.
+                count = (torch.ones(3, dtype=torch.int64) * self.rank).sum().item()
+                self.assertRanksEqual(count, lambda r: 3 * r)
+                with self.assertRaises(simulated.RankSplit):
+                    bool(count == 3)
+                # Where every rank agrees, the plain answer (NaN included: torch's check asked NaN == NaN).
+                same = torch.ones(3) * (self.rank * 0)
+                self.assertTrue(torch.equal(same, torch.zeros(3)) and torch.allclose(same, torch.zeros(3)))
+                self.assertTrue(math.isnan((same * float("nan")).sum().item()))
 
         result = run(Branch)
-        self.assertEqual(result.testsRun, 4)
+        self.assertEqual(result.testsRun, 5)
         self.assertEqual(problems(result), [])
+
+    def test_one_rank_is_rank_zero(self):
+        # A world of one made torch's constant node, which int() and torch.manual_seed refused.
+        class One(disttest.SimulatedTestCase):
+            world_size = 1
+
+            def test_it(self):
+                torch.manual_seed(self.rank)
+                self.assertEqual(int(self.rank), 0)
+
+        self.assertEqual(problems(run(One)), [])
 
     def test_a_declared_fault_is_refused_saying_why(self):
         class Faulty(disttest.SimulatedTestCase):
@@ -806,6 +847,22 @@ class SimulatedTestCaseTest(unittest.TestCase):
 
         result = run(Letters)
         self.assertIn("Invalid local-tensor speedups 'rng' from Letters.speedups (disttest)", result.errors[0][1])
+        Letters.speedups = None  # (a bare TypeError: 'NoneType' object is not iterable)
+        result = run(Letters)
+        self.assertIn("Invalid local-tensor speedups None from Letters.speedups (disttest)", result.errors[0][1])
+
+    def test_an_install_cut_short_leaves_nothing_installed(self):
+        # An interrupt (Ctrl-C, the deadline) part-way through the install left torch patched for good.
+        from disttest._compat import local_speedups
+
+        state = (lt._for_each_rank_run_func, lt._LocalDeviceMesh.__dict__["get_coordinate"])
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        with mock.patch.object(local_speedups, "_plain_dispatch", interrupted), self.assertRaises(KeyboardInterrupt):
+            _compat.install_local_tensor_speedups()
+        self.assertEqual((lt._for_each_rank_run_func, lt._LocalDeviceMesh.__dict__["get_coordinate"]), state)
 
     def test_an_unknown_speedup_is_named_with_its_source(self):
         class Unknown(disttest.SimulatedTestCase):

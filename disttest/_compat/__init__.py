@@ -113,6 +113,7 @@ from disttest._compat.fsdp import (
 )
 from disttest._compat.local_mode import (
     LOCAL_TENSOR_MISSING,
+    install_rank_answers,
     local_int_values,
     local_tensor,
     local_tensor_shards,
@@ -214,6 +215,7 @@ __all__ = [
     "inductor_config",
     "install_fake_backend",
     "install_local_tensor_speedups",
+    "install_rank_answers",
     "is_functional_tensor",
     "lazy_dtensor_comparison",
     "load_faulty_rpc_agent",

@@ -4,12 +4,15 @@ per-rank values of its tensors and ints."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 __unittest = True
 
 __all__ = [
     "LOCAL_TENSOR_MISSING",
+    "install_rank_answers",
     "local_int_values",
     "local_tensor",
     "local_tensor_shards",
@@ -62,3 +65,59 @@ def _local_tensor() -> Any:
     from disttest import _compat
 
     return _compat.local_tensor()
+
+
+def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
+                         per_rank_int: Callable[[dict[int, int]], Any]) -> Callable[[], None]:
+    """Make the mode's per-rank Python answers say when the ranks disagree;
+    return the undo (install after the speedups, which replace the same
+    function, and undo before them).
+
+    torch made one answer of differing per-rank results: a bool became a
+    per-rank int whose ``bool()`` was True whenever the ranks differed
+    (``torch.equal``, ``allclose``, ``.item()`` of a comparison passed where
+    one rank was right), a float an ``AssertionError`` without a rank named.
+    Now such bools and floats raise ``split(results)``, and ``.item()`` of
+    an int tensor gives ``per_rank_int(values)`` (a per-rank int whose
+    comparisons say when they disagree). torch's own per-rank ints (shapes
+    of uneven shards) keep torch's answers.
+
+    Private API: ``torch.distributed._local_tensor``'s
+    ``_combine_any_rank_results`` and ``_for_each_rank_run_func``.
+    """
+    import torch
+
+    lt = _local_tensor()
+    combine, run = lt._combine_any_rank_results, lt._for_each_rank_run_func
+    item = torch.ops.aten._local_scalar_dense.default
+
+    def one_answer(rank_results: dict[int, Any]) -> Any:
+        values = list(rank_results.values())
+        first = values[0]
+        if type(first) is bool or type(first) is float:
+            if not all(_same_answer(v, first) for v in values):
+                raise split(dict(rank_results))
+            return first  # (NaN on every rank too: torch's check asked NaN == NaN)
+        return combine(rank_results)
+
+    def for_each_rank(func: Any, *args: Any, **kwargs: Any) -> Any:
+        ret = run(func, *args, **kwargs)
+        if func is item and isinstance(ret, torch.SymInt) and type(ret.node) is lt.LocalIntNode:
+            return per_rank_int(dict(ret.node._local_ints))
+        return ret
+
+    lt._combine_any_rank_results, lt._for_each_rank_run_func = one_answer, for_each_rank
+
+    def undo() -> None:
+        # (only what is still ours: a later install, undone out of order, keeps its own)
+        if lt._combine_any_rank_results is one_answer:
+            lt._combine_any_rank_results = combine
+        if lt._for_each_rank_run_func is for_each_rank:
+            lt._for_each_rank_run_func = run
+
+    return undo
+
+
+def _same_answer(a: Any, b: Any) -> bool:
+    """Whether two ranks' answers are one (NaN is NaN's)."""
+    return type(a) is type(b) and (a == b or isinstance(a, float) and math.isnan(a) and math.isnan(b))

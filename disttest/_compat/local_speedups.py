@@ -449,22 +449,25 @@ def install_local_tensor_speedups(parts: Any = LOCAL_TENSOR_SPEEDUPS) -> Callabl
         saved.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, value)
 
-    if "coordinates" in usable:
-        replace(lt._LocalDeviceMesh, "get_coordinate", staticmethod(_closed_form_coordinate))
-    if usable & {"rng", "args", "metadata"}:
-        replace(lt, "_for_each_rank_run_func",
-                _fast_for_each_rank(lt._for_each_rank_run_func, "rng" in usable, "args" in usable,
-                                    "metadata" in usable))
-    if "meta" in usable:
-        replace(lt, "_compute_local_tensor_meta", _one_pass_tensor_meta(lt._compute_local_tensor_meta))
-    if "enter" in usable:
-        replace(lt.LocalTensorMode, "__enter__", _shared_state_enter)
-    if "dispatch" in usable:
-        replace(lt.LocalTensorMode, "__torch_dispatch__", _plain_dispatch(lt.LocalTensorMode.__torch_dispatch__))
-
     def undo() -> None:
         while saved:
             owner, name, value = saved.pop()
             setattr(owner, name, value)
 
+    try:  # (all or nothing: an interrupt part-way left torch patched for the rest of the process)
+        if "coordinates" in usable:
+            replace(lt._LocalDeviceMesh, "get_coordinate", staticmethod(_closed_form_coordinate))
+        if usable & {"rng", "args", "metadata"}:
+            replace(lt, "_for_each_rank_run_func",
+                    _fast_for_each_rank(lt._for_each_rank_run_func, "rng" in usable, "args" in usable,
+                                        "metadata" in usable))
+        if "meta" in usable:
+            replace(lt, "_compute_local_tensor_meta", _one_pass_tensor_meta(lt._compute_local_tensor_meta))
+        if "enter" in usable:
+            replace(lt.LocalTensorMode, "__enter__", _shared_state_enter)
+        if "dispatch" in usable:
+            replace(lt.LocalTensorMode, "__torch_dispatch__", _plain_dispatch(lt.LocalTensorMode.__torch_dispatch__))
+    except BaseException:
+        undo()
+        raise
     return undo

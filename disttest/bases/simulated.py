@@ -207,10 +207,29 @@ def _rank_node() -> type:
     namespace.update({name: more(op) for name, op in _MORE_ARITHMETIC.items()})
     namespace.update(abs=more(operator.abs), pos=more(operator.pos))
     namespace.update({name: not_int(name) for name in _NOT_INT})
-    namespace.update(int_=int_, guard_int=int_, __module__=__name__,
+    def wrap_int(self: Any, value: int) -> Any:
+        # The int on the other side of ``10 // self.rank``, as a per-rank
+        # int of one value (torch's constant node has none of the methods
+        # the reflected operation asks it for).
+        node = object.__new__(type(self))  # (past LocalIntNode.__new__, which makes a constant of it)
+        node.__init__(dict.fromkeys(self._local_ints, value))
+        return node
+
+    namespace.update(int_=int_, guard_int=int_, wrap_int=wrap_int, __module__=__name__,
                      __doc__="``self.rank`` of a simulated test (see _rank_node).")
     _RANK_NODE.append(type("RankIntNode", (base,), namespace))
     return _RANK_NODE[0]
+
+
+def _answers_split(answers: dict[int, Any]) -> RankSplit:
+    """A Python value torch made of per-rank tensors whose ranks disagree."""
+    return RankSplit("a Python value made of per-rank tensors (torch.equal, torch.allclose, bool() or .item() "
+                     "of a tensor)", answers)
+
+
+def _per_rank_int(values: dict[int, int]) -> Any:
+    """``.item()`` of a per-rank int tensor: a per-rank int as ``self.rank`` is."""
+    return torch.SymInt(_rank_node()(values))  # type: ignore[no-untyped-call]  # torch: unannotated
 
 
 def _other_ints(other: Any) -> tuple[Callable[[int], int], str]:
@@ -218,8 +237,11 @@ def _other_ints(other: Any) -> tuple[Callable[[int], int], str]:
     an int): its value on a rank, and how a message names it."""
     node = getattr(other, "node", other)
     values = getattr(node, "_local_ints", None)
-    if values is not None:
+    if values is not None and len(set(values.values())) > 1:
         return (lambda rank: int(values[rank])), "a per-rank int"
+    if values is not None:  # (a constant, as wrap_int makes it)
+        value = int(next(iter(values.values())))
+        return (lambda rank: value), repr(value)
     value = int(node.maybe_as_int()) if hasattr(node, "maybe_as_int") else int(other)
     return (lambda rank: value), repr(value)
 
@@ -426,8 +448,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         if reason is not None:
             raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
         size = parse_world_size(self.world_size, f"{type(self).__name__}.world_size")
-        if isinstance(self.speedups, str) or not all(isinstance(n, str) and n in _compat.LOCAL_TENSOR_SPEEDUPS
-                                                     for n in self.speedups):
+        if not isinstance(self.speedups, (tuple, list, frozenset, set)) or not all(
+                isinstance(n, str) and n in _compat.LOCAL_TENSOR_SPEEDUPS for n in self.speedups):
             # (a string would be read letter by letter; an unknown name was a
             # ValueError that did not say where it came from)
             raise ConfigError("local-tensor speedups", self.speedups, f"{type(self).__name__}.speedups",
@@ -441,6 +463,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         self.addCleanup(_destroy_default_group)
         self.addCleanup(_compat.reset_dtensor_rng_tracker)
         self.addCleanup(_compat.install_local_tensor_speedups(self.speedups))
+        self.addCleanup(_compat.install_rank_answers(_answers_split, _per_rank_int))
         self.mode = lt.LocalTensorMode(frozenset(range(size)))
         self.mode.__enter__()
         self.addCleanup(_leave, self.mode)
@@ -453,6 +476,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         on it gives per-rank ints; a comparison whose answer differs between
         the ranks (``self.rank == 0``), ``int()`` or indexing a list with it
         raises :class:`RankSplit`: every rank runs the line at once."""
+        if self.world_size == 1:  # (one value: torch's constant node, which int() and seeding refuse)
+            return 0
         return torch.SymInt(_rank_node()({r: r for r in range(self.world_size)}))  # type: ignore[no-untyped-call]  # torch: unannotated
 
     def assertEqual(self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,  # type: ignore[override]
