@@ -1019,6 +1019,37 @@ class SimulatedLimitsTest(unittest.TestCase):
                 self.assertFalse(result.wasSuccessful())
                 self.assertIn(f"TimeoutError: '{name}' did not finish within 0.5s", problems(result)[-1])
 
+    def test_teardown_and_the_test_s_cleanups_are_held_to_the_timeout(self):
+        # Only setUp and the test were: a tearDown or cleanup that hung kept
+        # the test process forever ("every wait is bounded; teardown too").
+        class Slow(disttest.SimulatedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def tearDown(self):
+                spin_for(30)
+                super().tearDown()
+
+            def test_teardown(self):
+                pass
+
+        class SlowCleanup(disttest.SimulatedTestCase):
+            world_size = 2
+            timeout = 0.5
+
+            def test_cleanup(self):
+                self.addCleanup(spin_for, 30)
+
+        for cls, name in ((Slow, "test_teardown"), (SlowCleanup, "test_cleanup")):
+            with self.subTest(name=name):
+                start = time.monotonic()
+                result = run(cls, name)
+                self.assertLess(time.monotonic() - start, 5)
+                self.assertIn(f"TimeoutError: '{name}' did not finish within 0.5s", problems(result)[-1])
+                self.assertIn("in spin_for", problems(result)[-1])
+                self.assertIsNone(_compat.local_tensor().local_tensor_mode())  # disttest's cleanups still ran
+                self.assertFalse(dist.is_initialized())
+
     def test_a_stop_leaves_no_lock_held_and_no_mode_entered(self):
         # Raised from another thread, the stop landed later than the look at
         # the stack: inside logging's handler lock (every later log call hung)

@@ -381,8 +381,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     ``super().setUp()``, run inside the mode: a tensor it makes holds one
     value per rank, ``self.rank`` is a per-rank int, and :meth:`assertEqual`
     compares rank by rank, naming the ranks that differ. No threads or
-    processes start: ``setUp`` and the test together are held to the
-    test's timeout (the class's ``timeout``, else ``DISTTEST_TIMEOUT``) by
+    processes start: ``setUp``, the test, ``tearDown`` and the test's own
+    cleanups together are held to the test's timeout (the class's ``timeout``, else ``DISTTEST_TIMEOUT``) by
     an exception raised into this thread, whose report shows where it was
     (:class:`~disttest._runner.deadline.Deadline`). ``DISTTEST_FAULT`` and
     ``DISTTEST_CHAOS`` have no ranks here to act on: a warning says so.
@@ -419,9 +419,21 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     def _callTestMethod(self, method: Any) -> None:
         self._held(super()._callTestMethod, method)
 
+    def _callTearDown(self) -> None:
+        self._held(super()._callTearDown)
+
+    def _callCleanup(self, function: Any, /, *args: Any, **kwargs: Any) -> None:
+        # The test's own cleanups (those it added after setUp's) are held
+        # too; disttest's, which undo the mode and torch's patches, run whole.
+        if len(self._cleanups) >= getattr(self, "_own_cleanups", len(self._cleanups) + 1):  # type: ignore[attr-defined]
+            self._held(super()._callCleanup, function, *args, **kwargs)  # type: ignore[misc]  # (typeshed lacks it)
+        else:
+            super()._callCleanup(function, *args, **kwargs)  # type: ignore[misc]
+
     def _held(self, call: Callable[..., None], *args: Any) -> None:
-        """``call(*args)`` held to what is left of the test's timeout (setUp
-        and the test together, as a rank's are; cleanups are not cut short)."""
+        """``call(*args)`` held to what is left of the test's timeout (setUp,
+        the test, tearDown and the test's own cleanups together, as a rank's
+        are; disttest's cleanups are not cut short)."""
         head = SIMULATED_TIMED_OUT.format(test=self._testMethodName, timeout=self._timeout, n=self.world_size,
                                           stack="").rstrip(":\n")
         watch = Deadline(max(self._ends_at - time.monotonic(), 0.0), head)
@@ -469,6 +481,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         self.addCleanup(_leave, self.mode)
         # (as the thread runner puts it back: the same body leaves the same state in every mode)
         self.addCleanup(torch.set_default_dtype, torch.get_default_dtype())
+        self._own_cleanups = len(self._cleanups)  # type: ignore[attr-defined]  # (unittest's list)
 
     @property
     def rank(self) -> Any:
@@ -502,7 +515,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
 
 def _from_the_test(frames: traceback.StackSummary) -> str:
     """The stack from the test's own frames in (the runner's dropped)."""
-    runner = [i for i, f in enumerate(frames) if f.name in ("_callSetUp", "_callTestMethod")
+    runner = [i for i, f in enumerate(frames) if f.name in ("_callSetUp", "_callTestMethod", "_callTearDown",
+                                                            "_callCleanup")
               and f.filename == unittest.case.__file__]
     kept = frames[runner[-1] + 1:] if runner else frames
     return "".join(traceback.format_list(kept)).rstrip() or "(no Python frame)"
