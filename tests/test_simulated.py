@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -1171,9 +1172,36 @@ class OneBodyThreeWaysTest(unittest.TestCase):
                 pass
 
         disttest.run_simulated(world_size=512)(Body)
-        self.assertEqual(globals().pop("Body_simulated").world_size, 512)
+        self.assertEqual(globals()["Body_simulated"].world_size, 512)
+        # Stacked for another size (the second took the first's place: 512 never ran).
+        disttest.run_simulated(world_size=8)(Body)
+        self.assertEqual((globals().pop("Body_simulated").world_size, globals().pop("Body_simulated_8").world_size),
+                         (512, 8))
+        disttest.run_simulated(world_size=8)(Body)
+        with self.assertRaisesRegex(TypeError, "Body is simulated at world size 8 twice"):
+            disttest.run_simulated(world_size=8)(Body)
+        globals().pop("Body_simulated")
         with self.assertRaisesRegex(TypeError, "must be a plain class"):
             disttest.run_simulated(type("T", (unittest.TestCase,), {}))
+
+    def test_the_expected_value_s_function_and_a_value_of_some_ranks(self):
+        class Checks(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_function_raises(self):
+                self.assertRanksEqual(torch.ones(1) * self.rank, lambda r: [torch.zeros(1)][r])
+
+            def test_some_ranks(self):  # (ranks 2 and 3 went unchecked)
+                part = lt.LocalTensor({0: torch.zeros(1), 1: torch.zeros(1)})
+                self.assertRanksEqual(part, torch.zeros(1))
+
+        result = run(Checks, "test_function_raises")
+        self.assertIn("IndexError", problems(result)[0])
+        if sys.version_info >= (3, 11):
+            self.assertIn("(disttest: raised by the expected value's function, asked for rank 1)", problems(result)[0])
+        result = run(Checks, "test_some_ranks")
+        self.assertIn("AssertionError: " + simulated.VALUE_MISSES_RANKS.format(ranks="2, 3", n=2, world=4),
+                      problems(result)[0])
 
 
 if __name__ == "__main__":

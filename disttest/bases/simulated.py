@@ -60,6 +60,7 @@ __all__ = [
     "SIMULATED_MODE",
     "SimulatedTestCase",
     "SpmdMixin",
+    "VALUE_MISSES_RANKS",
     "run_simulated",
 ]
 
@@ -72,6 +73,8 @@ RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
 MISSING_RANKS = "the expected values name no value for rank(s) {ranks} ({n} of the {world} ranks checked) (disttest)"
 #: A ``{rank: value}`` expectation with keys that are not ranks of the world.
 OUTSIDE_RANKS = "the expected values name {keys}, not rank(s) of the world of {world} (disttest)"
+#: A simulated value that holds only some of the world's ranks (they went unchecked).
+VALUE_MISSES_RANKS = "the value checked holds no value for rank(s) {ranks} ({n} of the {world} ranks) (disttest)"
 #: A simulated test that left dispatch modes entered (they are exited for it).
 MODES_LEFT = ("the test left {n} torch dispatch mode(s) entered ({names}) (disttest): they are exited now; "
               "enter a mode with a `with` block")
@@ -308,9 +311,24 @@ class SpmdMixin:
         :data:`SHOWN_RANKS`, with both values) and how many do. Takes
         :meth:`~disttest.TestCase.assertEqual`'s options (``rtol``, ``atol``...)."""
         got = self.rank_values(actual)
+        lt = _compat.local_tensor()
+        mode = lt.local_tensor_mode() if lt is not None else None
+        simulated = set(mode.ranks) if mode is not None else set(got)
+        missing = sorted(simulated - set(got))
+        if missing:  # (a LocalTensor of some ranks: the others went unchecked)
+            raise AssertionError(VALUE_MISSES_RANKS.format(
+                ranks=", ".join(map(str, missing[:SHOWN_RANKS])) + (" ..." if len(missing) > SHOWN_RANKS else ""),
+                n=len(missing), world=len(simulated)))
         with _plain():
             if callable(expected) and not isinstance(expected, torch.Tensor):
-                want = {r: expected(r) for r in got}
+                want = {}
+                for r in got:
+                    try:
+                        want[r] = expected(r)
+                    except Exception as e:
+                        if hasattr(e, "add_note"):  # (Python 3.11+)
+                            e.add_note(f"(disttest: raised by the expected value's function, asked for rank {r})")
+                        raise
             elif isinstance(expected, Mapping):
                 world = int(self.world_size)
                 outside = [k for k in expected if not _a_rank(k, world)]
@@ -548,6 +566,7 @@ def run_simulated(body: type | None = None, *, world_size: int | None = None) ->
     ``body`` (a plain class, as :func:`~disttest.run_in` takes), named
     ``<Class>_simulated``, in the body's module; ``world_size`` overrides the
     body's (so one body can run as 8 threads and as 4096 simulated ranks).
+    Stacked for several sizes, each further one is ``<Class>_simulated_<size>``.
     Stacks with ``@run_in(...)``; with ``DISTTEST_MODE`` naming another mode
     the simulated class skips, saying why. Returns the body unchanged."""
 
@@ -557,8 +576,13 @@ def run_simulated(body: type | None = None, *, world_size: int | None = None) ->
                             "not a TestCase (disttest makes the TestCase)")
         where = f"run_simulated({cls.__name__})" if world_size is not None else f"{cls.__name__}.world_size"
         size = parse_world_size(world_size if world_size is not None else body_world_size(cls, 4), where)
-        made: Any = type(f"{cls.__name__}_{SIMULATED_MODE}", (cls, SimulatedTestCase),
-                         {"world_size": size, "__module__": cls.__module__})
+        name = f"{cls.__name__}_{SIMULATED_MODE}"
+        earlier = getattr(sys.modules[cls.__module__], name, None)
+        if isinstance(earlier, type) and cls in earlier.__bases__:  # stacked: one class a size
+            if getattr(earlier, "world_size", None) == size:
+                raise TypeError(f"run_simulated: {cls.__name__} is simulated at world size {size} twice")
+            name = f"{name}_{size}"  # (the second took its place: the first size never ran)
+        made: Any = type(name, (cls, SimulatedTestCase), {"world_size": size, "__module__": cls.__module__})
         made.__qualname__ = made.__name__
         setattr(sys.modules[cls.__module__], made.__name__, only_in_forced_mode(made, SIMULATED_MODE))
         return cls
