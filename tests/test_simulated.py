@@ -1146,6 +1146,27 @@ class OneBodyThreeWaysTest(unittest.TestCase):
         disttest.run_in("threads")(Body)
         self.assertEqual(globals().pop("Body_threads")(methodName="test_it").world_size, 3)
 
+    def test_a_dtensor_is_checked_by_its_shard_in_every_mode(self):
+        # Simulated compared the local shards; threads raised "Comparing a
+        # DTensor to a non-DTensor is ambiguous" (or torch's mixed-types error).
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        class Body(disttest.SpmdMixin):
+            world_size = 4
+
+            def test_it(self):
+                d = distribute_tensor(torch.arange(8.0), self.mesh(), [Shard(0)])
+                self.assertRanksEqual(d, lambda r: torch.arange(8.0)[2 * r:2 * r + 2])
+                whole = distribute_tensor(torch.arange(4.0), self.mesh(), [Replicate()])
+                self.assertRanksEqual(whole, torch.arange(4.0))
+                self.assertIs(type(self.replicated(whole)), torch.Tensor)
+
+        disttest.run_simulated(Body)
+        disttest.run_in("threads")(Body)
+        for made in (globals().pop("Body_simulated"), globals().pop("Body_threads")):
+            with self.subTest(mode=made.__name__):
+                self.assertEqual(problems(run(made, "test_it")), [])
+
     def test_a_forced_mode_skips_the_simulated_class(self):
         class Body:
             def test_it(self):

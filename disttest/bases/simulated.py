@@ -111,9 +111,13 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+def _local(value: Any) -> Any:
+    """A DTensor's local tensor (each rank's shard), in every mode; anything else as it is."""
+    return value.to_local() if hasattr(value, "placements") and hasattr(value, "to_local") else value
+
+
 def _leaf_per_rank(value: Any) -> dict[int, Any] | None:
-    if hasattr(value, "_local_tensor") and hasattr(value, "placements"):  # a DTensor (in a list): its local values
-        value = value._local_tensor
+    value = _local(value)  # (a DTensor in a list: its local values)
     shards = _compat.local_tensor_shards(value)
     return shards if shards is not None else _compat.local_int_values(value)
 
@@ -279,7 +283,9 @@ class SpmdMixin:
 
     def rank_values(self, value: Any) -> dict[int, Any]:
         """``{rank: value on that rank}``: every rank's in a simulated test
-        (its LocalTensor's tensors, a per-rank int's ints), else this rank's."""
+        (its LocalTensor's tensors, a per-rank int's ints), else this rank's;
+        a DTensor's local tensor (its shard) in every mode."""
+        value = _local(value)
         per_rank = _per_rank(value)
         if per_rank is not None:
             return per_rank
@@ -293,8 +299,10 @@ class SpmdMixin:
         """The value every rank holds, as a plain value: in a simulated test a
         LocalTensor or per-rank int whose ranks all agree (an AssertionError
         naming those that differ otherwise); as threads or processes,
-        ``value``. Index this, not the LocalTensor, in an expected-value
-        function: an op on a LocalTensor runs once per rank."""
+        ``value``; a DTensor's local tensor in every mode. Index this, not the
+        LocalTensor, in an expected-value function: an op on a LocalTensor
+        runs once per rank."""
+        value = _local(value)
         per_rank = _per_rank(value)
         if per_rank is None:
             return value
@@ -308,9 +316,12 @@ class SpmdMixin:
         """Fail unless every rank's ``actual`` equals its ``expected``: a
         function of the rank, a ``{rank: value}`` mapping, a simulated value,
         or one value for all. A failure names the ranks that differ (the first
-        :data:`SHOWN_RANKS`, with both values) and how many do. Takes
-        :meth:`~disttest.TestCase.assertEqual`'s options (``rtol``, ``atol``...)."""
+        :data:`SHOWN_RANKS`, with both values) and how many do. A DTensor
+        (either side) is checked by its local tensor, each rank's shard, in
+        every mode. Takes :meth:`~disttest.TestCase.assertEqual`'s options
+        (``rtol``, ``atol``...)."""
         got = self.rank_values(actual)
+        expected = _local(expected)
         lt = _compat.local_tensor()
         mode = lt.local_tensor_mode() if lt is not None else None
         simulated = set(mode.ranks) if mode is not None else set(got)
