@@ -193,8 +193,8 @@ MARKER_AND_REQUIRES = ("@pytest.mark.world_size({marker}) and requires_world_siz
                        "two world sizes for one test; keep one")
 #: A world_size marker where nothing reads it (the test would run as it is).
 MARKER_IGNORED = ("@pytest.mark.world_size on {where} (disttest): {what} starts no ranks by the marker; it acts "
-                  "on the tests of MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest and "
-                  "run_in classes, and on plain test functions")
+                  "on the tests of MultiThreadedTestCase, MultiProcessTestCase, MultiProcContinousTest, "
+                  "SimulatedTestCase, run_in and run_simulated classes, and on plain test functions")
 #: A world_size marker on a function that starts its ranks itself.
 MARKER_AND_SPAWNS = ("@pytest.mark.world_size on {where} (disttest): the function starts its own ranks "
                      "(spawn_threads_and_init_comms), and the marker would start a world around each; "

@@ -120,6 +120,39 @@ def pytest_run(*args: str, junit: list[str] | None = None) -> subprocess.Complet
         return proc
 
 
+SHARED_BODY = textwrap.dedent("""
+    import pytest
+    import torch.distributed as dist
+
+    import disttest
+
+
+    @disttest.run_in("threads")
+    @disttest.run_simulated
+    class Body(disttest.SpmdMixin):
+        world_size = 2
+
+        @pytest.mark.world_size(8)
+        def test_eight(self):
+            assert dist.get_world_size() == 8
+            self.assertRanksEqual(self.rank, lambda r: r)
+            assert len(self.rank_values(self.rank)) in (1, 8)
+""")
+
+
+class SharedBodyMarkerTest(unittest.TestCase):
+    def test_a_marker_sets_the_simulated_world_too(self):
+        # The simulated class of a body read no marker: the marker on the
+        # body's test stopped the whole session as a usage error.
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_body.py"), "w") as f:
+                f.write(SHARED_BODY)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_body.py"],
+                                  cwd=tmp, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("2 passed", proc.stdout)
+
+
 class PluginTest(unittest.TestCase):
     def test_timeout_option_bounds_disttest_tests(self):
         proc = pytest_run("--disttest-timeout=2", "-k", "Threads and hang")

@@ -42,7 +42,7 @@ from disttest import _compat
 from disttest._runner import settings
 from disttest._runner.deadline import Deadline, DeadlinePassed
 from disttest._runner.report import warn_at
-from disttest.config import TIMEOUT_FALLBACK, ConfigError, parse_world_size
+from disttest.config import TIMEOUT_FALLBACK, ConfigError, marked_world_size, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, chaos_seed, env_faults
 from disttest.runners.case import TestCase, assert_equal
 from disttest.runners.modes import SIMULATED_MODE, body_world_size, only_in_forced_mode
@@ -488,7 +488,14 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         reason = _compat.missing_feature("Backend.FAKE")
         if reason is not None:
             raise unittest.SkipTest(f"c10d's fake backend {reason} (disttest)")
-        size = parse_world_size(self.world_size, f"{type(self).__name__}.world_size")
+        cls, name = type(self), self._testMethodName
+        if (marked_world_size(cls, name) is not None
+                or getattr(getattr(self, name, None), "_required_world_size", None) is not None):
+            # (a pytest world_size marker, requires_world_size: as every runner reads them)
+            size = settings.world_size(self, name)
+            self.world_size = size
+        else:
+            size = parse_world_size(self.world_size, f"{cls.__name__}.world_size")
         if not isinstance(self.speedups, (tuple, list, frozenset, set)) or not all(
                 isinstance(n, str) and n in _compat.LOCAL_TENSOR_SPEEDUPS for n in self.speedups):
             # (a string would be read letter by letter; an unknown name was a
@@ -599,3 +606,7 @@ def run_simulated(body: type | None = None, *, world_size: int | None = None) ->
         return cls
 
     return decorator(body) if body is not None else decorator
+
+
+# A pytest world_size marker on a test sets the simulated world's size, as for every runner.
+setattr(SimulatedTestCase, settings.READS_MARKER, True)
