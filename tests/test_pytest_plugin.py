@@ -272,10 +272,10 @@ class MarkerErrorsTest(unittest.TestCase):
                 "    def test_once(self):\n        pass\n",
                 MARKER_IGNORED.format(where="test_plain_case.py::Plain::test_once",
                                       what="Plain, a TestCase,")),
+            # A simulated test takes the marker's size (None: no usage error).
             "test_simulated_case.py": (
                 "class Sim(disttest.SimulatedTestCase):\n    @pytest.mark.world_size(8)\n"
-                "    def test_sim(self):\n        pass\n",
-                MARKER_IGNORED.format(where="test_simulated_case.py::Sim::test_sim", what="Sim, a TestCase,")),
+                "    def test_sim(self):\n        assert self.world_size == 8\n", None),
             # A function that starts its own 2 ranks ran 3 times, in 3 worlds of 2.
             "test_spawns.py": (
                 "@pytest.mark.world_size(3)\n@disttest.spawn_threads_and_init_comms(world_size=2)\n"
