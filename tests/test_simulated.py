@@ -1146,6 +1146,26 @@ class OneBodyThreeWaysTest(unittest.TestCase):
         disttest.run_in("threads")(Body)
         self.assertEqual(globals().pop("Body_threads")(methodName="test_it").world_size, 3)
 
+    def test_sparse_and_quantized_values_are_compared(self):
+        # The fast path's torch.equal raised NotImplementedError on a sparse
+        # tensor; a quantized one's report raised "load_scalar: invalid type".
+        class Kinds(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def test_sparse(self):
+                self.assertRanksEqual(torch.eye(3).to_sparse(), lambda r: torch.eye(3).to_sparse())
+                self.assertRanksEqual(torch.eye(3).to_sparse(), lambda r: (torch.eye(3) * 2).to_sparse())
+
+            def test_quantized(self):
+                ones = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
+                self.assertRanksEqual(ones, lambda r: torch.quantize_per_tensor(torch.zeros(3), 0.1, 0, torch.quint8))
+
+        for name, shown in (("test_sparse", "expected [[2.0, 0.0, 0.0], "), ("test_quantized", "expected [0.0, 0.0, 0.0]")):
+            with self.subTest(name=name):
+                (text,) = problems(run(Kinds, name))
+                self.assertIn("AssertionError: ", text)
+                self.assertIn(shown, text)
+
     def test_a_dtensor_is_checked_by_its_shard_in_every_mode(self):
         # Simulated compared the local shards; threads raised "Comparing a
         # DTensor to a non-DTensor is ambiguous" (or torch's mixed-types error).

@@ -103,6 +103,10 @@ SHOWN_VALUES = 16
 
 def _show(value: Any) -> str:
     if isinstance(value, torch.Tensor):
+        if value.is_quantized:  # (its values as numbers: tolist() of it fails, "load_scalar: invalid type")
+            value = value.dequantize()
+        if value.layout != torch.strided:  # (sparse: its values where they are)
+            value = value.to_dense()
         flat = value.detach().reshape(-1)
         if flat.numel() <= SHOWN_VALUES:
             return str(value.tolist())
@@ -371,8 +375,10 @@ def _a_rank(key: Any, world: int) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
+    # (the fast path, for dense tensors: torch.equal takes no sparse or quantized one)
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-            and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b)))
+            and a.dtype == b.dtype and a.device == b.device and a.layout == b.layout == torch.strided
+            and not a.is_quantized and not b.is_quantized and bool(torch.equal(a, b)))
 
 
 def _assert_ranks_equal(got: dict[int, Any], want: dict[int, Any], msg: str | Callable[[str], str] | None,
