@@ -25,6 +25,7 @@ __all__ = [
     "TIMEOUT_ENV_VARS",
     "TIMEOUT_FALLBACK",
     "TIMEOUT_OVERRIDE",
+    "UNMARKED",
     "ConfigError",
     "as_number",
     "default_timeout",
@@ -112,8 +113,14 @@ MAX_WORLD_SIZE = 1 << 16
 MARKED_SIZES = "__disttest_marked_world_sizes__"
 
 
+#: Recorded for a test collected without a marker: a marker of a class it
+#: derives from (on the test it overrides) is not its own.
+UNMARKED = 0
+
+
 def mark_world_size(cls: type, method_name: str, size: int | None) -> None:
-    """Record (None: forget) the marker's ``size`` of ``cls``'s test ``method_name``."""
+    """Record (None: forget; :data:`UNMARKED`: collected without one) the
+    marker's ``size`` of ``cls``'s test ``method_name``."""
     marked = cls.__dict__.get(MARKED_SIZES)
     if marked is None:
         if size is None:
@@ -129,13 +136,14 @@ def mark_world_size(cls: type, method_name: str, size: int | None) -> None:
 def marked_world_size(cls: type, method_name: str | None) -> int | None:
     """The size a pytest marker gave ``cls``'s test ``method_name`` (also
     one given to a class it derives from: disttest runs a test in a copy of
-    its class), else None."""
+    its class), else None; the nearest class's record decides (a subclass's
+    test collected without a marker has none, whatever its base's had)."""
     if method_name is None:
         return None
     for klass in cls.__mro__:
         size = klass.__dict__.get(MARKED_SIZES, {}).get(method_name)
         if size is not None:
-            return int(size)
+            return int(size) if size != UNMARKED else None
     return None
 
 

@@ -34,7 +34,7 @@ import pytest
 
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
-from disttest.config import ConfigError, mark_world_size, parse_timeout, parse_world_size
+from disttest.config import UNMARKED, ConfigError, mark_world_size, parse_timeout, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
@@ -149,10 +149,14 @@ MARKER_EXTRA = "@pytest.mark.world_size takes one number and mode=, not {extra},
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     _skip_gpu_tests(items)
     for item in items:
+        if not isinstance(item, pytest.Function):
+            continue  # (a doctest, another plugin's item: a module's pytestmark reaches it, and it starts no ranks)
         cls = getattr(item, "cls", None)
         marker = item.get_closest_marker("world_size")
         if isinstance(cls, type):
-            mark_world_size(cls, item.name, None)  # (a size from an earlier session's collection)
+            # (not a size from an earlier session's collection, nor its base's
+            # marker on the test it overrides: the marker below, if any, decides)
+            mark_world_size(cls, item.name, UNMARKED)
         if marker is None:
             continue
         if not marker.args:
@@ -252,6 +256,8 @@ def _pytest_timeout(item: Any) -> float | None:
         raw = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
     if raw is None:
         raw = item.config.getoption("timeout", None)
+    if raw is None:  # (pytest-timeout reads it after the command line, before the ini)
+        raw = os.environ.get("PYTEST_TIMEOUT") or None
     if raw is None:
         try:
             raw = item.config.getini("timeout")

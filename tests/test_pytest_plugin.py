@@ -140,6 +140,82 @@ SHARED_BODY = textwrap.dedent("""
 """)
 
 
+INHERITED = textwrap.dedent("""
+    import pytest
+    from disttest import MultiThreadedTestCase
+
+
+    class TestA(MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        @pytest.mark.world_size(4)
+        def test_x(self):
+            assert self.world_size == 4
+
+
+    class TestB(TestA):
+        def test_x(self):  # (overridden, without the marker)
+            assert self.world_size == 2
+""")
+DOCTESTED = textwrap.dedent('''
+    """A module with a doctest.
+
+    >>> 1 + 1
+    2
+    """
+    import pytest
+
+    pytestmark = pytest.mark.world_size(2)
+
+
+    def test_f(rank, world_size):
+        assert world_size == 2
+''')
+
+
+class CollectionFindingsTest(unittest.TestCase):
+    def run_pytest(self, *args):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text in (("test_inherited.py", INHERITED), ("test_doctested.py", DOCTESTED)):
+                with open(os.path.join(tmp, name), "w") as f:
+                    f.write(text)
+            return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                                  cwd=tmp, capture_output=True, text=True, timeout=300)
+
+    def test_a_subclass_s_override_has_its_own_size_and_a_doctest_takes_no_marker(self):
+        # TestB's own test_x ran with its base's marked 4 ranks, unless -k
+        # selected TestB alone; a module's pytestmark reached its doctest and
+        # stopped the session ("a method of a plain class starts no ranks").
+        proc = self.run_pytest("--doctest-modules")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("4 passed", proc.stdout)
+        proc = self.run_pytest("-k", "TestB")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+
+    def test_pytest_timeout_s_environment_variable_is_read(self):
+        # disttest kept its limit below pytest-timeout's from the marker, the
+        # option and the ini, not from PYTEST_TIMEOUT: pytest-timeout won.
+        from disttest.pytest_plugin import _pytest_timeout
+
+        config = mock.Mock()
+        config.pluginmanager.hasplugin.return_value = True
+        config.getoption.return_value = None
+        config.getini.return_value = "30"
+        item = mock.Mock(config=config)
+        item.get_closest_marker.return_value = None
+        with mock.patch.dict(os.environ, {"PYTEST_TIMEOUT": "8"}):
+            self.assertEqual(_pytest_timeout(item), 8.0)
+        with mock.patch.dict(os.environ, {"PYTEST_TIMEOUT": ""}):
+            self.assertEqual(_pytest_timeout(item), 30.0)
+        config.getoption.return_value = 5
+        with mock.patch.dict(os.environ, {"PYTEST_TIMEOUT": "8"}):
+            self.assertEqual(_pytest_timeout(item), 5.0)  # (the command line first)
+
+
 class SharedBodyMarkerTest(unittest.TestCase):
     def test_a_marker_sets_the_simulated_world_too(self):
         # The simulated class of a body read no marker: the marker on the

@@ -304,7 +304,8 @@ def xdist_visible_devices(environ: Mapping[str, str], device_count: Callable[[],
     """``CUDA_VISIBLE_DEVICES`` for this pytest-xdist worker, or None when not
     under xdist or without GPUs. Reads ``PYTEST_XDIST_WORKER`` (``gw3``) and
     ``PYTEST_XDIST_WORKER_COUNT``; the devices are ``CUDA_VISIBLE_DEVICES``
-    if set, else ``device_count()`` of them."""
+    if set, else ``device_count()`` of them. A replacement worker (``gw5``
+    of 4) gets the slice of its number modulo the count."""
     worker_id = environ.get("PYTEST_XDIST_WORKER")
     raw_count = environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker_id or not raw_count:
@@ -312,10 +313,10 @@ def xdist_visible_devices(environ: Mapping[str, str], device_count: Callable[[],
     if not (worker_id.startswith("gw") and worker_id[2:].isdigit()):
         raise ConfigError("xdist worker", worker_id, "environment variable PYTEST_XDIST_WORKER", "expected gw<N>")
     workers = parse_world_size(raw_count, "environment variable PYTEST_XDIST_WORKER_COUNT", text=True)
-    worker = int(worker_id[2:])
-    if worker >= workers:
-        raise ConfigError("xdist worker", worker_id, "environment variable PYTEST_XDIST_WORKER",
-                          f"expected a worker below PYTEST_XDIST_WORKER_COUNT={workers}")
+    # A worker xdist started in place of a crashed one is numbered past the
+    # count (gw2 of 2): it takes the slice of its number modulo the count (it
+    # was refused, so every replacement died and the rest of the run was lost).
+    worker = int(worker_id[2:]) % workers
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         devices = [d.strip() for d in visible.split(",") if d.strip()]
