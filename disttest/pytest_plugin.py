@@ -384,6 +384,10 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> bool | None:
     if users:
         pytest.fail(_pytest_support.FIXTURE_USES_RANK.format(where=pyfuncitem.nodeid, fixtures=", ".join(users)),
                     pytrace=False)
+    capture = [n for n in pyfuncitem._fixtureinfo.argnames if n in _pytest_support.CAPTURE_FIXTURES]
+    if capture and mode == "processes":  # (they were silently empty)
+        pytest.fail(_pytest_support.CAPTURE_IN_PROCESSES.format(where=pyfuncitem.nodeid, fixtures=", ".join(capture)),
+                    pytrace=False)
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     _pytest_support.run_function(pyfuncitem.obj, kwargs, marker.args[0], mode, pyfuncitem.name)
     return True

@@ -95,6 +95,16 @@ FUNCTIONS = textwrap.dedent("""
     def test_fixture_asks_for_rank(per_rank_value):
         pass
 
+    @pytest.mark.world_size(2, mode="processes")
+    def test_capsys_in_processes(rank, capsys):
+        print("unseen")
+        assert "unseen" in capsys.readouterr().out
+
+    @pytest.mark.world_size(2)
+    def test_capsys_in_threads(rank, capsys):
+        print(f"seen {rank}")
+        assert f"seen {rank}" in capsys.readouterr().out
+
     @pytest.mark.world_size(2)
     def test_error_in_a_thread_rank(rank):
         if rank == 1:
@@ -212,6 +222,13 @@ class FunctionTestsTest(unittest.TestCase):
         self.assertEqual(self.outcome("test_fixture_asks_for_rank"), "FAILED")
         self.assertIn(_pytest_support.FIXTURE_USES_RANK.format(where="test_functions.py::test_fixture_asks_for_rank",
                                                                fixtures="per_rank_value"), self.out)
+
+    def test_a_capture_fixture_in_rank_processes_is_refused(self):
+        # It was silently empty there (the rank's output is its process's): the test failed on ''.
+        self.assertEqual(self.outcome("test_capsys_in_processes"), "FAILED")
+        self.assertIn(_pytest_support.CAPTURE_IN_PROCESSES.format(where="test_functions.py::test_capsys_in_processes",
+                                                                  fixtures="capsys"), self.out)
+        self.assertEqual(self.outcome("test_capsys_in_threads"), "PASSED")
 
     def test_an_error_in_a_thread_rank_is_an_error_as_in_processes(self):
         self.assertEqual(self.outcome("test_error_in_a_thread_rank"), "FAILED")

@@ -32,6 +32,8 @@ __unittest = True
 
 __all__ = [
     "ASYNC_FUNCTION",
+    "CAPTURE_FIXTURES",
+    "CAPTURE_IN_PROCESSES",
     "FIXTURE_USES_RANK",
     "FUNCTION_MODES",
     "GPU_NONE_VISIBLE",
@@ -65,6 +67,12 @@ ASYNC_FUNCTION = ("{where} is an async def function: disttest calls a world_size
 FIXTURE_USES_RANK = ("{where}: the fixture(s) {fixtures} ask for rank or world_size, but fixtures are made once, "
                      "in the test process, where they are -1 (disttest); read rank and world_size in the test "
                      "function itself")
+#: Capture fixtures asked for by a function whose ranks are processes (they see the test process only).
+CAPTURE_IN_PROCESSES = ("{where}: the fixture(s) {fixtures} capture the test process's output and logs, but "
+                        "mode='processes' runs the function in rank processes, which they do not see (disttest); "
+                        "use mode='threads', or check what a rank prints in the failure report")
+#: The fixtures that capture the test process's output or logs.
+CAPTURE_FIXTURES = ("capsys", "capsysbinary", "capfd", "capfdbinary", "caplog", "capteesys")
 #: A marked function that returned an awaitable in a rank.
 RETURNED_AWAITABLE = ("{name} returned {what} in a rank, which nothing awaits: its body did not run (disttest); "
                       "make it a def that runs its coroutine (asyncio.run)")
