@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -151,40 +152,58 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
     for item in items:
         if not isinstance(item, pytest.Function):
             continue  # (a doctest, another plugin's item: a module's pytestmark reaches it, and it starts no ranks)
-        cls = getattr(item, "cls", None)
-        marker = item.get_closest_marker("world_size")
-        if isinstance(cls, type):
-            # (not a size from an earlier session's collection, nor its base's
-            # marker on the test it overrides: the marker below, if any, decides)
-            mark_world_size(cls, item.name, UNMARKED)
-        if marker is None:
-            continue
-        if not marker.args:
-            raise pytest.UsageError(f"@pytest.mark.world_size needs a number, on {item.nodeid} (disttest)")
-        own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
-        # (one of them was silently used; by repr: a bad value may not hash, and is named below)
-        if len({repr((m.args, sorted(m.kwargs.items()))) for m in own}) > 1:
-            raise pytest.UsageError(MARKERS_TWICE.format(
-                markers=", ".join(f"world_size{m.args}" for m in own), where=item.nodeid))
-        extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]
-        if extra:
-            raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))
-        where = f"@pytest.mark.world_size on {item.nodeid}"
-        _marker_acts(item)
         try:
-            size = parse_world_size(marker.args[0], where)
-            if "mode" in marker.kwargs:
-                if not _plain_function(item):
-                    raise ConfigError("mode", marker.kwargs["mode"], where, MODE_NOT_HERE)
-                _pytest_support.function_mode(marker.kwargs, where)
-        except ConfigError as e:
-            raise pytest.UsageError(str(e)) from None
-        func = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        decorated = getattr(func, "__disttest_requires_world_size__", None)
-        if decorated is not None and decorated != size:  # (the marker's size ran, the skip was the decorator's)
-            raise pytest.UsageError(MARKER_AND_REQUIRES.format(marker=size, required=decorated, where=item.nodeid))
-        if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
-            mark_world_size(cls, item.name, size)
+            _read_marker(item)
+        except pytest.UsageError as e:
+            if not hasattr(item.config, "workerinput"):
+                raise
+            # In a pytest-xdist worker a usage error is xdist's INTERNALERROR
+            # ("assert not crashitem"), and the message is lost: the test
+            # errors with it at its setup instead.
+            item.setup = functools.partial(_refuse, str(e))  # type: ignore[method-assign]
+
+
+def _refuse(message: str) -> None:
+    pytest.fail(f"usage error: {message}", pytrace=False)
+
+
+def _read_marker(item: Any) -> None:
+    """Check ``item``'s ``world_size`` marker and record its size (a
+    :class:`pytest.UsageError` names what is wrong)."""
+    cls = getattr(item, "cls", None)
+    marker = item.get_closest_marker("world_size")
+    if isinstance(cls, type):
+        # (not a size from an earlier session's collection, nor its base's
+        # marker on the test it overrides: the marker below, if any, decides)
+        mark_world_size(cls, item.name, UNMARKED)
+    if marker is None:
+        return
+    if not marker.args:
+        raise pytest.UsageError(f"@pytest.mark.world_size needs a number, on {item.nodeid} (disttest)")
+    own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
+    # (one of them was silently used; by repr: a bad value may not hash, and is named below)
+    if len({repr((m.args, sorted(m.kwargs.items()))) for m in own}) > 1:
+        raise pytest.UsageError(MARKERS_TWICE.format(
+            markers=", ".join(f"world_size{m.args}" for m in own), where=item.nodeid))
+    extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]
+    if extra:
+        raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))
+    where = f"@pytest.mark.world_size on {item.nodeid}"
+    _marker_acts(item)
+    try:
+        size = parse_world_size(marker.args[0], where)
+        if "mode" in marker.kwargs:
+            if not _plain_function(item):
+                raise ConfigError("mode", marker.kwargs["mode"], where, MODE_NOT_HERE)
+            _pytest_support.function_mode(marker.kwargs, where)
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
+    func = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+    decorated = getattr(func, "__disttest_requires_world_size__", None)
+    if decorated is not None and decorated != size:  # (the marker's size ran, the skip was the decorator's)
+        raise pytest.UsageError(MARKER_AND_REQUIRES.format(marker=size, required=decorated, where=item.nodeid))
+    if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+        mark_world_size(cls, item.name, size)
 
 
 #: ``mode=`` on a test whose class decides how its ranks run.

@@ -196,6 +196,21 @@ class CollectionFindingsTest(unittest.TestCase):
         proc = self.run_pytest("-k", "TestB")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
 
+    def test_a_usage_error_under_xdist_is_the_test_s_error(self):
+        # In an xdist worker it was xdist's INTERNALERROR ("assert not
+        # crashitem"), and disttest's message was nowhere.
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_ws.py"), "w") as f:
+                f.write("import pytest\n\n@pytest.mark.world_size(0)\ndef test_f(rank):\n    pass\n\n"
+                        "def test_ok():\n    pass\n")
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                                   "test_ws.py"], cwd=tmp, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertNotIn("INTERNALERROR", proc.stdout + proc.stderr)
+        self.assertIn("usage error: Invalid world size 0 from @pytest.mark.world_size on test_ws.py::test_f",
+                      proc.stdout)
+        self.assertIn("1 passed, 1 error", proc.stdout)
+
     def test_pytest_timeout_s_environment_variable_is_read(self):
         # disttest kept its limit below pytest-timeout's from the marker, the
         # option and the ini, not from PYTEST_TIMEOUT: pytest-timeout won.
