@@ -167,11 +167,28 @@ def _refuse(message: str) -> None:
     pytest.fail(f"usage error: {message}", pytrace=False)
 
 
+def _nearest_marker(item: Any, cls: Any) -> Any:
+    """``item``'s ``world_size`` marker: its own, else that of the nearest
+    class of its class's MRO that has one (pytest's closest marker is the
+    farthest base's: a subclass's own marker lost to its base's), else the
+    module's."""
+    own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
+    if own:
+        return own[0]
+    for klass in cls.__mro__ if isinstance(cls, type) else ():
+        marks = vars(klass).get("pytestmark", [])
+        found = [m for m in (marks if isinstance(marks, list) else [marks])
+                 if getattr(m, "name", None) == "world_size"]
+        if found:
+            return found[0]
+    return item.get_closest_marker("world_size")
+
+
 def _read_marker(item: Any) -> None:
     """Check ``item``'s ``world_size`` marker and record its size (a
     :class:`pytest.UsageError` names what is wrong)."""
     cls = getattr(item, "cls", None)
-    marker = item.get_closest_marker("world_size")
+    marker = _nearest_marker(item, cls)
     if isinstance(cls, type):
         # (not a size from an earlier session's collection, nor its base's
         # marker on the test it overrides: the marker below, if any, decides)
@@ -180,11 +197,17 @@ def _read_marker(item: Any) -> None:
         return
     if not marker.args:
         raise pytest.UsageError(f"@pytest.mark.world_size needs a number, on {item.nodeid} (disttest)")
-    own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
-    # (one of them was silently used; by repr: a bad value may not hash, and is named below)
-    if len({repr((m.args, sorted(m.kwargs.items()))) for m in own}) > 1:
-        raise pytest.UsageError(MARKERS_TWICE.format(
-            markers=", ".join(f"world_size{m.args}" for m in own), where=item.nodeid))
+    # Two on the function, or two on its class (not a class's and its base's:
+    # the nearer one decides, as for any marker).
+    class_marks = vars(cls).get("pytestmark", []) if isinstance(cls, type) else []
+    for own, where in ((getattr(item, "own_markers", ()), item.nodeid),
+                       (class_marks if isinstance(class_marks, list) else [class_marks],
+                        item.nodeid.rpartition("::")[0])):
+        own = [m for m in own if getattr(m, "name", None) == "world_size"]
+        # (one of them was silently used; by repr: a bad value may not hash, and is named below)
+        if len({repr((m.args, sorted(m.kwargs.items()))) for m in own}) > 1:
+            raise pytest.UsageError(MARKERS_TWICE.format(
+                markers=", ".join(f"world_size{m.args}" for m in own), where=where))
     extra = [repr(a) for a in marker.args[1:]] + [f"{k}=" for k in sorted(set(marker.kwargs) - {"mode"})]
     if extra:
         raise pytest.UsageError(MARKER_EXTRA.format(extra=", ".join(extra), where=item.nodeid))

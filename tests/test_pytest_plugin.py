@@ -160,6 +160,25 @@ INHERITED = textwrap.dedent("""
     class TestB(TestA):
         def test_x(self):  # (overridden, without the marker)
             assert self.world_size == 2
+
+
+    @pytest.mark.world_size(3)
+    class TestC(TestA):
+        def test_y(self):  # (the class's own marker, not its base's: pytest's closest is the base's)
+            assert self.world_size == 3
+
+
+    @pytest.mark.world_size(2)
+    class Marked(MultiThreadedTestCase):
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+
+    @pytest.mark.world_size(3)
+    class TestD(Marked):
+        def test_z(self):
+            assert self.world_size == 3
 """)
 DOCTESTED = textwrap.dedent('''
     """A module with a doctest.
@@ -192,7 +211,7 @@ class CollectionFindingsTest(unittest.TestCase):
         # stopped the session ("a method of a plain class starts no ranks").
         proc = self.run_pytest("--doctest-modules")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertIn("4 passed", proc.stdout)
+        self.assertIn("7 passed", proc.stdout)
         proc = self.run_pytest("-k", "TestB")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
 
@@ -363,6 +382,11 @@ class MarkerErrorsTest(unittest.TestCase):
                 "    def test_once(self):\n        pass\n",
                 MARKER_IGNORED.format(where="test_plain_case.py::Plain::test_once",
                                       what="Plain, a TestCase,")),
+            # Two on one class: one was used, silently.
+            "test_class_twice.py": (
+                "@pytest.mark.world_size(2)\n@pytest.mark.world_size(3)\nclass T(disttest.MultiThreadedTestCase):\n"
+                "    def test_x(self):\n        pass\n",
+                MARKERS_TWICE.format(markers="world_size(3,), world_size(2,)", where="test_class_twice.py::T")),
             # A simulated test takes the marker's size (None: no usage error).
             "test_simulated_case.py": (
                 "class Sim(disttest.SimulatedTestCase):\n    @pytest.mark.world_size(8)\n"
