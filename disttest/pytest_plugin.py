@@ -35,8 +35,15 @@ import pytest
 
 from disttest._runner import settings
 from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
-from disttest.config import UNMARKED, ConfigError, mark_world_size, parse_timeout, parse_world_size
-from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS
+from disttest.config import (
+    UNMARKED,
+    ConfigError,
+    default_timeout,
+    mark_world_size,
+    parse_timeout,
+    parse_world_size,
+)
+from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS, chaos_seed, env_faults
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
 from disttest.runners.modes import FORCED_MODES, MODE_ENV, forced_mode
@@ -115,6 +122,13 @@ def pytest_configure(config: Any) -> None:
     if config.getoption("disttest_keep_logs"):
         os.environ[settings.KEEP_LOGS_ENV] = "1"
     _faults_pytest.configure(config)
+    try:  # (each bad one failed every test alone, in its setUp: one usage error now, as for DISTTEST_MODE)
+        default_timeout()
+        settings.check_run_variables()
+        env_faults()
+        chaos_seed()
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_unconfigure(config: Any) -> None:

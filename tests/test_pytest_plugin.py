@@ -230,6 +230,18 @@ class CollectionFindingsTest(unittest.TestCase):
                       proc.stdout)
         self.assertIn("1 passed, 1 error", proc.stdout)
 
+    def test_a_bad_variable_is_one_usage_error(self):
+        # Each made every test fail alone, in its setUp ("6 failed").
+        for variable, value, message in (
+                ("DISTTEST_TIMEOUT", "abc", "Invalid timeout 'abc' from environment variable DISTTEST_TIMEOUT"),
+                ("DISTTEST_OUTPUT", "x", "Invalid output mode 'x' from environment variable DISTTEST_OUTPUT"),
+                ("DISTTEST_KEEP_LOGS", "maybe", "Invalid flag 'maybe' from environment variable DISTTEST_KEEP_LOGS"),
+                ("DISTTEST_CHAOS", "x", "Invalid chaos seed 'x' from DISTTEST_CHAOS")):
+            with self.subTest(variable=variable), mock.patch.dict(os.environ, {variable: value}):
+                proc = self.run_pytest("-k", "TestB")
+                self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+                self.assertIn(message, proc.stderr)
+
     def test_pytest_timeout_s_environment_variable_is_read(self):
         # disttest kept its limit below pytest-timeout's from the marker, the
         # option and the ini, not from PYTEST_TIMEOUT: pytest-timeout won.
