@@ -186,16 +186,18 @@ def _nearest_marker(item: Any, cls: Any) -> Any:
     class of its class's MRO that has one (pytest's closest marker is the
     farthest base's: a subclass's own marker lost to its base's), else the
     module's."""
-    own = [m for m in getattr(item, "own_markers", ()) if m.name == "world_size"]
-    if own:
-        return own[0]
-    for klass in cls.__mro__ if isinstance(cls, type) else ():
-        marks = vars(klass).get("pytestmark", [])
-        found = [m for m in (marks if isinstance(marks, list) else [marks])
-                 if getattr(m, "name", None) == "world_size"]
+    for found in (_world_size_marks(getattr(item, "own_markers", ())),
+                  *(_world_size_marks(vars(k).get("pytestmark", [])) for k in getattr(cls, "__mro__", ()))):
         if found:
             return found[0]
     return item.get_closest_marker("world_size")
+
+
+def _world_size_marks(marks: Any) -> list[Any]:
+    """The ``world_size`` markers of ``marks`` (a node's own, a class's
+    ``pytestmark``: a list, or one marker)."""
+    return [m for m in (marks if isinstance(marks, (list, tuple)) else [marks])
+            if getattr(m, "name", None) == "world_size"]
 
 
 def _read_marker(item: Any) -> None:
@@ -214,10 +216,8 @@ def _read_marker(item: Any) -> None:
     # Two on the function, or two on its class (not a class's and its base's:
     # the nearer one decides, as for any marker).
     class_marks = vars(cls).get("pytestmark", []) if isinstance(cls, type) else []
-    for own, where in ((getattr(item, "own_markers", ()), item.nodeid),
-                       (class_marks if isinstance(class_marks, list) else [class_marks],
-                        item.nodeid.rpartition("::")[0])):
-        own = [m for m in own if getattr(m, "name", None) == "world_size"]
+    for own, where in ((_world_size_marks(getattr(item, "own_markers", ())), item.nodeid),
+                       (_world_size_marks(class_marks), item.nodeid.rpartition("::")[0])):
         # (one of them was silently used; by repr: a bad value may not hash, and is named below)
         if len({repr((m.args, sorted(m.kwargs.items()))) for m in own}) > 1:
             raise pytest.UsageError(MARKERS_TWICE.format(

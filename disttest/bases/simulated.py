@@ -321,6 +321,8 @@ class SimulatedTestCase(SpmdMixin, TestCase):
 
     #: The test's LocalTensorMode (entered in ``setUp``).
     mode: Any = None
+    #: How many cleanups disttest's ``setUp`` registered (those after it are the test's own).
+    _own_cleanups: int | None = None
 
     def run(self, result: Any = None) -> Any:
         # NB: unittest runs no cleanup when a test is interrupted (Ctrl-C);
@@ -345,7 +347,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
     def _callCleanup(self, function: Any, /, *args: Any, **kwargs: Any) -> None:
         # The test's own cleanups (those it added after setUp's) are held
         # too; disttest's, which undo the mode and torch's patches, run whole.
-        if len(self._cleanups) >= getattr(self, "_own_cleanups", len(self._cleanups) + 1):  # type: ignore[attr-defined]
+        if self._own_cleanups is not None and len(self._cleanups) >= self._own_cleanups:  # type: ignore[attr-defined]  # (unittest's list)
             self._held(super()._callCleanup, function, *args, **kwargs)  # type: ignore[misc]  # (typeshed lacks it)
         else:
             super()._callCleanup(function, *args, **kwargs)  # type: ignore[misc]
