@@ -52,6 +52,7 @@ __all__ = [
     "pytest_addoption",
     "pytest_collection_modifyitems",
     "pytest_configure",
+    "pytest_plugin_registered",
     "pytest_pyfunc_call",
     "pytest_report_header",
     "pytest_runtest_call",
@@ -61,6 +62,23 @@ __all__ = [
     "rank",
     "world_size",
 ]
+
+
+#: The name the ``pytest11`` entry point gives the plugin (``-p no:disttest`` turns it off).
+ENTRY_POINT = "disttest"
+
+
+def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
+    # NB: the plugin is one module under two names: the entry point's, and
+    # the module's own, which ``-p disttest.pytest_plugin`` and a conftest's
+    # ``pytest_plugins = ["disttest.pytest_plugin"]`` register. The second
+    # registration of the module, under the other name, was pluggy's "Plugin
+    # already registered under a different name", and pytest stopped before
+    # it began. The other name is blocked instead: pytest skips it quietly.
+    if plugin is sys.modules[__name__]:
+        for name in (ENTRY_POINT, __name__):
+            if manager.get_plugin(name) is None:
+                manager.set_blocked(name)
 
 
 def pytest_addoption(parser: Any) -> None:

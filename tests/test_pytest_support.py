@@ -308,6 +308,40 @@ class ProcessesStartMethodTest(unittest.TestCase):
         self.assertIn("'sideways' from environment variable DISTTEST_START_METHOD", str(caught.exception))
 
 
+class LoadingTest(unittest.TestCase):
+    """The plugin loads by its entry point, by ``-p`` under either of its names
+    and from a conftest's ``pytest_plugins``, with or without autoloading."""
+
+    def pytest(self, *args: str, conftest: str = "", autoload: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+        if not autoload:
+            env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_loaded.py"), "w") as f:
+                f.write("def test_loaded(world_size):\n    assert world_size == -1\n")
+            if conftest:
+                with open(os.path.join(tmp, "conftest.py"), "w") as f:
+                    f.write(conftest)
+            return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "--disttest-timeout=7", *args, "test_loaded.py"],
+                                  cwd=tmp, capture_output=True, text=True, timeout=120, env=env)
+
+    def test_under_either_name_once(self):
+        conftest = 'pytest_plugins = ["disttest.pytest_plugin"]\n'
+        for args, kwargs in ((("-p", "disttest.pytest_plugin"), {}), ((), {"conftest": conftest}),
+                             (("-p", "disttest.pytest_plugin"), {"autoload": False}),
+                             (("-p", "disttest"), {"conftest": conftest, "autoload": False})):
+            with self.subTest(args=args, **kwargs):
+                proc = self.pytest(*args, **kwargs)
+                self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+                self.assertIn("1 passed", proc.stdout)
+
+    def test_no_disttest_turns_it_off(self):
+        proc = self.pytest("-p", "no:disttest")
+        self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)  # a usage error: the option is unknown
+        self.assertIn("--disttest-timeout", proc.stderr)
+
+
 class HeaderTest(unittest.TestCase):
     def test_header_names_torch_method_and_timeout(self):
         line = header_line({"DISTTEST_START_METHOD": "spawn", "DISTTEST_TIMEOUT": "12"})
