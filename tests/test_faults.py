@@ -888,6 +888,52 @@ class PytestOptionsTest(unittest.TestCase):
         self.assertIn("failing seeds: 2 of 1..3 (reproduce one with DISTTEST_CHAOS=2)", out)
         self.assertIn("schedule fuzzing: DISTTEST_CHAOS=2", out)
 
+    def test_repeat_makes_session_and_module_fixtures_once(self):
+        source = textwrap.dedent("""
+            import os
+            import pytest
+
+            def made(what):
+                with open(os.environ["MADE_FILE"], "a") as f:
+                    f.write(what + "\\n")
+
+            @pytest.fixture(scope="session")
+            def session_thing():
+                made("session")
+
+            @pytest.fixture(scope="module")
+            def module_thing():
+                made("module")
+
+            @pytest.fixture(scope="class")
+            def class_thing():
+                made("class")
+
+            def test_a(session_thing, module_thing):
+                pass
+
+            def test_b(session_thing, module_thing):
+                pass
+
+            class TestC:
+                def test_c(self, session_thing, module_thing, class_thing):
+                    pass
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_fixtures.py"), "w") as f:
+                f.write(source)
+            made = os.path.join(tmp, "made.txt")
+            env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "--disttest-repeat", "3", "test_fixtures.py"],
+                                  cwd=tmp, capture_output=True, text=True, timeout=300,
+                                  env=dict(env, MADE_FILE=made))
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            with open(made) as f:
+                lines = f.read().split()
+        # The class is set up again for each seed (a pool takes its seed at start).
+        self.assertEqual(sorted(lines), ["class"] * 3 + ["module", "session"])
+
     def test_fault_option_applies_to_every_test(self):
         proc = pytest_run("--disttest-fault", "rank=1,action=raise,at=all_reduce,nth=2", "-k", "all_reduce")
         out = proc.stdout + proc.stderr

@@ -110,8 +110,11 @@ def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
         for seed in range(1, n + 1):
             os.environ[CHAOS_ENV] = str(seed)
             began = time.monotonic()
-            # Tear the class down between seeds: a pool's workers take the seed at start.
-            reports = runtestprotocol(item, nextitem=nextitem if seed == n else None, log=False)
+            # Between seeds, tear down the test's class (a pool's workers take the
+            # seed at start) and keep what is above it: a session's or a module's
+            # fixtures were made again for every seed of every test (NB: pytest
+            # tears down up to the nodes that the next item descends from).
+            reports = runtestprotocol(item, nextitem=nextitem if seed == n else _kept(item), log=False)
             limit = _expired_limit(reports)
             if limit is not None and time.monotonic() - began < limit:
                 # The limit ran out on the runs together, not on this seed alone.
@@ -141,6 +144,13 @@ def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
+
+
+def _kept(item: Any) -> Any:
+    """The node above ``item``'s class (or above ``item``), kept between seeds."""
+    import pytest
+
+    return (item.getparent(pytest.Class) or item).parent
 
 
 def _expired_limit(reports: list[Any]) -> float | None:
