@@ -112,6 +112,7 @@ class CrashesInACopy(Base):
     """Rank 0 crashes where the dirt was copied: only in ranks of a copy."""
 
     def test_crashes_in_a_copy_only(self) -> None:
+        print(f"body of rank {self.rank}", flush=True)
         if DIRT["set"] and self.rank == 0:
             os.kill(os.getpid(), signal.SIGSEGV)
 

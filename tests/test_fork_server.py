@@ -113,6 +113,23 @@ class ForkServerTest(unittest.TestCase):
         self.assertRegex(proc.stderr, r"fork_server_cases\.py:\d+: UserWarning: CrashesInACopy\.test_crashes_in_a_copy_only:")
         self.assertIn("Ran 3 tests", text)
 
+    def test_streamed_output_says_which_run_is_which(self):
+        if not zygote.copy_safe(1):
+            self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")
+        env = {k: v for k, v in os.environ.items() if k != "DISTTEST_FORK_SERVER"}
+        proc = subprocess.run([sys.executable, "-m", "unittest", "fork_server_cases.DirtyTheProcess",
+                               "fork_server_cases.CrashesInACopy.test_crashes_in_a_copy_only"],
+                              cwd=HERE, env=dict(env, DISTTEST_OUTPUT="stream"), capture_output=True, text=True,
+                              timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        note = multiprocess.AGAIN_IN_A_FRESH_SERVER.format(
+            test="CrashesInACopy.test_crashes_in_a_copy_only", who="rank 0/2", how="was killed by SIGSEGV")
+        first, _, second = proc.stdout.partition(note + "\n")
+        self.assertTrue(second, proc.stdout)
+        for run in (first, second):  # each run's lines on their side of the note
+            self.assertEqual(sorted(line for line in run.splitlines() if "body of rank" in line),
+                             ["[rank 0] body of rank 0", "[rank 1] body of rank 1"], proc.stdout)
+
     def test_a_crash_in_a_fresh_server_too_is_the_tests_and_copies_go_on(self):
         if not zygote.copy_safe(1):
             self.skipTest("this host or process cannot fork the test process safely (CUDA, a thread)")

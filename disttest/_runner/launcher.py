@@ -141,7 +141,13 @@ class ProcessLauncher:
         self._exits: dict[int, ExitStatus] = {}
         self._single = single  # a fresh-process run: its ranks leave once all answered
         self._released: set[int] = set()
-        self._offsets: dict[int, int] = {}  # of each rank's log: passed on so far
+        # Of each rank's log, passed on so far: from what an earlier launcher
+        # in this run directory left there (a test run again after its ranks
+        # crashed in a copy of the test process), its lines streamed already.
+        self._offsets: dict[int, int] = {}
+        for r in range(spec.world_size):
+            with contextlib.suppress(OSError):
+                self._offsets[r] = os.path.getsize(rank_mod.paths(spec.run_dir, r)["log"])
         self._partial: dict[int, str] = {}  # a line not yet ended
         self._dumped: set[int] = set()  # ranks whose fatal-error dump began (no more output shown)
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)

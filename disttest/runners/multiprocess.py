@@ -52,7 +52,7 @@ from disttest.support.skips import backend_skip_reason
 
 __unittest = True
 
-__all__ = ["COPY_CRASHED", "START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
+__all__ = ["AGAIN_IN_A_FRESH_SERVER", "COPY_CRASHED", "START_METHOD_ENV", "DistributedTestBase", "MultiProcessTestCase"]
 
 START_METHOD_ENV = settings.START_METHOD_ENV
 #: Seconds ranks started by ``spawn`` get to start, at the least (a new
@@ -67,6 +67,12 @@ COPY_CRASHED = (
     "ranks of a fresh fork server, whose result is the test's (disttest): a fork copies native state the test process "
     "holds, and some of it (a gloo group the test process made itself, say) is not safe to copy. The fresh fork "
     "server serves the rest of this process; set DISTTEST_FORK_SERVER=fresh to start with it"
+)
+#: Streamed output (``DISTTEST_OUTPUT=stream``) between the runs of a test
+#: whose ranks crashed in a copy: what the ranks print next is the second run's.
+AGAIN_IN_A_FRESH_SERVER = (
+    "[disttest] {test}: {who} crashed ({how}) in ranks forked by a copy of the test process; the test runs again in "
+    "ranks of a fresh fork server, and the ranks' output below is that run's"
 )
 #: Signals of a crash (not of a kill: a rank killed by SIGKILL was stopped).
 _CRASH_SIGNALS = frozenset(s.value for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT,
@@ -293,6 +299,11 @@ class MultiProcessTestCase(RankDispatch):
         first.close()
         open(self.file_name, "w").close()  # a fresh rendezvous
         how = ", ".join(sorted({o.exit.describe() for o in crashed if o.exit is not None}))
+        who = verdict_who([o.rank for o in crashed], len(first_outcomes))
+        test = f"{type(self).__qualname__}.{self._current_test_name()}"
+        if settings.output_mode() == "stream":  # (else the first run's streamed lines and the second's look alike)
+            sys.stdout.write(AGAIN_IN_A_FRESH_SERVER.format(test=test, who=who, how=how) + "\n")
+            sys.stdout.flush()
         reason = f"ranks of {self._current_test_name()!r} crashed in a copy"
         zygote.distrust_copies(reason)
         self._start_processes("zygote")
@@ -304,10 +315,8 @@ class MultiProcessTestCase(RankDispatch):
             zygote.trust_copies_again(reason)
             self._outcomes, self._joined_limit = first_outcomes, first_limit
             return
-        who = verdict_who([o.rank for o in crashed], len(self._outcomes))
         # (at the test's first line: the frames that noticed it are disttest's and unittest's)
-        warn_at(getattr(self, self._testMethodName, None), COPY_CRASHED.format(
-            test=f"{type(self).__qualname__}.{self._current_test_name()}", who=who, how=how))
+        warn_at(getattr(self, self._testMethodName, None), COPY_CRASHED.format(test=test, who=who, how=how))
 
     def _check_return_codes(self, fn: Callable[[], Any], elapsed_time: float) -> None:
         """Hook: turn the ranks' outcomes into the test's result.
