@@ -425,6 +425,36 @@ class UnstoppableTest(unittest.TestCase):
         self.assertGreater(elapsed, 3.0)
         self.assertLess(elapsed, 5.5)  # 0.5 + one STOP_WAIT, not two
 
+    def test_under_an_outer_limit_the_stop_ends_in_time_for_the_report(self):
+        # pytest-timeout's 3 s: disttest's limit is 1.05 s and the stop waited
+        # 2 s more for a rank blocked in C, so pytest-timeout's report (no rank
+        # named) came first.
+        from disttest._runner import settings, threads
+
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_blocked(self):
+                if self.rank == 1:
+                    gate.wait()
+
+        start = time.monotonic()
+        with settings.outer_limit(3.0):
+            result = run(Case("test_blocked"))
+        elapsed = time.monotonic() - start
+        gate.set()
+        (_, text), = result.failures + result.errors
+        self.assertIn("rank 1/2 did not finish 'test_blocked' within 1.05s", text)
+        self.assertIn("the threads of rank 1/2 could not be stopped", text)
+        self.assertLess(elapsed, 3.0 - threads.STOP_REPORT_RESERVE + 0.3)
+
     def run_stuck(self, body, world_size=2, timeout=0.5, stop_wait=None):
         """Run a test whose last rank runs ``body``, which does not end by
         itself; return the result and an event set when ``body`` ended."""

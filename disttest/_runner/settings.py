@@ -85,6 +85,7 @@ __all__ = [
     "note_test_streams",
     "output_mode_applies",
     "outer_cap",
+    "outer_left",
     "outer_limit",
     "output_mode",
     "pick",
@@ -123,7 +124,8 @@ OUTER_SHARE = 0.7
 OUTER_RESERVE = 5.0  # seconds kept back at least...
 #: ...where the outer limit leaves room for it; below about 7 s disttest
 #: takes 35% of it (a 5 s limit kept disttest's at 300 s: 5 - 5 = 0), which
-#: leaves the 2 s a thread runner waits for a rank it cannot stop, and the report.
+#: leaves time to stop the ranks (a thread runner's wait for a rank it cannot
+#: stop ends in time, :func:`outer_left`) and the report.
 OUTER_SHARE_SHORT = 0.35
 #: What disttest still waits when nothing is left of the outer limit: it
 #: reports at once, maybe before the outer limit's end.
@@ -234,6 +236,17 @@ def outer_cap() -> float | None:
     outer = max(seconds - int((time.monotonic() - since) * 10) / 10, 0.0)
     inner = max(min(outer * OUTER_SHARE, outer - OUTER_RESERVE), outer * OUTER_SHARE_SHORT, OUTER_LEFT_FLOOR)
     return int(inner) if float(inner).is_integer() else round(inner, 3)
+
+
+def outer_left() -> float | None:
+    """Seconds left of the outer limit the current test runs under (None
+    without one): a wait after disttest's own limit (stopping ranks that do
+    not stop) ends in time for the report to come before the outer limit's."""
+    given = _outer.get()
+    if given is None or given[0] <= 0:
+        return None
+    seconds, since = given
+    return max(seconds - (time.monotonic() - since), 0.0)
 
 
 def _env_or_class(env: str, cls: type | None, attr: str, default: Any) -> tuple[Any, str]:

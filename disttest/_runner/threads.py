@@ -36,6 +36,10 @@ __unittest = True
 __all__ = ["RankStopped", "ThreadLauncher", "format_thread_stack"]
 
 STOP_WAIT = 2.0  # seconds for stopped threads to end
+#: Under an outer limit (pytest-timeout's), the stop's wait ends this long
+#: before it, for the report (a 3 s limit ended the test in pytest-timeout's
+#: words, with no rank named, while the stop waited for a rank blocked in C).
+STOP_REPORT_RESERVE = 0.5
 RAISE_DELAY_PER_RANK = 0.002  # and per rank, before and while disttest raises into them
 #: The collector's threshold for a full pass while rank threads run: never.
 NO_FULL_PASS = 2**31 - 1
@@ -316,7 +320,11 @@ class ThreadLauncher:
         start = time.monotonic()
         raised: set[int] = set()
         waiting: dict[int, float | None] = {}  # rank -> since when only mid-change code holds it up
-        while time.monotonic() - start < STOP_WAIT + 2 * RAISE_DELAY_PER_RANK * len(self.threads):
+        wait = STOP_WAIT + 2 * RAISE_DELAY_PER_RANK * len(self.threads)
+        left = settings.outer_left()
+        if left is not None:
+            wait = min(wait, max(left - STOP_REPORT_RESERVE, settings.OUTER_LEFT_FLOOR))
+        while time.monotonic() - start < wait:
             live = [r for r in range(len(self.threads)) if r not in self._done]
             if not live:
                 break
