@@ -12,6 +12,10 @@ import time
 import torch
 import torch.distributed as dist
 
+# Bound by name before any test (the functional collectives are wrapped later, in the ranks).
+from torch.distributed._functional_collectives import all_reduce as funcol_all_reduce
+from torch.distributed._functional_collectives import wait_tensor as funcol_wait_tensor
+
 import disttest
 from disttest import InjectedFault, inject_fault
 
@@ -142,6 +146,17 @@ class FaultBodies:
         except InjectedFault:  # a fresh call, which rank 0's first one meets
             self.assertEqual(self.rank, 1)
             got = funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
+        self.assertEqual(got, torch.full((2,), 2.0))
+
+    @inject_fault(rank=1, action="raise", at="all_reduce")
+    def test_functional_bound_by_name(self):
+        # (the names kept the unwrapped functions: "never fired ... made 0 all_reduce calls")
+        self.init()
+        try:
+            got = funcol_wait_tensor(funcol_all_reduce(torch.ones(2), "sum", dist.group.WORLD))
+        except InjectedFault:
+            self.assertEqual(self.rank, 1)
+            got = funcol_wait_tensor(funcol_all_reduce(torch.ones(2), "sum", dist.group.WORLD))
         self.assertEqual(got, torch.full((2,), 2.0))
 
     @inject_fault(rank=1, action="corrupt", at="all_gather_into_tensor")

@@ -529,9 +529,14 @@ class RunnerFaultsTest(unittest.TestCase):
     def test_faults_act_on_functional_collectives(self):
         # They reach the group from C++: a fault at all_reduce said "rank 1
         # made 0 all_reduce calls", and one at="any" never fired in a DTensor test.
+        module = vars(_compat.functional_collectives())
         for runner, result, _ in self.each("test_functional_raise"):
             with self.subTest(runner=runner.__name__, fault="raise"):
                 self.assert_passed(result)
+        for runner, result, _ in self.each("test_functional_bound_by_name"):
+            with self.subTest(runner=runner.__name__, fault="raise", bound_by_name=True):
+                self.assert_passed(result)
+        self.assertIs(cases.funcol_all_reduce, module["all_reduce"])  # (put back after the test)
         for runner, result, _ in self.each("test_functional_corrupt"):
             with self.subTest(runner=runner.__name__, fault="corrupt"):
                 self.assert_passed(result)
@@ -543,7 +548,6 @@ class RunnerFaultsTest(unittest.TestCase):
         # A functional broadcast's root is a rank of its group (a subgroup here).
         result, _ = run(cases.ThreadBroadcastSubgroup, "test_corrupt_a_receiver")
         self.assert_passed(result)
-        module = vars(_compat.functional_collectives())
         self.assertEqual([n for n in FUNCTIONAL if getattr(module.get(n), "__disttest_tracked__", False)], [],
                          "functional collectives left wrapped")
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
+import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from disttest import _compat
@@ -188,6 +190,64 @@ def _wait_tensor(func: Callable[..., Any]) -> Callable[..., Any]:
     return wait
 
 
+#: Module name -> whether it is the user's (a test's module, a helper of the
+#: suite): not torch's, disttest's, the standard library's or an installed
+#: package's. Decided once per module.
+_user_modules: dict[str, bool] = {}
+_library_paths: list[tuple[str, ...]] = []
+
+
+def _is_user_module(name: str, module: Any) -> bool:
+    if not isinstance(module, types.ModuleType) or name in ("torch", "disttest") \
+            or name.startswith(("torch.", "disttest.")):
+        return False  # (sys.modules may hold None, or a lazy object whose attributes import)
+    file = vars(module).get("__file__")
+    if not isinstance(file, str):  # (built in, a namespace package)
+        return False
+    if not _library_paths:
+        import site
+        import sysconfig
+
+        paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        paths.update(site.getsitepackages())
+        # (as given and with links resolved: a module's file is named by the sys.path entry it came from)
+        _library_paths.append(tuple({os.path.join(f(p), "") for p in paths for f in (os.path.abspath,
+                                                                                       os.path.realpath)}))
+    return not file.startswith(_library_paths[0])
+
+
+def _rebind(pairs: Iterable[tuple[Any, Any]]) -> Callable[[], None]:
+    """Bind each wrapper of ``pairs`` (function, wrapper) where a user's
+    module bound its function by name (``from
+    torch.distributed._functional_collectives import all_reduce`` before the
+    test: the name kept the unwrapped function, and a fault declared at
+    ``all_reduce`` never fired); return the undo. (Faults only: a few ms the
+    first time in a process, which every test would pay for tracking, whose
+    hang and desync reports c10d's flight recorder covers.)"""
+    swap = {id(func): (func, wrapper) for func, wrapper in pairs}
+    done: list[tuple[dict[str, Any], str, Any, Any]] = []
+    for name, module in list(sys.modules.items()):
+        user = _user_modules.get(name)
+        if user is None:
+            user = _user_modules[name] = _is_user_module(name, module)
+        if not user:
+            continue
+        namespace = vars(module)
+        for key, value in list(namespace.items()):
+            pair = swap.get(id(value))
+            if pair is not None and value is pair[0]:
+                namespace[key] = pair[1]
+                done.append((namespace, key, pair[0], pair[1]))
+
+    def undo() -> None:
+        for namespace, key, func, wrapper in done:
+            if namespace.get(key) is wrapper:  # not if someone replaced it since
+                namespace[key] = func
+        done.clear()
+
+    return undo
+
+
 def track_functional() -> None:
     """In a rank process: wrap the functional collectives and their wait,
     so that a rank waiting in one is seen there (a desync, a hang), for the
@@ -243,8 +303,10 @@ def wrap_functional() -> Callable[[], None]:
     undo, which puts back each function it finds still wrapped."""
     namespace = vars(_compat.functional_collectives())
     done = _install(namespace)
+    unbind = _rebind(_wrappers.values())
 
     def undo() -> None:
+        unbind()
         for name, (func, wrapper) in done.items():
             if namespace.get(name) is wrapper:  # not if someone replaced it since
                 namespace[name] = func
