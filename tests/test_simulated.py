@@ -548,7 +548,10 @@ class RankBranchTest(unittest.TestCase):
                 for name, value, want in (("**", self.rank ** 2, lambda r: r ** 2), (">>", self.rank >> 1, lambda r: r >> 1),
                                           ("<<", self.rank << 2, lambda r: r << 2), ("&", self.rank & 1, lambda r: r & 1),
                                           ("|", self.rank | 4, lambda r: r | 4), ("^", self.rank ^ 3, lambda r: r ^ 3),
-                                          ("abs", abs(self.rank - 2), lambda r: abs(r - 2))):
+                                          ("abs", abs(self.rank - 2), lambda r: abs(r - 2)),
+                                          ("floor", math.floor(self.rank), lambda r: r),
+                                          ("ceil", math.ceil(self.rank + 1), lambda r: r + 1),
+                                          ("trunc", math.trunc(self.rank), lambda r: r)):
                     with self.subTest(op=name):
                         self.assertRanksEqual(value, {r: want(r) for r in range(4)})
                 for name, form in (("/", lambda r: r / 2), ("float(), or ** by a negative number,", lambda r: r ** -1)):

@@ -28,7 +28,7 @@ RANK_SPLIT = ("{what} has no one answer in a simulated test (disttest): every ra
 #: An operation on ``self.rank`` whose per-rank answer is not an int (``self.rank / 2``, ``** -1``).
 RANK_NOT_INT = ("{op} of a per-rank int (self.rank, or an int made from it) is not simulated (disttest): its "
                 "arithmetic gives per-rank ints only (+, -, *, //, %, ** by a natural number, <<, >>, &, |, ^, "
-                "abs); make per-rank values of other kinds with self.mode.rank_map(lambda rank: ...)")
+                "abs, math.floor, ceil and trunc); make per-rank values of other kinds with self.mode.rank_map(lambda rank: ...)")
 #: How many differing ranks a failure shows.
 SHOWN_RANKS = 5
 
@@ -105,7 +105,9 @@ def _rank_node() -> type:
     namespace: dict[str, Any] = {name: compare(name) for name in _COMPARISONS}
     namespace.update({name: keep(name) for name in _ARITHMETIC if hasattr(base, name)})
     namespace.update({name: more(op) for name, op in _MORE_ARITHMETIC.items()})
-    namespace.update(abs=more(operator.abs), pos=more(operator.pos))
+    # (math.floor, ceil and trunc of an int are the int: SymInt asked its node)
+    namespace.update(abs=more(operator.abs), pos=more(operator.pos), floor=more(operator.pos),
+                     ceil=more(operator.pos), trunc=more(operator.pos))
     namespace.update({name: not_int(name) for name in _NOT_INT})
     def wrap_int(self: Any, value: int) -> Any:
         # The int on the other side of ``10 // self.rank``, as a per-rank
