@@ -393,18 +393,14 @@ class StartTest(unittest.TestCase):
 
 
 class UnstoppableTest(unittest.TestCase):
-    def test_a_thread_that_cannot_be_stopped_is_waited_for_once(self):
-        # Blocked in C (a lock's acquire): disttest's RankStopped cannot reach
-        # it. The join loop's stop waits STOP_WAIT for it; the test's undo
-        # stopped again and waited as long again (a 1 s test took 5 s).
-        from disttest._runner import threads
-
+    def run_blocked(self, timeout: float | None = None) -> tuple[str, float]:
+        """Run a test whose rank 1 blocks in C (a lock's acquire, which
+        disttest's RankStopped cannot reach); its report and how long it took."""
         gate = threading.Event()
         self.addCleanup(gate.set)
 
         class Case(disttest.MultiThreadedTestCase):
             world_size = 2
-            timeout = 0.5
 
             def setUp(self):
                 super().setUp()
@@ -414,14 +410,24 @@ class UnstoppableTest(unittest.TestCase):
                 if self.rank == 1:
                     gate.wait()
 
-        with mock.patch.object(threads, "STOP_WAIT", 3.0):
-            start = time.monotonic()
-            result = run(Case("test_blocked"))
-            elapsed = time.monotonic() - start
+        if timeout is not None:
+            Case.timeout = timeout
+        start = time.monotonic()
+        result = run(Case("test_blocked"))
+        elapsed = time.monotonic() - start
         gate.set()
         (_, text), = result.failures + result.errors
-        self.assertIn("rank 1/2 did not finish 'test_blocked' within 0.5s", text)
         self.assertIn("the threads of rank 1/2 could not be stopped", text)
+        return text, elapsed
+
+    def test_a_thread_that_cannot_be_stopped_is_waited_for_once(self):
+        # The join loop's stop waits STOP_WAIT for it; the test's undo
+        # stopped again and waited as long again (a 1 s test took 5 s).
+        from disttest._runner import threads
+
+        with mock.patch.object(threads, "STOP_WAIT", 3.0):
+            text, elapsed = self.run_blocked(timeout=0.5)
+        self.assertIn("rank 1/2 did not finish 'test_blocked' within 0.5s", text)
         self.assertGreater(elapsed, 3.0)
         self.assertLess(elapsed, 5.5)  # 0.5 + one STOP_WAIT, not two
 
@@ -431,28 +437,9 @@ class UnstoppableTest(unittest.TestCase):
         # named) came first.
         from disttest._runner import settings, threads
 
-        gate = threading.Event()
-        self.addCleanup(gate.set)
-
-        class Case(disttest.MultiThreadedTestCase):
-            world_size = 2
-
-            def setUp(self):
-                super().setUp()
-                self._spawn_threads()
-
-            def test_blocked(self):
-                if self.rank == 1:
-                    gate.wait()
-
-        start = time.monotonic()
         with settings.outer_limit(3.0):
-            result = run(Case("test_blocked"))
-        elapsed = time.monotonic() - start
-        gate.set()
-        (_, text), = result.failures + result.errors
+            text, elapsed = self.run_blocked()
         self.assertIn("rank 1/2 did not finish 'test_blocked' within 1.05s", text)
-        self.assertIn("the threads of rank 1/2 could not be stopped", text)
         self.assertLess(elapsed, 3.0 - threads.STOP_REPORT_RESERVE + 0.3)
 
     def run_stuck(self, body, world_size=2, timeout=0.5, stop_wait=None):
