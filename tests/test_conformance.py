@@ -159,6 +159,20 @@ class WrongBackendsTest(unittest.TestCase):
         self.assertIn("a barrier must hold every rank until the last arrives", proc.stdout)
         self.assertIn("returned although rank 1 never called it", proc.stdout)
 
+    def test_a_strided_view_is_rejected_only_by_saying_so_and_leaving_it_alone(self):
+        # Any error passed a non-contiguous case: one raised after writing
+        # into the view's storage, and one that says nothing of the layout.
+        from disttest.conformance.suite import NOT_A_REJECTION, WROTE_THEN_RAISED
+
+        proc = cli("--backend", "toyscribble", "--import", "toy_backend", "--world-size", "2",
+                   "-k", "*_float32*noncontiguous")
+        self.assertEqual(proc.returncode, 1, proc.stdout[-3000:] + proc.stderr[-3000:])
+        out = " ".join(proc.stdout.split())
+        self.assertIn(WROTE_THEN_RAISED.format(rank=0, world=2, error="RuntimeError: toyscribble: the tensor "
+                                                                       "has to be contiguous"), out)
+        self.assertIn(NOT_A_REJECTION.format(error="RuntimeError: toyscribble: connection reset by peer"), out)
+        self.assertIn(" 0 passed,", out)
+
     def test_gloo_whose_barrier_does_not_wait_fails_the_barrier_rows(self):
         proc, report = full_run("--backend", "lazybarrier", "--import", "toy_backend")
         self.assertEqual(proc.returncode, 1, proc.stdout[-3000:])

@@ -5,10 +5,14 @@ module registers them):
   they are, broadcast says it is "not supported", all_gather raises.
 - ``toynothing``: every call completes at once and touches no tensor.
 - ``lazybarrier``: gloo, except that barrier returns at once.
+- ``toyscribble``: as ``toynothing``, except that all_reduce writes over
+  its tensors' whole storage and then raises, and broadcast raises an
+  error that says nothing of the tensor's layout.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from disttest.conformance import UNSUPPORTED
@@ -54,6 +58,19 @@ for _name in ("allreduce", "allreduce_coalesced", "reduce", "broadcast", "allgat
               "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "barrier",
               "send", "recv", "recv_anysource", "monitored_barrier"):
     setattr(ToyNothing, _name, _nothing)
+
+
+class ToyScribble(ToyNothing):
+    def getBackendName(self):
+        return "toyscribble"
+
+    def allreduce(self, tensors, opts=None):
+        for t in tensors:
+            torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).fill_(7)  # the gaps of a view too
+        raise RuntimeError("toyscribble: the tensor has to be contiguous")  # (after writing)
+
+    def broadcast(self, tensors, opts=None):
+        raise RuntimeError("toyscribble: connection reset by peer")
 
 
 class LazyBarrier(dist.ProcessGroup):
@@ -102,6 +119,7 @@ def _lazy(opts, backend_opts):
 for _backend, _create in (
     ("toybroken", lambda o, b: ToyBroken(o.group_rank, o.group_size, str(o.group_id))),
     ("toynothing", lambda o, b: ToyNothing(o.group_rank, o.group_size, str(o.group_id))),
+    ("toyscribble", lambda o, b: ToyScribble(o.group_rank, o.group_size, str(o.group_id))),
     ("lazybarrier", _lazy),
 ):
     if _backend.upper() not in dist.Backend._plugins:

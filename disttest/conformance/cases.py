@@ -127,6 +127,9 @@ class Ctx:
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        #: Each strided view's base as made, and a copy of it: a backend that
+        #: rejects the view must leave it as it was.
+        self.bases: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # -- groups --
     def subgroups(self) -> dict[str, Any]:
@@ -162,8 +165,7 @@ class Ctx:
         return dist.new_group(ranks, timeout=timedelta(seconds=SHORT_TIMEOUT))
 
     # -- tensors --
-    @staticmethod
-    def tensor(values: np.ndarray, dtype: str, layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor | None]:
+    def tensor(self, values: np.ndarray, dtype: str, layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor | None]:
         """``values`` as a tensor; for ``noncontiguous``, a strided view whose
         gaps hold SENTINEL, and the base it views."""
         t = ref.to_torch(values, dtype)
@@ -172,7 +174,13 @@ class Ctx:
         base = ref.to_torch(np.full(2 * len(values), SENTINEL if dtype != "bool" else True), dtype)
         view = base[::2]
         view.copy_(t)
+        self.bases.append((base, base.clone()))
         return view, base
+
+    def written_bases(self) -> int:
+        """How many strided views' storage changed since it was made (byte
+        for byte: NaN is not a change)."""
+        return sum(not torch.equal(base.view(torch.uint8), made.view(torch.uint8)) for base, made in self.bases)
 
     def zeros(self, n: int, dtype: str, layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.tensor(np.zeros(n, dtype=ref.DTYPES[dtype][1]), dtype, layout)

@@ -35,6 +35,12 @@ __unittest = True
 __all__ = ["UNSUPPORTED", "CollectiveConformance", "Unsupported", "declaration_for"]
 
 UNSUPPORTED_EXIT = 86  # a rank's skip code for "unsupported" (the parent decides most first)
+#: A non-contiguous case: the backend wrote into the strided view's storage, then raised.
+WROTE_THEN_RAISED = ("rank {rank}/{world}: the backend raised {error} after writing into the storage of a "
+                     "non-contiguous view; a rejection must leave the tensor as it was")
+#: A non-contiguous case: the backend raised an error that is not a rejection of the layout.
+NOT_A_REJECTION = ("the backend raised {error} on a non-contiguous view; a rejection of a strided tensor must "
+                   "say why (contiguous, strides, dense or layout), or the collective must compute it right")
 NOT_DECLARED = ("{error} -- if {backend} lacks this by design, declare it: --unsupported {token} "
                 "(or CONFORMANCE_UNSUPPORTED in the registering module)")
 
@@ -74,6 +80,9 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "all_reduce_coalesced": "'ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda'",
     },
 }
+#: What a backend's rejection of a strided view says (gloo's "input tensor
+#: has to be contiguous", NCCL's "Tensors must be contiguous").
+_LAYOUT_REJECTED = re.compile(r"contiguous|stride|dense|layout", re.I)
 _NOT_SUPPORTED = re.compile(r"not supported|does not support|unsupported|cannot use|not implemented", re.I)
 
 
@@ -137,18 +146,28 @@ def _method(case: Case) -> Callable[..., None]:
         if skip is not None:
             raise unittest.SkipTest(skip.message)
         device = _device_of(self)
+        ctx: Ctx | None = None
         try:
             # (a device context is thread-local: threaded ranks each get theirs)
             with warnings.catch_warnings(), (torch.device(device) if device != "cpu" else contextlib.nullcontext()):
                 # torch 2.13 deprecates all_gather_into_tensor & co. in favour of *_single
                 warnings.simplefilter("ignore", FutureWarning)
-                case.body(Ctx())
+                ctx = Ctx()
+                case.body(ctx)
         except AssertionError:
             raise
         except Exception as e:
-            if "noncontiguous" in case.tags:
-                return  # rejecting a strided tensor is conforming; corrupting it is not
             text = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            if "noncontiguous" in case.tags:
+                # Rejecting a strided tensor is conforming, saying so and
+                # leaving it as it was; an error of any other kind, or after
+                # writing into it, is not (both passed).
+                if ctx is not None and ctx.written_bases():
+                    raise AssertionError(WROTE_THEN_RAISED.format(
+                        rank=ctx.rank, world=ctx.world, error=f"{type(e).__name__}: {text}")) from e
+                if not _LAYOUT_REJECTED.search(str(e)):
+                    raise AssertionError(NOT_A_REJECTION.format(error=f"{type(e).__name__}: {text}")) from e
+                return
             if getattr(self, "conformance_lenient", False) and _NOT_SUPPORTED.search(str(e)):
                 raise Unsupported(case.name, text) from None
             if _NOT_SUPPORTED.search(str(e)):
