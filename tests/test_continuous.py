@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -430,6 +431,94 @@ class PoolHygieneTest(unittest.TestCase):
         result, _ = run_class(cases.Marked)
         self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
         self.assertEqual(result.testsRun, 2)
+
+
+class LaunchedAgreementTest(unittest.TestCase):
+    """Ranks run by an external launcher (run_rank) agree after each test
+    through their group's store (disttest.runners.launched)."""
+
+    def launch(self, mode: str, **env: str) -> list[tuple[int, dict, str]]:
+        """Run launched_cases.py's class on two ranks with ``LAUNCHED_MODE=mode``:
+        each rank's exit status, its result (JSON) and its output."""
+        rdvz = tempfile.mktemp(prefix="disttest-rdvz-")
+        self.addCleanup(lambda: os.path.exists(rdvz) and os.remove(rdvz))
+        environ = dict(os.environ, LAUNCHED_MODE=mode, **env)
+        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "launched_cases.py"), str(r), "2", rdvz],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+                 for r in range(2)]
+        ranks = []
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            last = out.strip().splitlines()[-1] if out.strip() else ""
+            ranks.append((p.returncode, json.loads(last) if last.startswith("{") else {}, out + err))
+        return ranks
+
+    def test_a_test_that_fails_on_one_rank_fails_on_each_and_none_runs_into_the_next(self):
+        # Rank 1 failed before the all_reduce and went on to the next test,
+        # whose all_reduce met rank 0's: rank 1 passed 'test_b_second' with
+        # the values of 'test_a_sum', and rank 0 failed with 2 != 3.
+        from disttest.runners.launched import PEER_FAILED
+
+        (rc0, r0, out0), (rc1, r1, out1) = self.launch("fail")
+        self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
+        self.assertIn("rank 1 fails before the all_reduce", r1["failures"]["test_a_sum"])
+        self.assertNotIn("test_b_second ... ok", out1)
+        note = PEER_FAILED.format(test="test_a_sum", how="failed", who="rank 1/2", whose="its",
+                                  what="AssertionError: rank 1 fails before the all_reduce")
+        self.assertIn(note, r0["errors"]["test_a_sum"])  # (its own error: the all_reduce timed out)
+        self.assertNotIn("2.0 != 3.0", out0)
+        self.assertIn(PEER_FAILED.format(test="test_a_sum", how="failed", who="rank 0/2", whose="its",
+                                         what="")[:60], r1["failures"]["test_a_sum"])
+
+    def test_a_peer_that_left_fails_the_rest_at_once(self):
+        from disttest.runners.launched import PEER_GONE, PEER_LEFT_CLASS, PEERS_GONE_BEFORE
+
+        start = time.monotonic()
+        (rc0, r0, out0), (rc1, r1, out1) = self.launch("set_up_class")
+        self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
+        self.assertEqual(r1["ran"], 0)
+        left = PEER_LEFT_CLASS.format(who="rank 1/2", cls="Launched",
+                                      what="RuntimeError: setUpClass broke on rank 1")
+        self.assertIn(left, r0["errors"]["test_a_sum"])
+        self.assertIn(PEERS_GONE_BEFORE.format(gone=left), r0["errors"]["test_b_second"])
+        self.assertLess(time.monotonic() - start, 4 + 25)  # one collective's timeout, not one a test
+        (rc0, r0, out0), (rc1, _, out1) = self.launch("exit")
+        self.assertEqual((rc0, rc1), (1, 3), out0 + out1)
+        self.assertIn(PEER_GONE.format(who="rank 1/2", test="test_a_sum", limit=4 + 10), r0["errors"]["test_a_sum"])
+        self.assertIn("not run: " + PEER_GONE.format(who="rank 1/2", test="test_a_sum", limit=4 + 10),
+                      r0["errors"]["test_b_second"])
+
+    def test_a_backend_the_host_lacks_skips_the_class(self):
+        ranks = self.launch("", LAUNCHED_BACKEND="mpi")
+        for rc, result, out in ranks:
+            self.assertEqual(rc, 0, out)
+            self.assertEqual(sorted(result["skipped"]), ["test_a_sum", "test_b_second", "test_c_temp_file"])
+            self.assertIn("mpi", result["skipped"]["test_a_sum"])
+
+    def test_the_rank_temp_file_goes_however_rank_0_ends(self):
+        for mode in ("", "exit_with_temp"):
+            with self.subTest(mode=mode or "passes"):
+                ranks = self.launch(mode)
+                paths = {line.split(" ", 1)[1] for _, _, out in ranks for line in out.splitlines()
+                         if line.startswith("TEMP ")}
+                self.assertEqual(len(paths), 1, ranks)
+                path = paths.pop()
+                self.assertIn("disttest-launched-", path)
+                deadline = time.monotonic() + 10  # (after os._exit, the reaper removes it)
+                while os.path.exists(os.path.dirname(path)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertFalse(os.path.exists(os.path.dirname(path)))
+
+    def test_a_second_env_rendezvous_in_one_process_is_refused(self):
+        from disttest.runners import continuous
+        from disttest.runners.launched import SECOND_CALL
+
+        with mock.patch.object(continuous, "_launched_by_env", ["First"]), \
+                mock.patch.dict(os.environ, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                                             "MASTER_PORT": "29999"}), \
+                self.assertRaises(RuntimeError) as caught:
+            cases.Launched.run_rank()
+        self.assertEqual(str(caught.exception), SECOND_CALL.format(cls="Launched", first="First"))
 
 
 class LaunchersTest(unittest.TestCase):

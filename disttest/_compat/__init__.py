@@ -49,6 +49,7 @@ from disttest._compat.backends import (
 from disttest._compat.c10d import (
     c10d_world,
     default_group,
+    default_store,
     functional_collectives,
     functional_group,
     group_name,
@@ -186,6 +187,7 @@ __all__ = [
     "cuda_sleep",
     "default_backend_for_device",
     "default_group",
+    "default_store",
     "default_tolerances",
     "dispatch_modes",
     "drop_function_modes",

@@ -11,6 +11,7 @@ __unittest = True
 __all__ = [
     "c10d_world",
     "default_group",
+    "default_store",
     "functional_collectives",
     "functional_group",
     "group_name",
@@ -42,6 +43,13 @@ def default_group() -> Any:
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_group()
+
+
+def default_store() -> Any:
+    """The store the default group was made with (``distributed_c10d._get_default_store``)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
 
 
 def set_group_timeout(seconds: float) -> bool:

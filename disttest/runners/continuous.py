@@ -40,6 +40,7 @@ from disttest.config import ConfigError, parse_world_size
 from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
 from disttest.faults.judge import Injection
 from disttest.faults.rank import armed
+from disttest.runners import launched
 from disttest.runners.case import TestCase, set_rng_seed
 from disttest.support import janitor
 from disttest.support.launchers import resolve_rank
@@ -72,6 +73,8 @@ _LAUNCHERS: dict[str, type[ProcessLauncher]] = {
     "zygote": ZygoteLauncher, "fork": ForkLauncher, "spawn": SpawnLauncher,
 }
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+#: The class run_rank ran with env:// in this process (a second rendezvous is refused).
+_launched_by_env: list[str] = []
 
 
 @atexit.register
@@ -114,6 +117,8 @@ class MultiProcContinousTest(TestCase):
     #: before its remaining tests fail at once.
     max_pool_rebuilds: int = 10
     pg: ClassVar[Any] = None
+    #: Under run_rank: what the ranks share after each test.
+    _launched: ClassVar[Any] = None
     #: Set by :meth:`run_rank`: an external launcher runs the class's ranks, no join loop watches them.
     _run_by_launcher: ClassVar[bool] = False
     _pool: ClassVar[Pool | None] = None
@@ -391,6 +396,9 @@ class MultiProcContinousTest(TestCase):
 
     def _callSetUp(self) -> None:
         if not self._dispatching():  # run_rank: an ordinary test in this rank
+            gone = launched.peers_gone(type(self))
+            if gone is not None:  # (its collectives would wait for a rank that is not there)
+                raise RuntimeError(gone)
             set_rng_seed(settings.seed(self))
             self._phase = "setUp"
             super()._callSetUp()
@@ -459,16 +467,30 @@ class MultiProcContinousTest(TestCase):
         suite_faults = env_faults()
         if suite_faults:  # refused before the group is made; a test's own are refused as it runs
             raise ConfigError("fault", suite_faults[0].describe(), FAULT_ENV, UNJUDGED)
-        cls._init_pg(rank, world_size, rdvz_file)
-        try:
-            suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
-            return unittest.TextTestRunner(verbosity=2).run(suite)
-        finally:
-            if dist.is_initialized():
-                # NB: every rank (every node) finishes its tests before any
-                # tears the group down; a node leaving early aborts the others.
-                dist.barrier()
-            cls._pool_shutdown()
+        backend = cls.backend_str()
+        check_backend_name(backend, f"{cls.__name__}.backend_str()")
+        unusable = backend_skip_reason(backend)
+        if rdvz_file is None and _launched_by_env:
+            raise RuntimeError(launched.SECOND_CALL.format(cls=cls.__qualname__, first=_launched_by_env[0]))
+        suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+        if unusable is not None:  # (as a pool skips them; the group is not made)
+            with launched.skipping(cls, unusable):
+                return unittest.TextTestRunner(verbosity=2).run(suite)
+        if rdvz_file is None:
+            _launched_by_env.append(cls.__qualname__)
+        with launched.run_folder():  # (rank_temp_file's: removed however this process ends)
+            cls._init_pg(rank, world_size, rdvz_file)
+            try:
+                # NB: the ranks agree after each test, and leave together
+                # (launched's docstring): a rank leaving early aborts the others.
+                cls._launched = launched.Agreement(_compat.default_store(), cls, rank, world_size)
+                end = (cls._group_limit() or 0.0) + launched.AGREE_MARGIN
+                result_class = functools.partial(launched.LaunchedResult, agreement=cls._launched, end_limit=end,
+                                                 holds_store=rank == 0 and rdvz_file is None)
+                return unittest.TextTestRunner(verbosity=2, resultclass=result_class).run(suite)
+            finally:
+                cls._launched = None
+                cls._pool_shutdown()
 
 
 # A pytest world_size marker on a test sets the pool's size.

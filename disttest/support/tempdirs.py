@@ -82,11 +82,14 @@ def cleanup_temp_dir() -> None:
 _run_folder: list[str] = []
 
 
-def use_run_folder(path: str) -> None:
+def use_run_folder(path: str | None) -> str | None:
     """Hook for the runners: ``path`` is this rank process's run folder,
-    where :func:`rank_temp_file` makes its file. (A rank process is the
-    runner's: nothing else runs in it before.)"""
-    _run_folder[:] = [path]
+    where :func:`rank_temp_file` makes its file (None: none); return the
+    one before. (A rank process is the runner's: nothing else runs in it
+    before; ``run_rank`` puts the one before back.)"""
+    previous = _run_folder[0] if _run_folder else None
+    _run_folder[:] = [] if path is None else [path]
+    return previous
 
 
 def _rank_file_folder() -> str | None:

@@ -1,0 +1,322 @@
+"""A class's tests run by an external launcher (``MultiProcContinousTest.run_rank``
+under torchrun, srun or mpirun): each rank process runs them through
+unittest on its own, and no disttest parent judges them.
+
+So the ranks agree after each test, through the store their group was made
+with (not a collective: a rank whose test failed before a collective would
+meet its peers' collective of the same test in its next test, and pass it
+with their values). :class:`LaunchedResult` holds a rank's outcome of each
+test until every peer has said its own:
+
+- a test fails on every rank when it fails on any (as under the pool: one
+  verdict per test), and each rank's report says which rank failed and how;
+- a peer that does not say within the test's limit (plus
+  :data:`AGREE_MARGIN`) died or hangs: the test fails here, naming it, and
+  the class's remaining tests fail at once (``setUp``) instead of waiting in
+  collectives it will never join; so do they when a peer's ``setUpClass``
+  failed (that peer runs none of them);
+- a rank whose test runs past its limit prints every thread's stack to its
+  error output (no join loop is there to ask for it);
+- at the end the ranks leave together, bounded, with what went wrong in the
+  result (:func:`leave_together`), and the rank that holds an ``env://``
+  store waits for the others to be done with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import functools
+import json
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from disttest._runner import settings
+from disttest.support import janitor, tempdirs
+
+__unittest = True
+
+__all__ = ["AGREE_MARGIN", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE", "PEER_LEFT_CLASS",
+           "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone", "run_folder", "skipping"]
+
+#: Seconds past a test's limit a rank waits for its peers' outcome of it.
+AGREE_MARGIN = 10.0
+_POLL = 0.01
+#: A test that failed on other ranks: this rank's verdict of it (added to its own failure, if it failed too).
+PEER_FAILED = ("{test!r} {how} on {who} (disttest: ranks run by an external launcher agree on each test, which "
+               "fails on every rank if it fails on any; {whose} own report is in {whose} output): {what}")
+#: A peer that did not say how a test ended.
+PEER_GONE = ("{who} did not finish {test!r} within {limit:g}s of this rank (disttest): it died, hangs, or its "
+             "store is gone (its own output says which); the class's remaining tests fail at once on this rank")
+#: A peer whose ``setUpClass`` failed runs none of the class's tests.
+PEER_LEFT_CLASS = "{who} runs none of {cls}'s tests: its setUpClass raised {what} (disttest)"
+#: The class's remaining tests after a peer is gone.
+PEERS_GONE_BEFORE = "not run: {gone}"
+#: A second ``run_rank`` with ``env://`` in one process.
+SECOND_CALL = ("run_rank was called for {cls} after {first} in this process, both through env:// (disttest): "
+               "under a launcher, torch's env:// rendezvous cannot be made twice reliably (a peer may still "
+               "hold the first one's store); run one class per script (it may gather tests from mixins), "
+               "or give each call a rendezvous file of its own (rdvz_file=)")
+#: Peers that did not reach the end of the class's tests.
+PEERS_NOT_AT_END = ("{who} did not reach the end of {cls}'s tests within {limit:g}s of this rank (disttest): "
+                    "it died or hangs")
+
+
+def _who(ranks: list[int], world_size: int) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks))) + f"/{world_size}"
+
+
+def _stderr_fd() -> int:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # (replaced by an object with no file)
+        return 2
+
+
+def _first_line(err: Any) -> str:
+    exc_type, value = err[0], err[1]
+    text = str(value).strip().splitlines()
+    return f"{exc_type.__name__}: {text[0][:300]}" if text else exc_type.__name__
+
+
+class Agreement:
+    """What a rank shares with its peers through the group's store."""
+
+    def __init__(self, store: Any, cls: type, rank: int, world_size: int) -> None:
+        self.store, self.cls, self.rank, self.world_size = store, cls, rank, world_size
+        self.prefix = f"disttest/run_rank/{cls.__module__}.{cls.__qualname__}"
+        self.count = 0
+        #: rank -> why it runs no more of the class's tests.
+        self.gone: dict[int, str] = {}
+
+    def say(self, key: str, value: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # (a store that is gone: the peers say so)
+            self.store.set(f"{self.prefix}/{key}/{self.rank}", json.dumps(value))
+
+    def _heard(self, key: str, r: int) -> dict[str, Any] | None:
+        name = f"{self.prefix}/{key}/{r}"
+        if not self.store.check([name]):
+            return None
+        value: dict[str, Any] = json.loads(self.store.get(name))
+        return value
+
+    def hear(self, key: str, limit: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
+        """Each live peer's value of ``key``, waiting up to ``limit``; and
+        the peers that said nothing (now gone), a peer whose class set-up
+        failed meanwhile counted as gone, not as silent."""
+        heard: dict[int, dict[str, Any]] = {}
+        waiting = [r for r in range(self.world_size) if r != self.rank and r not in self.gone]
+        deadline = time.monotonic() + limit
+        try:
+            while waiting:
+                for r in list(waiting):
+                    value = self._heard(key, r)
+                    if value is None:
+                        left = self._heard("class", r)
+                        if left is not None:
+                            self.gone[r] = PEER_LEFT_CLASS.format(who=_who([r], self.world_size),
+                                                                  cls=self.cls.__qualname__, what=left["what"])
+                            waiting.remove(r)
+                        continue
+                    heard[r] = value
+                    waiting.remove(r)
+                if waiting and time.monotonic() > deadline:
+                    break
+                if waiting:
+                    time.sleep(_POLL)
+        except Exception:  # noqa: BLE001 (the store is gone: its host ended; those not heard are gone)
+            pass
+        return heard, waiting
+
+
+class LaunchedResult(unittest.TextTestResult):
+    """unittest's text result, holding each test's outcome until the peers
+    have said theirs (see the module docstring)."""
+
+    def __init__(self, stream: Any, descriptions: bool, verbosity: int, *, agreement: Agreement,
+                 end_limit: float, holds_store: bool, **kwargs: Any) -> None:
+        super().__init__(stream, descriptions, verbosity, **kwargs)
+        self.agreement = agreement
+        self._end_limit, self._holds_store = end_limit, holds_store
+        self._held: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self._current: Any = None
+        self._limit = 0.0
+
+    # -- holding ---------------------------------------------------------------
+    def startTest(self, test: Any) -> None:
+        super().startTest(test)
+        self._current, self._held = test, []
+        self._limit = settings.test_timeout(test, test.id()) or 0.0
+        if self._limit:
+            # NB: a hang past the limit is seen by nobody else: say where.
+            faulthandler.dump_traceback_later(self._limit + AGREE_MARGIN / 2, exit=False, file=_stderr_fd())
+
+    def _hold(self, own: Callable[..., None], *args: Any) -> None:
+        """Hold what unittest reports of the current test until the peers
+        have said theirs (outside a test, setUpClass's error: at once, and
+        the peers are told)."""
+        if self._current is not None:
+            self._held.append((own, args))
+            return
+        own(*args)
+        if own.__name__ == "addError":
+            self.agreement.say("class", {"what": _first_line(args[1])})
+
+    def addSuccess(self, test: Any) -> None:
+        self._hold(super().addSuccess, test)
+
+    def addFailure(self, test: Any, err: Any) -> None:
+        self._hold(super().addFailure, test, err)
+
+    def addError(self, test: Any, err: Any) -> None:
+        self._hold(super().addError, test, err)
+
+    def addSkip(self, test: Any, reason: str) -> None:
+        self._hold(super().addSkip, test, reason)
+
+    def addExpectedFailure(self, test: Any, err: Any) -> None:
+        self._hold(super().addExpectedFailure, test, err)
+
+    def addUnexpectedSuccess(self, test: Any) -> None:
+        self._hold(super().addUnexpectedSuccess, test)
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:
+        self._hold(super().addSubTest, test, subtest, err)
+
+    def _own_verdict(self) -> tuple[str, str]:
+        """("failed", its first line) if this rank's test failed; else ("passed" or "skipped", "")."""
+        skipped = False
+        for method, args in self._held:
+            name = method.__name__
+            if name in ("addFailure", "addError") or (name == "addSubTest" and args[2] is not None) \
+                    or name == "addUnexpectedSuccess":
+                err = args[2] if name == "addSubTest" else (args[1] if len(args) > 1 else None)
+                return "failed", _first_line(err) if err else "an unexpected success"
+            skipped = skipped or name == "addSkip"
+        return ("skipped" if skipped else "passed"), ""
+
+    def stopTest(self, test: Any) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        agreement = self.agreement
+        status, what = self._own_verdict()
+        n = agreement.count
+        agreement.count += 1
+        agreement.say(f"test{n}", {"test": test.id(), "status": status, "what": what})
+        gone_before = set(agreement.gone)
+        heard, silent = agreement.hear(f"test{n}", self._limit + AGREE_MARGIN)
+        # (a peer whose setUpClass failed meanwhile: this test waited for it in vain)
+        notes = [agreement.gone[r] for r in sorted(set(agreement.gone) - gone_before)]
+        failed = {r: v for r, v in heard.items() if v["status"] == "failed"}
+        if failed:
+            for what_failed in sorted({v["what"] for v in failed.values()}):
+                ranks = [r for r, v in failed.items() if v["what"] == what_failed]
+                notes.append(PEER_FAILED.format(test=test._testMethodName, how="failed", who=_who(
+                    ranks, agreement.world_size), whose="its" if len(ranks) == 1 else "their", what=what_failed))
+        if silent:
+            for r in silent:
+                agreement.gone[r] = PEER_GONE.format(who=_who([r], agreement.world_size),
+                                                     test=test._testMethodName, limit=self._limit + AGREE_MARGIN)
+            notes.append(PEER_GONE.format(who=_who(silent, agreement.world_size), test=test._testMethodName,
+                                          limit=self._limit + AGREE_MARGIN))
+        held, self._held, self._current = self._held, [], None
+        if notes and status != "failed":
+            # This rank's pass (or skip) is not the test's verdict: the peers' failure is.
+            held = [(m, a) for m, a in held if m.__name__ not in ("addSuccess", "addSkip")]
+            held.append((super().addFailure, (test, (AssertionError, AssertionError("\n".join(notes)), None))))
+        for method, args in held:
+            method(*args)
+        if notes and status == "failed":
+            self._note(test, "\n".join(notes))
+        super().stopTest(test)
+
+    def stopTestRun(self) -> None:
+        # (before unittest prints the errors and counts: the end's error is among them)
+        leave_together(self.agreement, self, self._end_limit, self._holds_store)
+        super().stopTestRun()
+
+    def _note(self, test: Any, note: str) -> None:
+        """Add ``note`` to this rank's own report of ``test`` (its first failure or error)."""
+        for entries in (self.failures, self.errors):
+            for i, (case, text) in enumerate(entries):
+                if case is test:
+                    entries[i] = (case, f"{text}\n{note}\n")
+                    return
+
+
+def peers_gone(cls: type) -> str | None:
+    """Why the class's next test cannot run here (a peer is gone), or None."""
+    agreement = getattr(cls, "_launched", None)
+    if agreement is None or not agreement.gone:
+        return None
+    return PEERS_GONE_BEFORE.format(gone="; ".join(agreement.gone[r] for r in sorted(agreement.gone)))
+
+
+@contextlib.contextmanager
+def skipping(cls: type, reason: str) -> Iterator[None]:
+    """While the block runs, unittest skips every test of ``cls`` for ``reason``."""
+    before = {name: cls.__dict__[name] for name in ("__unittest_skip__", "__unittest_skip_why__")
+              if name in cls.__dict__}
+    cls.__unittest_skip__, cls.__unittest_skip_why__ = True, reason  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for name in ("__unittest_skip__", "__unittest_skip_why__"):
+            if name in before:
+                setattr(cls, name, before[name])
+            else:
+                delattr(cls, name)
+
+
+@contextlib.contextmanager
+def run_folder() -> Iterator[None]:
+    """A folder for this rank's run (where :func:`~disttest.rank_temp_file`
+    makes its file), removed at the end, and by the janitor's reaper however
+    this process ends (a launcher's SIGTERM, ``os._exit``)."""
+    folder = tempfile.mkdtemp(prefix="disttest-launched-")
+    token = janitor.register(functools.partial(shutil.rmtree, folder, True), paths=[folder])
+    previous = tempdirs.use_run_folder(folder)
+    try:
+        yield
+    finally:
+        tempdirs.use_run_folder(previous)
+        shutil.rmtree(folder, ignore_errors=True)
+        janitor.unregister(token)
+
+
+def leave_together(agreement: Agreement, result: unittest.TestResult, limit: float, holds_store: bool) -> None:
+    """Wait (up to ``limit``) for every live peer to reach the end of the
+    class's tests; an error in ``result`` names those that did not. The rank
+    that holds the store (``holds_store``) waits for the others to be done
+    with it, briefly, before it returns and the store goes."""
+    agreement.say("end", {})
+    _, silent = agreement.hear("end", limit)
+    if silent:
+        error = RuntimeError(PEERS_NOT_AT_END.format(who=_who(silent, agreement.world_size),
+                                                     cls=agreement.cls.__qualname__, limit=limit))
+        result.addError(cast(Any, _TheEnd(agreement.cls)), cast(Any, (RuntimeError, error, None)))
+    agreement.say("left", {})
+    if holds_store:
+        agreement.hear("left", AGREE_MARGIN)
+
+
+class _TheEnd:
+    """The end of a class's run under a launcher, as a result's entry."""
+
+    failureException = AssertionError
+
+    def __init__(self, cls: type) -> None:
+        self._name = f"{cls.__module__}.{cls.__qualname__}: the end of run_rank"
+
+    def id(self) -> str:
+        return self._name
+
+    def __str__(self) -> str:
+        return self._name
+
+    def shortDescription(self) -> None:
+        return None

@@ -1,0 +1,61 @@
+"""A class run by an external launcher (``run_rank``), each rank a plain
+process: ``python launched_cases.py RANK WORLD_SIZE RDVZ_FILE``, with
+``LAUNCHED_MODE`` choosing what goes wrong on rank 1. Each rank prints its
+result's failures and errors as JSON on its last line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import disttest
+
+MODE = os.environ.get("LAUNCHED_MODE", "")
+
+
+class Launched(disttest.MultiProcContinousTest):
+    timeout = 4  # (the group's timeout too: a collective a peer never joins raises after it)
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return os.environ.get("LAUNCHED_BACKEND", "gloo")
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        if MODE == "set_up_class" and cls.rank == 1:
+            raise RuntimeError("setUpClass broke on rank 1")
+
+    def test_a_sum(self) -> None:
+        if MODE == "fail" and self.rank == 1:
+            self.fail("rank 1 fails before the all_reduce")
+        if MODE == "exit" and self.rank == 1:
+            os._exit(3)
+        t = torch.ones(1) * (self.rank + 1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 3.0)
+
+    def test_b_second(self) -> None:
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2.0)
+
+    def test_c_temp_file(self) -> None:
+        with disttest.rank_temp_file() as path:
+            print(f"TEMP {path}", flush=True)
+            if MODE == "exit_with_temp" and self.rank == 0:
+                os._exit(3)
+
+
+if __name__ == "__main__":
+    result = Launched.run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    entries = {kind: {str(test).split(" ")[0]: text for test, text in getattr(result, kind)}
+               for kind in ("failures", "errors")}
+    entries["skipped"] = {str(test).split(" ")[0]: reason for test, reason in result.skipped}
+    entries["ran"] = result.testsRun
+    print(json.dumps(entries), flush=True)
+    sys.exit(0 if result.wasSuccessful() else 1)
