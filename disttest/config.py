@@ -160,10 +160,11 @@ def parse_world_size(value: object, where: str, text: bool = False) -> int:
     if isinstance(value, bool) or (isinstance(value, str) and not text):
         raise ConfigError("world size", value, where, why)
     if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ConfigError("world size", value, where, why) from None
+        digits = value.strip()
+        # (digits only: int() also reads "1_0" as 10 and other scripts' digits)
+        if not (digits.isascii() and digits.isdigit()):
+            raise ConfigError("world size", value, where, why)
+        value = int(digits)
     try:
         number = operator.index(value)  # type: ignore[arg-type]  # an int, or numpy's int64
     except TypeError:

@@ -120,7 +120,7 @@ class WorldSizeTest(unittest.TestCase):
 
         self.assertEqual(parse_world_size(np.int64(2), "x"), 2)  # an integer type's, as range() takes it
         self.assertIs(type(parse_world_size(np.int64(2), "x")), int)
-        for bad in ("0", "two", -1, True, 2.5, None):
+        for bad in ("0", "two", -1, True, 2.5, None, "1_0", "٣", "+2"):
             with self.subTest(bad=bad), self.assertRaises(ConfigError) as ctx:
                 parse_world_size(bad, "environment variable WORLD_SIZE", text=True)
             self.assertIn("environment variable WORLD_SIZE", str(ctx.exception))

@@ -210,6 +210,18 @@ class StrictnessTest(unittest.TestCase):
         self.assertIn("broadcast is not supported by toybroken", proc.stdout)
         self.assertEqual(table_rows(proc.stdout)["broadcast"], [0, 0, 1, 0])
 
+    def test_a_backend_name_in_capitals_is_the_backend(self):
+        # "GLOO" ran gloo without gloo's declaration: 8 failed where gloo has 8 unsupported.
+        proc = cli("--backend", "GLOO", "--world-size", "2", "-k", "PREMUL_SUM")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        self.assertIn("conformance of backend 'gloo', world size 2: 0 passed, 0 failed, 8 unsupported", proc.stdout)
+
+    def test_a_run_that_checked_nothing_is_not_ok(self):
+        proc = cli("--backend", "gloo", "--world-size", "1", "-k", "overlapping")
+        self.assertEqual(proc.returncode, 1, proc.stdout[-3000:] + proc.stderr[-3000:])
+        self.assertIn("0 passed, 0 failed, 0 unsupported, 23 skipped (23 cases", proc.stdout)
+        self.assertIn("-- NOTHING CHECKED: every case skipped", proc.stdout)
+
     def test_small_worlds_skip_the_group_cases(self):
         proc = cli("--backend", "threaded", "--world-size", "2", "-k", "test_all_reduce__float32_SUM_*")
         self.assertEqual(proc.returncode, 0, proc.stdout)

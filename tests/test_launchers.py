@@ -193,6 +193,9 @@ class DetectTest(unittest.TestCase):
             ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "2", "SLURM_STEP_NODELIST": "a"},
              "SLURM_LOCALID", "2"),
             ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "  "}, "MASTER_ADDR", "'  '"),
+            # (int() read "1_0" as 10 and "٣" as 3: a job that waited for ranks that never came)
+            ({"RANK": "0", "WORLD_SIZE": "1_0"}, "WORLD_SIZE", "'1_0'"),
+            ({"RANK": "٣", "WORLD_SIZE": "4"}, "RANK", "'٣'"),
             ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "a", "MASTER_ADDR": ""},
              "MASTER_ADDR", "''"),
         ]

@@ -126,6 +126,7 @@ def conformance_class(backend: str, world_size: int, imports: Sequence[str] = ()
     tensors live; on an accelerator, the pool's rank ``r`` uses device ``r``
     modulo the host's count (threaded ranks share the current device).
     ``device_from`` names where ``device`` came from, for the error."""
+    backend = backend.strip().lower()  # (c10d's names are: "GLOO" was gloo without gloo's declaration)
     declared = Declaration()
     for name in imports:
         declared.reasons.update(module_declaration(importlib.import_module(name), backend).reasons)
@@ -209,6 +210,8 @@ def run(backend: str, world_size: int, imports: Sequence[str] = (), timeout: flo
         lenient: bool = False, device: str | None = None, device_from: str = "device") -> ConformanceResult:
     """Run the suite on ``backend``; every case's result, in order."""
     import fnmatch
+
+    backend = backend.strip().lower()
 
     cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient, device, device_from)
     # (unittest's -k rule: a pattern without a wildcard matches as a substring)

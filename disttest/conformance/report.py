@@ -50,7 +50,13 @@ class ConformanceResult:
 
     @property
     def ok(self) -> bool:
-        return not any(r.status == "failed" for r in self.cases)
+        """No case failed, and some case was judged (every case skipped, for
+        a world too small, checked nothing: not a conforming backend)."""
+        return not any(r.status == "failed" for r in self.cases) and not self.nothing_checked
+
+    @property
+    def nothing_checked(self) -> bool:
+        return bool(self.cases) and all(r.status == "skipped" for r in self.cases)
 
     def counts(self) -> dict[str, int]:
         return {s: sum(r.status == s for r in self.cases) for s in STATUSES}
@@ -66,7 +72,8 @@ class ConformanceResult:
     def summary(self) -> str:
         counts = self.counts()
         return SUMMARY.format(backend=self.backend, world=self.world_size, total=len(self.cases),
-                              seconds=self.seconds, verdict="OK" if self.ok else "FAILED", **counts)
+                              seconds=self.seconds, verdict="OK" if self.ok else
+                              "NOTHING CHECKED: every case skipped" if self.nothing_checked else "FAILED", **counts)
 
     def table(self) -> str:
         header = f"{'collective':26}" + "".join(f"{s:>12}" for s in STATUSES)

@@ -76,10 +76,10 @@ def _int(env: Mapping[str, str], name: str, what: str, minimum: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         raise ConfigError(what, raw, f"environment variable {name}", "it is not set")
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(what, raw, f"environment variable {name}", f"expected an integer >= {minimum}") from None
+    digits = raw.strip().removeprefix("-")  # (a negative one is refused for its value below)
+    if not (digits.isascii() and digits.isdigit()):  # (int() reads "1_0" as 10, and other scripts' digits)
+        raise ConfigError(what, raw, f"environment variable {name}", f"expected an integer >= {minimum}")
+    value = int(raw.strip())
     if value < minimum:
         raise ConfigError(what, raw, f"environment variable {name}", f"expected an integer >= {minimum}")
     return value
