@@ -42,12 +42,21 @@ class StoresTest(unittest.TestCase):
             retry_on_connect_failures(tries=0)  # as a decorator factory, too
 
     def test_tcp_store_listens_on_loopback_and_works(self):
-        store = create_tcp_store(timeout=timedelta(seconds=7))
-        store.set("k", "v")
-        self.assertEqual(store.get("k"), b"v")
-        self.assertEqual(store.timeout, timedelta(seconds=7))
-        with socket.create_connection(("127.0.0.1", store.port), timeout=5):
-            pass
+        import psutil
+
+        for libuv in (True, False):
+            with self.subTest(use_libuv=libuv):
+                store = create_tcp_store(timeout=timedelta(seconds=7), use_libuv=libuv)
+                store.set("k", "v")
+                self.assertEqual(store.get("k"), b"v")
+                self.assertEqual(store.timeout, timedelta(seconds=7))
+                with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+                    pass
+                # (torch's server listened on every interface, '::')
+                listening = {c.laddr.ip for c in psutil.Process().net_connections()
+                             if c.status == psutil.CONN_LISTEN and c.laddr.port == store.port}
+                self.assertEqual(listening, {"127.0.0.1"})
+                del store
 
     def test_tcp_store_timeout_in_seconds_and_bad_ones_named(self):
         self.assertEqual(create_tcp_store(timeout=3).timeout, timedelta(seconds=3))

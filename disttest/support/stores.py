@@ -107,9 +107,20 @@ def create_tcp_store(
     if jit_class:
         ms = int(timeout / timedelta(milliseconds=1))
         return torch.classes.dist_c10d.TCPStore(addr, find_free_port(addr), world_size, is_master, ms)
-    # Port 0 lets the OS pick for the server: no window for a port clash.
-    port = 0 if is_master else find_free_port(addr)
-    return dist.TCPStore(
-        addr, port, world_size, is_master,
-        timeout=timeout, wait_for_workers=wait_for_workers, use_libuv=use_libuv,
-    )
+    if not is_master:
+        return dist.TCPStore(addr, find_free_port(addr), world_size, is_master,
+                             timeout=timeout, wait_for_workers=wait_for_workers, use_libuv=use_libuv)
+    # NB: torch's server listens on every interface whatever ``addr`` says;
+    # given a socket bound to ``addr`` (port 0: the OS picks, no window for a
+    # clash), it listens there alone. The store owns the socket from then on.
+    family, kind, proto, _, address = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.bind(address)
+        listener.listen(128)
+        port = listener.getsockname()[1]
+    except BaseException:
+        listener.close()
+        raise
+    return dist.TCPStore(addr, port, world_size, is_master, timeout=timeout, wait_for_workers=wait_for_workers,
+                         master_listen_fd=listener.detach(), use_libuv=use_libuv)
