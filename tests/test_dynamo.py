@@ -36,6 +36,41 @@ class SingleProc(disttest.DynamoDistributedSingleProcTestCase):
         self.assertGreater(counters["stats"]["calls_captured"], 0)
 
 
+    def test_dynamo_config_is_upstreams_for_the_test(self):
+        # Upstream's base sets nested_graph_breaks for each test: a graph break
+        # in a nested call is one more frame without it (3 frames, not 2).
+        import torch._dynamo
+        from torch._dynamo.testing import CompileCounter
+
+        if not hasattr(torch._dynamo.config, "nested_graph_breaks"):
+            self.skipTest("this torch's dynamo has no nested_graph_breaks")
+        self.assertTrue(torch._dynamo.config.nested_graph_breaks)
+
+        def inner(x):
+            x = x + 1
+            torch._dynamo.graph_break()
+            return x * 2
+
+        def outer(x):
+            return inner(x) - 1
+
+        counter = CompileCounter()
+        self.assertEqual(torch.compile(outer, backend=counter)(torch.ones(2)), torch.full((2,), 3.0))
+        self.assertEqual(counter.frame_count, 2)
+
+
+class DynamoConfigPutBackTest(unittest.TestCase):
+    def test_after_the_class_dynamo_config_is_as_it_was(self):
+        import torch._dynamo
+
+        before = getattr(torch._dynamo.config, "nested_graph_breaks", None)
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromName("test_dynamo_config_is_upstreams_for_the_test",
+                                                      SingleProc).run(result)
+        self.assertEqual(result.errors + result.failures, [])
+        self.assertEqual(getattr(torch._dynamo.config, "nested_graph_breaks", None), before)
+
+
 class MultiProc(unittest.TestCase):
     def test_compiled_collective_in_two_ranks(self):
         result = unittest.TestResult()

@@ -95,7 +95,9 @@ from disttest._compat.dtensor import (
 )
 from disttest._compat.dynamo import (
     dynamo_config_patch,
+    dynamo_test_config,
     dynamo_test_state,
+    enable_saved_tensors_hooks,
     has_triton,
     inductor_config,
     preload_dynamo,
@@ -194,8 +196,10 @@ __all__ = [
     "dtensor_sharding_prop_lock",
     "dtensor_spec",
     "dynamo_config_patch",
+    "dynamo_test_config",
     "dynamo_test_state",
     "enable_record_function",
+    "enable_saved_tensors_hooks",
     "ensure_fake_backend",
     "fake_process_group",
     "flight_status",

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __unittest = True
 
 __all__ = [
     "dynamo_config_patch",
+    "dynamo_test_config",
     "dynamo_test_state",
+    "enable_saved_tensors_hooks",
     "has_triton",
     "inductor_config",
     "preload_dynamo",
@@ -80,6 +82,33 @@ def dynamo_config_patch(**changes: Any) -> Any:
     import torch._dynamo
 
     return torch._dynamo.config.patch(**changes)
+
+
+def dynamo_test_config() -> Callable[[], None]:
+    """What dynamo's own TestCase sets for each test
+    (``torch._dynamo.config.nested_graph_breaks = True`` where the installed
+    torch has it: a graph break in a nested call then costs one frame, not
+    two); return the undo."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    if not hasattr(config, "nested_graph_breaks"):
+        return lambda: None
+    prior = config.nested_graph_breaks
+    config.nested_graph_breaks = True
+
+    def undo() -> None:
+        config.nested_graph_breaks = prior
+
+    return undo
+
+
+def enable_saved_tensors_hooks() -> None:
+    """Allow saved-tensors hooks again (dynamo's TestCase does it after each
+    test: a compiled region that disabled them and raised leaves them off)."""
+    import torch
+
+    torch._C._autograd._saved_tensors_hooks_enable()
 
 
 def silence_dynamo_trace_log() -> Any:

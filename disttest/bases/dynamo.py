@@ -109,6 +109,7 @@ class _DynamoState(TestCase):
 
     def setUp(self) -> None:
         self._prior_grad = torch.is_grad_enabled()
+        self._undo_config = _compat.dynamo_test_config()
         super().setUp()
         _compat.reset_dynamo()
         self._trace_handler = _compat.silence_dynamo_trace_log()
@@ -116,8 +117,10 @@ class _DynamoState(TestCase):
     def tearDown(self) -> None:
         _compat.remove_dynamo_trace_handler(self._trace_handler)
         _compat.reset_dynamo()
-        torch.set_grad_enabled(self._prior_grad)
+        _compat.enable_saved_tensors_hooks()
         super().tearDown()
+        torch.set_grad_enabled(self._prior_grad)
+        self._undo_config()
 
 
 class DynamoDistributedSingleProcTestCase(_DynamoState):

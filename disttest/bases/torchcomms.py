@@ -61,7 +61,9 @@ class C10dTorchCommsTestBase(MultiProcContinousTest):
 
     @classmethod
     def backend_str(cls) -> str:
-        return cls.backend(str(cls.device_type()))
+        # (instantiate_device_type_tests makes ``device_type`` a string on the classes it makes)
+        device_type = cls.device_type
+        return cls.backend(str(device_type() if callable(device_type) else device_type))
 
     def _skip_if_backend_unavailable(self, device: str) -> None:
         name = self.backend(device)
