@@ -103,6 +103,14 @@ class Rot13Test(unittest.TestCase):
         with self.assertRaises(ValueError) as caught:
             ck.Rot13Example.from_descriptor("2")
         self.assertEqual(str(caught.exception), ck.UNKNOWN_VERSION.format(version="2", name="stream.rot13"))
+        self.assertIn("another version", ck.UNKNOWN_VERSION)  # ("0" was "a newer extension")
+
+    def test_the_byte_helper_is_upstreams(self):
+        for data in (b"Hello, World! 123", b"", b"\xff\x00aZ"):
+            ours, theirs = bytearray(data), bytearray(data)
+            ck.Rot13Example._rot13bytes(ours, len(data) - 1 if data else 0)
+            upstream.Rot13Example._rot13bytes(theirs, len(data) - 1 if data else 0)
+            self.assertEqual(ours, theirs)
 
     def test_registry(self):
         registry = ck.get_test_extension_registry()

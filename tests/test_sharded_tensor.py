@@ -163,6 +163,12 @@ class OpHelpersTest(TestCase):
         self.assertIs(out, lhs)
         self.assertEqual(lhs, torch.full((3,), 4.0))
         self.assertEqual(st.gen_binary_op_func("==")(torch.ones(2), torch.ones(2)), torch.tensor([True, True]))
+        # Python's word operators, as upstream's source text takes them
+        ref = upstream(UPSTREAM_MODULES[2])
+        for op, lhs, rhs in (("and", 0, 5), ("or", 0, 5), ("is", None, None), ("is not", 1, None),
+                             ("in", 2, [1, 2]), ("not in", 3, [1, 2])):
+            with self.subTest(op=op):
+                self.assertEqual(st.gen_binary_op_func(op)(lhs, rhs), ref.gen_binary_op_func(op)(lhs, rhs))
 
     def test_unknown_op_raises_at_once_naming_it(self):
         for op, inplace, extra in (("<>", False, ""), ("==", True, " with an in-place form"),
@@ -238,6 +244,8 @@ class BaseTest(TestCase):
     def test_init_pg_names_a_bad_backend_and_its_source(self):
         case = st.ShardedTensorTestBase()
         with self.assertRaisesRegex(ConfigError, r"'ucc'.*init_pg\(backend=\.\.\.\)"):
+            case.init_pg("ucc")
+        with self.assertRaises(RuntimeError):  # as upstream's "Backend ucc not supported!"
             case.init_pg("ucc")
 
     def test_init_pg_with_nccl_on_cpu_skips_in_the_rank(self):

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 UNKNOWN_VERSION = (
     "Rot13Example cannot read version {version!r} of the {name!r} extension, only version 1 "
-    "(from the checkpoint's metadata) (disttest): the checkpoint was written by a newer extension"
+    "(from the checkpoint's metadata) (disttest): the checkpoint was written by another version of it"
 )
 #: Backends whose ranks are simulated in one process (a broadcast reaches no peer).
 SOLO_BACKENDS = frozenset({"fake", MOCK_BACKEND})
@@ -145,6 +145,12 @@ def _rot13_class() -> Any:
             if version.partition(".")[0] != "1":
                 raise ValueError(UNKNOWN_VERSION.format(version=version, name=Rot13Example.registry_name()))
             return Rot13Example()
+
+        @staticmethod
+        def _rot13bytes(b: Any, count: int) -> None:
+            """Swap the case of the ASCII letters among the first ``count``
+            bytes of the writable buffer ``b``, in place (upstream's helper)."""
+            _swap_case(memoryview(b), count)
 
         @staticmethod
         def registry_name() -> str:

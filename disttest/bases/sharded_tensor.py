@@ -59,6 +59,7 @@ __all__ = [
     "PLACEMENTS",
     "SUPPORTED_BACKENDS",
     "TEST_GPU_NUM",
+    "BackendNotSupported",
     "MyShardedModel1",
     "MyShardedModel2",
     "ShardedTensorTestBase",
@@ -84,6 +85,12 @@ device_type: str = accelerator_type() or "cpu"
 #: Backends ``init_pg`` accepts (upstream's list).
 SUPPORTED_BACKENDS = ("nccl", "gloo", "mpi", "hccl", "xccl")
 
+
+class BackendNotSupported(ConfigError, RuntimeError):
+    """``init_pg`` given a backend it does not take: a ``ConfigError`` naming
+    it, and a ``RuntimeError``, as upstream's ``"Backend foo not supported!"``
+    is (a suite's ``assertRaises(RuntimeError)`` around it keeps working)."""
+
 RANK_NOT_PLACED = (
     "generate_local_weight_sharding_params_for_test: rank {rank} holds no chunk of "
     "spec {placements} (disttest)"
@@ -105,6 +112,10 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
     ">>": operator.rshift, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
     "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    # (upstream's source text takes Python's word operators too)
+    "and": lambda lhs, rhs: lhs and rhs, "or": lambda lhs, rhs: lhs or rhs,
+    "is": operator.is_, "is not": operator.is_not,
+    "in": lambda lhs, rhs: lhs in rhs, "not in": lambda lhs, rhs: lhs not in rhs,
 }
 _INPLACE: dict[str, Callable[[Any, Any], Any]] = {
     "+": operator.iadd, "-": operator.isub, "*": operator.imul, "/": operator.itruediv,
@@ -377,7 +388,7 @@ class ShardedTensorTestBase(MultiProcessTestCase):
         if backend is None:
             backend, where = self.backend, f"{type(self).__name__}.backend"
         if backend not in SUPPORTED_BACKENDS:
-            raise ConfigError("backend", backend, where, f"expected one of {list(SUPPORTED_BACKENDS)}")
+            raise BackendNotSupported("backend", backend, where, f"expected one of {list(SUPPORTED_BACKENDS)}")
         skip = _backend_skip(backend, self.world_size)
         if skip is not None:
             raise DistSkip(skip)
