@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from disttest._runner import settings
+from disttest._runner.outcome import TB_LOCALS_ENV
 from disttest._runner.report import TAIL_CHARS, RankReport, user_traceback
 from disttest.config import (
     UNMARKED,
@@ -101,7 +102,8 @@ def pytest_addoption(parser: Any) -> None:
 
 #: The variables the plugin sets from its options (for its rank processes);
 #: put back as they were when pytest unconfigures (``pytest.main`` returns).
-PLUGIN_ENV = ("DISTTEST_TIMEOUT", MODE_ENV, settings.OUTPUT_ENV, settings.KEEP_LOGS_ENV, FAULT_ENV, CHAOS_ENV)
+PLUGIN_ENV = ("DISTTEST_TIMEOUT", MODE_ENV, settings.OUTPUT_ENV, settings.KEEP_LOGS_ENV, FAULT_ENV, CHAOS_ENV,
+              TB_LOCALS_ENV)
 
 
 def pytest_configure(config: Any) -> None:
@@ -139,6 +141,8 @@ def pytest_configure(config: Any) -> None:
         os.environ[settings.OUTPUT_ENV] = output or "stream"
     if config.getoption("disttest_keep_logs"):
         os.environ[settings.KEEP_LOGS_ENV] = "1"
+    if config.getoption("showlocals", False):  # (-l: a rank's traceback shows its frames' locals)
+        os.environ[TB_LOCALS_ENV] = "1"
     _faults_pytest.configure(config)
     try:  # (each bad one failed every test alone, in its setUp: one usage error now, as for DISTTEST_MODE)
         default_timeout()

@@ -279,3 +279,62 @@ class RunTestsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+LOCALS_FILE = textwrap.dedent('''
+    from disttest import MultiProcessTestCase, MultiThreadedTestCase, run_tests
+
+
+    class Threads(MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_locals(self):
+            kept_here = 40 + self.rank
+            self.assertEqual(kept_here, 43)
+
+
+    class Processes(MultiProcessTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+        def test_locals(self):
+            kept_here = 40 + self.rank
+            self.assertEqual(kept_here, 43)
+
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+
+class ShowLocalsTest(unittest.TestCase):
+    """--showlocals (run_tests) and -l (pytest) show a rank's locals: the
+    test process has none of its frames, and showed the stub frames'
+    globals (__builtins__, 3 KB of Python's copyright) instead."""
+
+    def run_it(self, *args: str) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_locals.py"), "w") as f:
+                f.write(LOCALS_FILE)
+            env = {k: v for k, v in os.environ.items() if k != "DISTTEST_TB_LOCALS"}
+            proc = subprocess.run([sys.executable, *args], cwd=tmp, capture_output=True, text=True,
+                                  timeout=240, env=env)
+        self.assertNotEqual(proc.returncode, 0)
+        return proc.stdout + proc.stderr
+
+    def test_showlocals(self):
+        for args in (("test_locals.py", "--showlocals"), ("-m", "pytest", "-p", "no:cacheprovider", "-l",
+                                                          "test_locals.py")):
+            with self.subTest(args=args):
+                out = self.run_it(*args)
+                for rank in (0, 1):
+                    self.assertIn(f"kept_here = {40 + rank}", out)
+                self.assertNotIn("__builtins__ =", out)
+        self.assertNotIn("kept_here = 40", self.run_it("test_locals.py"))

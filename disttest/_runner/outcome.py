@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import signal
 import sys
 import threading
@@ -19,13 +20,13 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from disttest._runner.tb_data import POSITIONS, positions
+from disttest._runner.tb_data import POSITIONS, Shown, positions
 from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
 __all__ = ["COMM_MODULES", "MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
-           "outcome_from_exception", "safe_str", "subtests_named"]
+           "TB_LOCALS_ENV", "outcome_from_exception", "safe_str", "subtests_named"]
 
 
 class Kind(str, enum.Enum):
@@ -162,6 +163,8 @@ def _tb_data(exc: BaseException) -> dict[str, Any] | None:
     while node is not None and tb is not None:
         if id(tb.tb_frame) in kept:
             node[POSITIONS] = positions(tb)
+            # (as text: what the frame held stays in the rank)
+            node["tb_frame"]["f_locals"] = {k: str(v) for k, v in (_locals(tb.tb_frame) or {}).items()}
             chain.append(node)
         node, tb = node.get("tb_next"), tb.tb_next
     for a, b in zip(chain, chain[1:], strict=False):
@@ -170,6 +173,26 @@ def _tb_data(exc: BaseException) -> dict[str, Any] | None:
         return None
     chain[-1]["tb_next"] = None
     return chain[0]
+
+
+#: Set (to 1) by ``run_tests --showlocals`` and pytest's ``--showlocals``: a
+#: rank's traceback shows each frame's locals (the report is made from the
+#: rank's text; the test process has none of its frames).
+TB_LOCALS_ENV = "DISTTEST_TB_LOCALS"
+_LOCAL_CHARS = 300  # of each local's repr
+
+
+def _locals(frame: FrameType) -> dict[str, Shown] | None:
+    if os.environ.get(TB_LOCALS_ENV, "").strip() in ("", "0"):
+        return None
+    shown = {}
+    for name, value in list(frame.f_locals.items()):
+        try:
+            text = repr(value)
+        except Exception as e:  # noqa: BLE001 (a repr that raises: say so, not fail the report)
+            text = f"<repr raised {type(e).__name__}>"
+        shown[name] = Shown(text if len(text) <= _LOCAL_CHARS else text[:_LOCAL_CHARS] + "...")
+    return shown
 
 
 def _format(exc: BaseException) -> str:
@@ -181,7 +204,7 @@ def _format(exc: BaseException) -> str:
     # FrameSummary without column positions: no caret anchors, so no AST is
     # built here (3.11 parses source for them; ranks may be threads).
     summary = traceback.StackSummary.from_list([
-        traceback.FrameSummary(f.f_code.co_filename, lineno, f.f_code.co_name)
+        traceback.FrameSummary(f.f_code.co_filename, lineno, f.f_code.co_name, locals=_locals(f))
         for f, lineno in _frames(exc)
     ])
     return (chained + "Traceback (most recent call last):\n" + "".join(summary.format())

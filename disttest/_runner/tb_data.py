@@ -18,7 +18,7 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["POSITIONS", "as_traceback", "positions"]
+__all__ = ["POSITIONS", "Shown", "as_traceback", "positions"]
 
 #: The key of a frame's columns in its data: (lineno, end_lineno, col, end_col).
 POSITIONS = "tb_positions"
@@ -85,6 +85,13 @@ def _frame_code(node: dict[str, Any]) -> CodeType:
     return _stub[0].replace(**fields)
 
 
+class Shown(str):
+    """A local's text, shown as it is (a traceback shows each local's repr)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def as_traceback(data: dict[str, Any]) -> TracebackType | None:
     """The traceback that ``data`` describes (outermost frame first), each
     frame standing on its line, with its columns where the data has them."""
@@ -95,7 +102,10 @@ def as_traceback(data: dict[str, Any]) -> TracebackType | None:
         frame = node["tb_frame"]
         names = {k: v for k, v in frame.get("f_globals", {}).items() if k in ("__file__", "__name__")}
         try:
-            exec(_frame_code(node), names)  # noqa: S102 (a stub that raises on the frame's line)
+            # (its locals: the rank's, as text, where it sent them; else none,
+            # not this stub's globals: unittest's --locals showed __builtins__)
+            exec(_frame_code(node), names,  # noqa: S102 (a stub that raises on the frame's line)
+                 {k: Shown(v) for k, v in (frame.get("f_locals") or {}).items()})
         except NameError as e:
             tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
             if tb is not None:

@@ -31,6 +31,7 @@ import unittest
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from disttest._runner.outcome import TB_LOCALS_ENV
 from disttest.runners.case import set_rng_seed
 from disttest.support import janitor
 
@@ -242,6 +243,8 @@ def run_tests(argv: Sequence[str] | None = None) -> None:
             names, rest = _selected(main, rest)
         _each_in_a_process(program, [*_forwarded(flags), *rest], names)
         return
+    if flags.showlocals:  # (ranks format their own tracebacks: they read it)
+        os.environ[TB_LOCALS_ENV] = "1"
     if flags.use_pytest:
         import pytest
 
