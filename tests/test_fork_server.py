@@ -321,6 +321,18 @@ class ThreadsAtImportTest(unittest.TestCase):
         for forked in ("CleanOmpRanks.test_forked", "NumpyAtImport.test_forked", "SerialRanks.test_forked"):
             self.assertNotIn(f"{forked}: its ranks start with 'spawn'", text)
 
+    def test_a_pools_warning_names_who_chose_the_fork_server(self):
+        # It said "instead of 'zygote' (from OmpPool.start_method)", which is 'fork'.
+        from disttest._runner import fork_threads
+
+        proc = self.run_modules("omp_pool_cases.OmpPool")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        text = " ".join(proc.stderr.split())
+        head = fork_threads.FELL_BACK_THREADS.format(
+            test="the pool of OmpPool", method="zygote", source="disttest's fork server in place of "
+            "OmpPool.start_method 'fork'", cls="OmpPool", threads=None, reason="REASON").split("REASON")[0]
+        self.assertIn(head, text)
+
     def test_threads_an_earlier_module_started_send_the_test_to_a_fresh_server(self):
         # The server imports omp_import_cases for ranks of one thread (forked;
         # its pool starts), then the clean module: not that module's doing,

@@ -182,7 +182,9 @@ def choose(method: str, cls: type, test: str, source: str, importable: bool,
             # is assumed, since counting through the driver would poison fork.)
             # Or it runs OpenMP's pool, which ranks that keep OpenMP's threads
             # would find broken; the fork server does not.
-            method = "zygote"
+            # (named so: a fallback's warning said "instead of 'zygote' (from
+            # Pool.start_method)", whose value is 'fork')
+            method, source = "zygote", f"disttest's fork server in place of {source} 'fork'"
     if method == "zygote" and initialises_cuda_at_import(cls.__module__):
         reason = SERVER_INITIALISED.format(module=cls.__module__)
         return "spawn", fell_back(cls, test, method, source, reason)

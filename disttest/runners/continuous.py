@@ -196,13 +196,15 @@ class MultiProcContinousTest(TestCase):
         if method == "fork" and not thread_pool.alone():
             # NB: forking a process with other threads can copy a lock they
             # hold; the fork server has none.
-            method = "zygote"
+            method, where = "zygote", f"disttest's fork server in place of {where} 'fork' (the test process has threads)"
         module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None
         if method == "zygote" and "<locals>" in cls.__qualname__:
             method = "fork"
-        method, note = cuda_fork.choose(method, cls, f"the pool of {cls.__qualname__}", where, importable)
-        return method, where, note
+        chosen, note = cuda_fork.choose(method, cls, f"the pool of {cls.__qualname__}", where, importable)
+        if chosen == "zygote" and method == "fork":  # (a later fallback's warning names it so)
+            where = f"disttest's fork server in place of {where} 'fork'"
+        return chosen, where, note
 
     # --- the pool (in the test process) -------------------------------------------
 
