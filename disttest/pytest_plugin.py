@@ -48,6 +48,7 @@ from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS, chaos_seed, env_faults
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
 from disttest.runners.modes import FORCED_MODES, MODE_ENV, forced_mode
+from disttest.support import janitor
 
 __all__ = [
     "pytest_addoption",
@@ -155,6 +156,7 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_unconfigure(config: Any) -> None:
     settings.note_test_streams(None, None)
+    janitor.uninstall_signals()  # (pytest.main() returns: SIGTERM as it was)
     undo = getattr(config, "_disttest_controller_undo", None)
     if undo is not None:
         undo()

@@ -286,20 +286,27 @@ class PluginTest(unittest.TestCase):
             import os, sys, pytest
             os.environ["DISTTEST_OUTPUT"] = "tail"
             before = dict(os.environ)
-            pytest.main(["-q", "-p", "no:cacheprovider", "--disttest-timeout=7", "--disttest-mode=threads",
-                         "--disttest-keep-logs", "--disttest-output=stream", "--disttest-chaos=3",
-                         "-k", "nothing_matches", sys.argv[1]])
+            import signal
+            handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+            pytest.main(["-q", "-p", "no:cacheprovider", "--disttest-timeout=7",
+                         "--disttest-keep-logs", "--disttest-output=stream", "--disttest-chaos=3", "-l",
+                         sys.argv[1]])
             changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
             print("CHANGED", changed)
+            print("SIGNALS", handlers == [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)])
         """)
         with tempfile.TemporaryDirectory() as tmp:
             test_file = os.path.join(tmp, "test_empty.py")
-            with open(test_file, "w") as f:
-                f.write("def test_x():\n    pass\n")
-            env = {k: v for k, v in os.environ.items() if not k.startswith("DISTTEST_")}
+            with open(test_file, "w") as f:  # (a disttest test: its run folder took SIGTERM over)
+                f.write("import disttest\n\nclass T(disttest.MultiProcessTestCase):\n    world_size = 1\n\n"
+                        "    def setUp(self):\n        super().setUp()\n        self._spawn_processes()\n\n"
+                        "    def test_x(self):\n        pass\n")
+            # (this pytest's PYTEST_CURRENT_TEST: the inner pytest removes it after its test)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DISTTEST_") and k != "PYTEST_CURRENT_TEST"}
             proc = subprocess.run([sys.executable, "-c", script, test_file], capture_output=True, text=True,
                                   timeout=120, env=env, cwd=tmp)
         self.assertIn("CHANGED []", proc.stdout, proc.stdout + proc.stderr)
+        self.assertIn("SIGNALS True", proc.stdout, proc.stdout + proc.stderr)
 
     def test_bad_timeout_is_a_usage_error_naming_it(self):
         proc = pytest_run("--disttest-timeout=soon")

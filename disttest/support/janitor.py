@@ -43,7 +43,7 @@ from types import FrameType
 __unittest = True
 
 __all__ = ["TOKEN_ENV", "hold_groups", "rank_environ", "reaper_pids", "register", "release_groups", "run_all",
-           "unregister"]
+           "uninstall_signals", "unregister"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _cleanups: dict[int, Callable[[], object]] = {}
@@ -259,6 +259,18 @@ def _install_sigterm() -> None:
     for sig in SIGNALS:
         if signal.getsignal(sig) is signal.SIG_DFL:
             signal.signal(sig, _on_signal)
+
+
+def uninstall_signals() -> None:
+    """Put back the default action of the signals :func:`register` took
+    over, where the handler is still this module's and nothing is left to
+    clean (``pytest.main()`` returns: its caller's process is as it was)."""
+    if not _installed or _cleanups or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is _on_signal:
+            signal.signal(sig, signal.SIG_DFL)
+    _installed.clear()
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
