@@ -72,7 +72,11 @@ def check_removed(case):
         pass
     else:
         raise AssertionError("with_temp_dir swallowed the body's error")
-    assert not os.path.exists(seen[-1]), seen
+    # A rank process leaves it to its run's directory (a peer may still
+    # write there), which the test process removes at the test's end.
+    in_a_run = rank_run_dir()
+    assert os.path.exists(seen[-1]) == (in_a_run is not None), (seen, in_a_run)
+    assert in_a_run is None or seen[-1].startswith(in_a_run), (seen, in_a_run)
     assert seen[0] != seen[1]
 
 
@@ -107,6 +111,26 @@ class Checkpoints(DTensorTestBase):
     @with_comms
     def test_removed(self):
         check_removed(self)
+
+
+class FailsOnRankZero(DTensorTestBase):
+    """Rank 0 fails in the body while rank 1 still writes to the directory."""
+
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    @with_temp_dir
+    def test_rank_zero_fails(self):
+        if self.rank == 0:
+            raise AssertionError("rank 0's own failure")
+        import time
+
+        time.sleep(0.3)  # (rank 0 has failed by now)
+        with open(os.path.join(self.temp_dir, "late"), "w") as f:
+            f.write("rank 1")
+        dist.barrier()
 
 
 class Crashing(DTensorTestBase):

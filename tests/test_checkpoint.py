@@ -222,6 +222,16 @@ class RanksTest(unittest.TestCase):
     def test_dtensor_removed(self):
         ok(self, run(cases.Checkpoints("test_removed")))
 
+    def test_a_rank_that_fails_leaves_the_directory_to_its_peers(self):
+        # It removed it at once: rank 1's write raised FileNotFoundError, a
+        # second cause, and the test "errored" instead of failing on rank 0.
+        result = run(cases.FailsOnRankZero("test_rank_zero_fails"))
+        self.assertEqual(len(result.failures), 1, result.errors)
+        self.assertEqual(result.errors, [])
+        text = result.failures[0][1]
+        self.assertIn("rank 0's own failure", text)
+        self.assertNotIn("FileNotFoundError", text)
+
     def test_fake_group(self):
         ok(self, run(cases.FakeRanks("test_own_dir")))
 

@@ -258,7 +258,12 @@ def _shared_dir() -> Iterator[str]:
             if ok and dist.is_initialized():
                 dist.barrier()
         finally:
-            _remove(path, token)
+            # A failing rank process leaves it to its run's directory, which
+            # the test process removes at the test's end: removed now, a peer
+            # still writing there raised FileNotFoundError, reported as a
+            # cause of its own (the test "errored", not "failed").
+            if ok or token is not None or rank_mod.run_dir() is None:
+                _remove(path, token)
 
 
 @overload
@@ -276,8 +281,9 @@ def with_temp_dir(func: F | None = None) -> F | Callable[[F], F]:
     :class:`~disttest.MultiProcessTestCase`, ``DTensorTestBase`` or
     :class:`~disttest.MultiThreadedTestCase` test writes to the same one
     (collective: every rank must run the test). After a passing test the
-    ranks meet at a barrier and remove it; a failing rank removes it at
-    once. A rank process that is killed (timeout, fail-fast) leaves nothing
+    ranks meet at a barrier and remove it; a failing rank (thread) removes
+    it at once (a rank process leaves it to its run's directory, which the test
+    process removes). A rank process that is killed (timeout, fail-fast) leaves nothing
     either: the directory lives inside the test's run directory, which the
     test process removes. Without a group, or in a simulated one (fake
     comms), each process gets a directory of its own. Also usable as
