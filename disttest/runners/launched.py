@@ -47,6 +47,7 @@ __all__ = ["AGREE_MARGIN", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
 AGREE_MARGIN = 10.0
 _POLL = 0.01
+_FIRST_POLL = 0.0005
 #: A test that failed on other ranks: this rank's verdict of it (added to its own failure, if it failed too).
 PEER_FAILED = ("{test!r} {how} on {who} (disttest: ranks run by an external launcher agree on each test, which "
                "fails on every rank if it fails on any; {whose} own report is in {whose} output): {what}")
@@ -112,6 +113,7 @@ class Agreement:
         heard: dict[int, dict[str, Any]] = {}
         waiting = [r for r in range(self.world_size) if r != self.rank and r not in self.gone]
         deadline = time.monotonic() + limit
+        pause = _FIRST_POLL  # (peers that pass end about together: a first look soon, then less often)
         try:
             while waiting:
                 for r in list(waiting):
@@ -128,7 +130,8 @@ class Agreement:
                 if waiting and time.monotonic() > deadline:
                     break
                 if waiting:
-                    time.sleep(_POLL)
+                    time.sleep(pause)
+                    pause = min(pause * 2, _POLL)
         except Exception:  # noqa: BLE001 (the store is gone: its host ended; those not heard are gone)
             pass
         return heard, waiting
