@@ -129,7 +129,8 @@ class PoolOnACudaHostTest(unittest.TestCase):
                     mock.patch.object(_compat, "nvml_device_count", return_value=nvml), \
                     mock.patch.object(torch.cuda, "device_count", side_effect=driver), \
                     cuda_initialised(False), one_thread():
-                self.assertEqual(cases.Pooled._start_choice(), ("zygote", "Pooled.start_method", None))
+                self.assertEqual(cases.Pooled._start_choice(),
+                                 ("zygote", "disttest's fork server in place of Pooled.start_method 'fork'", None))
                 with mock.patch.dict(os.environ, {"DISTTEST_START_METHOD": "fork"}):  # the user's choice stays
                     self.assertEqual(cases.Pooled._start_choice()[0], "fork")
                 # Not where the fork server could not start (the fallback's fork).
