@@ -17,6 +17,11 @@ import disttest
 MODE = os.environ.get("LAUNCHED_MODE", "")
 
 
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no str")
+
+
 class Launched(disttest.MultiProcContinousTest):
     timeout = 4  # (the group's timeout too: a collective a peer never joins raises after it)
 
@@ -37,6 +42,10 @@ class Launched(disttest.MultiProcContinousTest):
             os._exit(3)
         t = torch.ones(1) * (self.rank + 1)
         dist.all_reduce(t)
+        if MODE == "interrupt" and self.rank == 1:
+            raise KeyboardInterrupt
+        if MODE == "bad_str" and self.rank == 1:
+            raise BadStr
         self.assertEqual(t.item(), 3.0)
 
     def test_b_second(self) -> None:
@@ -52,6 +61,11 @@ class Launched(disttest.MultiProcContinousTest):
 
 
 if __name__ == "__main__":
+    patterns = os.environ.get(f"LAUNCHED_K{sys.argv[1]}")  # (this rank's own -k)
+    if patterns:
+        import unittest
+
+        unittest.defaultTestLoader.testNamePatterns = patterns.split(",")
     result = Launched.run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
     entries = {kind: {str(test).split(" ")[0]: text for test, text in getattr(result, kind)}
                for kind in ("failures", "errors")}

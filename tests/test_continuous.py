@@ -478,7 +478,8 @@ class LaunchedAgreementTest(unittest.TestCase):
         self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
         self.assertEqual(r1["ran"], 0)
         left = PEER_LEFT_CLASS.format(who="rank 1/2", cls="Launched",
-                                      what="RuntimeError: setUpClass broke on rank 1")
+                                      why="setUpClass (__main__.Launched) raised RuntimeError: setUpClass broke "
+                                          "on rank 1")
         self.assertIn(left, r0["errors"]["test_a_sum"])
         self.assertIn(PEERS_GONE_BEFORE.format(gone=left), r0["errors"]["test_b_second"])
         self.assertLess(time.monotonic() - start, 4 + 25)  # one collective's timeout, not one a test
@@ -487,6 +488,28 @@ class LaunchedAgreementTest(unittest.TestCase):
         self.assertIn(PEER_GONE.format(who="rank 1/2", test="test_a_sum", limit=4 + 10), r0["errors"]["test_a_sum"])
         self.assertIn("not run: " + PEER_GONE.format(who="rank 1/2", test="test_a_sum", limit=4 + 10),
                       r0["errors"]["test_b_second"])
+
+    def test_an_interrupted_peer_or_one_that_runs_other_tests_is_no_pass(self):
+        # Interrupted, rank 1 said "passed" (unittest lets KeyboardInterrupt
+        # through with no outcome), and rank 0 passed; ranks that ran other
+        # tests at the same place were paired by position.
+        from disttest.runners.launched import INTERRUPTED, PEER_LEFT_CLASS, PEER_OTHER_TEST
+
+        (rc0, r0, out0), (rc1, _, out1) = self.launch("interrupt")
+        self.assertEqual(rc0, 1, out0)
+        self.assertNotEqual(rc1, 0, out1)
+        self.assertIn("'test_a_sum' failed on rank 1/2", r0["failures"]["test_a_sum"])
+        self.assertIn("KeyboardInterrupt", r0["failures"]["test_a_sum"])
+        self.assertIn(PEER_LEFT_CLASS.format(who="rank 1/2", cls="Launched", why=INTERRUPTED.format(
+            test="test_a_sum")), r0["errors"]["test_b_second"])
+        (rc0, r0, out0), (rc1, r1, out1) = self.launch("", LAUNCHED_K1="*test_b_second*,*test_c_temp_file*")
+        self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
+        other = PEER_OTHER_TEST.format(who="rank 0/2", theirs="__main__.Launched.test_a_sum",
+                                       ours="__main__.Launched.test_b_second")
+        self.assertIn(other, r1["failures"]["test_b_second"])  # (it passed there, on rank 0's test_a_sum values)
+        (rc0, r0, out0), (rc1, r1, out1) = self.launch("bad_str")  # (a str() that raises broke run_rank)
+        self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
+        self.assertIn("'test_a_sum' failed on rank 1/2", r0["failures"]["test_a_sum"])
 
     def test_a_backend_the_host_lacks_skips_the_class(self):
         ranks = self.launch("", LAUNCHED_BACKEND="mpi")

@@ -229,7 +229,9 @@ def _rebind(pairs: Iterable[tuple[Any, Any]]) -> Callable[[], None]:
     for name, module in list(sys.modules.items()):
         user = _user_modules.get(name)
         if user is None:
-            user = _user_modules[name] = _is_user_module(name, module)
+            user = _is_user_module(name, module)
+            if isinstance(module, types.ModuleType):  # (None, a lazy stand-in: asked again once loaded)
+                _user_modules[name] = user
         if not user:
             continue
         namespace = vars(module)

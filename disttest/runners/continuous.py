@@ -478,10 +478,10 @@ class MultiProcContinousTest(TestCase):
         if unusable is not None:  # (as a pool skips them; the group is not made)
             with launched.skipping(cls, unusable):
                 return unittest.TextTestRunner(verbosity=2).run(suite)
-        if rdvz_file is None:
-            _launched_by_env.append(cls.__qualname__)
         with launched.run_folder():  # (rank_temp_file's: removed however this process ends)
             cls._init_pg(rank, world_size, rdvz_file)
+            if rdvz_file is None:  # (once made: a rendezvous that raised may be tried again)
+                _launched_by_env.append(cls.__qualname__)
             try:
                 # NB: the ranks agree after each test, and leave together
                 # (launched's docstring): a rank leaving early aborts the others.

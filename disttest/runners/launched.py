@@ -37,12 +37,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from disttest._runner import settings
+from disttest._runner.outcome import safe_str
 from disttest.support import janitor, tempdirs
 
 __unittest = True
 
-__all__ = ["AGREE_MARGIN", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE", "PEER_LEFT_CLASS",
-           "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone", "run_folder", "skipping"]
+__all__ = ["AGREE_MARGIN", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE",
+           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone", "run_folder", "skipping"]
 
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
 AGREE_MARGIN = 10.0
@@ -54,8 +55,15 @@ PEER_FAILED = ("{test!r} {how} on {who} (disttest: ranks run by an external laun
 #: A peer that did not say how a test ended.
 PEER_GONE = ("{who} did not finish {test!r} within {limit:g}s of this rank (disttest): it died, hangs, or its "
              "store is gone (its own output says which); the class's remaining tests fail at once on this rank")
-#: A peer whose ``setUpClass`` failed runs none of the class's tests.
-PEER_LEFT_CLASS = "{who} runs none of {cls}'s tests: its setUpClass raised {what} (disttest)"
+#: A peer that runs no more of the class's tests, and why (its setUpClass
+#: raised or skipped the class, it was interrupted).
+PEER_LEFT_CLASS = "{who} runs no more of {cls}'s tests: {why} (disttest)"
+#: Peers that ran another test at the same place in the class's order.
+PEER_OTHER_TEST = ("{who} ran {theirs!r} where this rank ran {ours!r} (disttest): the ranks must run the same "
+                   "tests in the same order (the same -k, the same tests defined on every host), or a test's "
+                   "collectives meet another's; the class's remaining tests fail at once on this rank")
+#: A test that ended with no outcome (unittest lets KeyboardInterrupt through).
+INTERRUPTED = "it was interrupted in {test!r} (KeyboardInterrupt)"
 #: The class's remaining tests after a peer is gone.
 PEERS_GONE_BEFORE = "not run: {gone}"
 #: A second ``run_rank`` with ``env://`` in one process.
@@ -81,7 +89,7 @@ def _stderr_fd() -> int:
 
 def _first_line(err: Any) -> str:
     exc_type, value = err[0], err[1]
-    text = str(value).strip().splitlines()
+    text = safe_str(value).strip().splitlines()
     return f"{exc_type.__name__}: {text[0][:300]}" if text else exc_type.__name__
 
 
@@ -119,10 +127,10 @@ class Agreement:
                 for r in list(waiting):
                     value = self._heard(key, r)
                     if value is None:
-                        left = self._heard("class", r)
+                        left = self._heard("left", r)
                         if left is not None:
                             self.gone[r] = PEER_LEFT_CLASS.format(who=_who([r], self.world_size),
-                                                                  cls=self.cls.__qualname__, what=left["what"])
+                                                                  cls=self.cls.__qualname__, why=left["why"])
                             waiting.remove(r)
                         continue
                     heard[r] = value
@@ -149,6 +157,8 @@ class LaunchedResult(unittest.TextTestResult):
         self._held: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._current: Any = None
         self._limit = 0.0
+        self._ending = False  # (the end's own error is not a class set-up's)
+        self._interrupted = False
 
     # -- holding ---------------------------------------------------------------
     def startTest(self, test: Any) -> None:
@@ -157,7 +167,7 @@ class LaunchedResult(unittest.TextTestResult):
         self._limit = settings.test_timeout(test, test.id()) or 0.0
         if self._limit:
             # NB: a hang past the limit is seen by nobody else: say where.
-            faulthandler.dump_traceback_later(self._limit + AGREE_MARGIN / 2, exit=False, file=_stderr_fd())
+            faulthandler.dump_traceback_later(self._limit, exit=False, file=_stderr_fd())
 
     def _hold(self, own: Callable[..., None], *args: Any) -> None:
         """Hold what unittest reports of the current test until the peers
@@ -167,8 +177,12 @@ class LaunchedResult(unittest.TextTestResult):
             self._held.append((own, args))
             return
         own(*args)
-        if own.__name__ == "addError":
-            self.agreement.say("class", {"what": _first_line(args[1])})
+        if self._ending:
+            return
+        if own.__name__ == "addError":  # (setUpClass, setUpModule, a class cleanup)
+            self.agreement.say("left", {"why": f"{args[0]} raised {_first_line(args[1])}"})
+        elif own.__name__ == "addSkip":
+            self.agreement.say("left", {"why": f"{args[0]} skipped it: {args[1]}"})
 
     def addSuccess(self, test: Any) -> None:
         self._hold(super().addSuccess, test)
@@ -193,6 +207,8 @@ class LaunchedResult(unittest.TextTestResult):
 
     def _own_verdict(self) -> tuple[str, str]:
         """("failed", its first line) if this rank's test failed; else ("passed" or "skipped", "")."""
+        if not self._held:  # (unittest let KeyboardInterrupt through: no outcome)
+            return "failed", "KeyboardInterrupt"
         skipped = False
         for method, args in self._held:
             name = method.__name__
@@ -210,13 +226,26 @@ class LaunchedResult(unittest.TextTestResult):
         n = agreement.count
         agreement.count += 1
         agreement.say(f"test{n}", {"test": test.id(), "status": status, "what": what})
+        if not self._held:
+            # Interrupted: this rank leaves now; its peers are told, not left to wait.
+            self._interrupted = True
+            agreement.say("left", {"why": INTERRUPTED.format(test=test._testMethodName)})
+            super().stopTest(test)
+            return
         gone_before = set(agreement.gone)
         heard, silent = agreement.hear(f"test{n}", self._limit + AGREE_MARGIN)
         # (a peer whose setUpClass failed meanwhile: this test waited for it in vain)
         notes = [agreement.gone[r] for r in sorted(set(agreement.gone) - gone_before)]
-        failed = {r: v for r, v in heard.items() if v["status"] == "failed"}
+        for r, value in sorted(heard.items()):
+            if value["test"] != test.id():
+                agreement.gone[r] = PEER_OTHER_TEST.format(who=_who([r], agreement.world_size),
+                                                           theirs=value["test"], ours=test.id())
+                notes.append(agreement.gone[r])
+        failed = {r: v for r, v in heard.items() if v["status"] == "failed" and v["test"] == test.id()}
         if failed:
-            for what_failed in sorted({v["what"] for v in failed.values()}):
+            # (grouped by message, the group of the lowest rank first: the first cause comes first more often)
+            for what_failed in sorted({v["what"] for v in failed.values()},
+                                      key=lambda w: min(r for r, v in failed.items() if v["what"] == w)):
                 ranks = [r for r, v in failed.items() if v["what"] == what_failed]
                 notes.append(PEER_FAILED.format(test=test._testMethodName, how="failed", who=_who(
                     ranks, agreement.world_size), whose="its" if len(ranks) == 1 else "their", what=what_failed))
@@ -229,7 +258,7 @@ class LaunchedResult(unittest.TextTestResult):
         held, self._held, self._current = self._held, [], None
         if notes and status != "failed":
             # This rank's pass (or skip) is not the test's verdict: the peers' failure is.
-            held = [(m, a) for m, a in held if m.__name__ not in ("addSuccess", "addSkip")]
+            held = [(m, a) for m, a in held if m.__name__ not in ("addSuccess", "addSkip", "addExpectedFailure")]
             held.append((super().addFailure, (test, (AssertionError, AssertionError("\n".join(notes)), None))))
         for method, args in held:
             method(*args)
@@ -239,7 +268,9 @@ class LaunchedResult(unittest.TextTestResult):
 
     def stopTestRun(self) -> None:
         # (before unittest prints the errors and counts: the end's error is among them)
-        leave_together(self.agreement, self, self._end_limit, self._holds_store)
+        self._ending = True
+        if not self._interrupted:  # (an interrupted rank leaves at once; its peers know)
+            leave_together(self.agreement, self, self._end_limit, self._holds_store)
         super().stopTestRun()
 
     def _note(self, test: Any, note: str) -> None:
@@ -302,9 +333,9 @@ def leave_together(agreement: Agreement, result: unittest.TestResult, limit: flo
         error = RuntimeError(PEERS_NOT_AT_END.format(who=_who(silent, agreement.world_size),
                                                      cls=agreement.cls.__qualname__, limit=limit))
         result.addError(cast(Any, _TheEnd(agreement.cls)), cast(Any, (RuntimeError, error, None)))
-    agreement.say("left", {})
+    agreement.say("done", {})
     if holds_store:
-        agreement.hear("left", AGREE_MARGIN)
+        agreement.hear("done", AGREE_MARGIN)
 
 
 class _TheEnd:
