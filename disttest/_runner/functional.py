@@ -194,7 +194,6 @@ def _wait_tensor(func: Callable[..., Any]) -> Callable[..., Any]:
 #: suite): not torch's, disttest's, the standard library's or an installed
 #: package's. Decided once per module.
 _user_modules: dict[str, bool] = {}
-_library_paths: list[tuple[str, ...]] = []
 
 
 def _is_user_module(name: str, module: Any) -> bool:
@@ -204,16 +203,19 @@ def _is_user_module(name: str, module: Any) -> bool:
     file = vars(module).get("__file__")
     if not isinstance(file, str):  # (built in, a namespace package)
         return False
-    if not _library_paths:
-        import site
-        import sysconfig
+    return not file.startswith(_library_paths())
 
-        paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-        paths.update(site.getsitepackages())
-        # (as given and with links resolved: a module's file is named by the sys.path entry it came from)
-        _library_paths.append(tuple({os.path.join(f(p), "") for p in paths for f in (os.path.abspath,
-                                                                                       os.path.realpath)}))
-    return not file.startswith(_library_paths[0])
+
+@functools.cache
+def _library_paths() -> tuple[str, ...]:
+    """The folders of the standard library and of installed packages."""
+    import site
+    import sysconfig
+
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.update(site.getsitepackages())
+    # (as given and with links resolved: a module's file is named by the sys.path entry it came from)
+    return tuple({os.path.join(f(p), "") for p in paths for f in (os.path.abspath, os.path.realpath)})
 
 
 def _rebind(pairs: Iterable[tuple[Any, Any]]) -> Callable[[], None]:

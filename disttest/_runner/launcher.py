@@ -145,9 +145,10 @@ class ProcessLauncher:
         # in this run directory left there (a test run again after its ranks
         # crashed in a copy of the test process), its lines streamed already.
         self._offsets: dict[int, int] = {}
-        for r in range(spec.world_size):
-            with contextlib.suppress(OSError):
-                self._offsets[r] = os.path.getsize(rank_mod.paths(spec.run_dir, r)["log"])
+        if settings.output_mode() == "stream":  # (only streaming reads them: no stat per rank otherwise)
+            for r in range(spec.world_size):
+                with contextlib.suppress(OSError):
+                    self._offsets[r] = os.path.getsize(rank_mod.paths(spec.run_dir, r)["log"])
         self._partial: dict[int, str] = {}  # a line not yet ended
         self._dumped: set[int] = set()  # ranks whose fatal-error dump began (no more output shown)
         self.board = ProgressBoard(os.path.join(spec.run_dir, "progress"), spec.world_size, create=True)

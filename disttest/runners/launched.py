@@ -13,8 +13,9 @@ test until every peer has said its own:
 - a peer that does not say within the test's limit (plus
   :data:`AGREE_MARGIN`) died or hangs: the test fails here, naming it, and
   the class's remaining tests fail at once (``setUp``) instead of waiting in
-  collectives it will never join; so do they when a peer's ``setUpClass``
-  failed (that peer runs none of them);
+  collectives it will never join; so do they when a peer left the class
+  (its ``setUpClass`` raised or skipped it, it was interrupted) or ran
+  another test at the same place in the class's order;
 - a rank whose test runs past its limit prints every thread's stack to its
   error output (no join loop is there to ask for it);
 - at the end the ranks leave together, bounded, with what went wrong in the
@@ -38,12 +39,14 @@ from typing import Any, cast
 
 from disttest._runner import settings
 from disttest._runner.outcome import safe_str
+from disttest._runner.verdict import who
 from disttest.support import janitor, tempdirs
 
 __unittest = True
 
 __all__ = ["AGREE_MARGIN", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE",
-           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone", "run_folder", "skipping"]
+           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone",
+           "run_folder", "skipping"]
 
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
 AGREE_MARGIN = 10.0
@@ -74,10 +77,6 @@ SECOND_CALL = ("run_rank was called for {cls} after {first} in this process, bot
 #: Peers that did not reach the end of the class's tests.
 PEERS_NOT_AT_END = ("{who} did not reach the end of {cls}'s tests within {limit:g}s of this rank (disttest): "
                     "it died or hangs")
-
-
-def _who(ranks: list[int], world_size: int) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks))) + f"/{world_size}"
 
 
 def _stderr_fd() -> int:
@@ -129,7 +128,7 @@ class Agreement:
                     if value is None:
                         left = self._heard("left", r)
                         if left is not None:
-                            self.gone[r] = PEER_LEFT_CLASS.format(who=_who([r], self.world_size),
+                            self.gone[r] = PEER_LEFT_CLASS.format(who=who([r], self.world_size),
                                                                   cls=self.cls.__qualname__, why=left["why"])
                             waiting.remove(r)
                         continue
@@ -238,7 +237,7 @@ class LaunchedResult(unittest.TextTestResult):
         notes = [agreement.gone[r] for r in sorted(set(agreement.gone) - gone_before)]
         for r, value in sorted(heard.items()):
             if value["test"] != test.id():
-                agreement.gone[r] = PEER_OTHER_TEST.format(who=_who([r], agreement.world_size),
+                agreement.gone[r] = PEER_OTHER_TEST.format(who=who([r], agreement.world_size),
                                                            theirs=value["test"], ours=test.id())
                 notes.append(agreement.gone[r])
         failed = {r: v for r, v in heard.items() if v["status"] == "failed" and v["test"] == test.id()}
@@ -247,14 +246,13 @@ class LaunchedResult(unittest.TextTestResult):
             for what_failed in sorted({v["what"] for v in failed.values()},
                                       key=lambda w: min(r for r, v in failed.items() if v["what"] == w)):
                 ranks = [r for r, v in failed.items() if v["what"] == what_failed]
-                notes.append(PEER_FAILED.format(test=test._testMethodName, how="failed", who=_who(
+                notes.append(PEER_FAILED.format(test=test._testMethodName, how="failed", who=who(
                     ranks, agreement.world_size), whose="its" if len(ranks) == 1 else "their", what=what_failed))
         if silent:
+            gone = functools.partial(PEER_GONE.format, test=test._testMethodName, limit=self._limit + AGREE_MARGIN)
             for r in silent:
-                agreement.gone[r] = PEER_GONE.format(who=_who([r], agreement.world_size),
-                                                     test=test._testMethodName, limit=self._limit + AGREE_MARGIN)
-            notes.append(PEER_GONE.format(who=_who(silent, agreement.world_size), test=test._testMethodName,
-                                          limit=self._limit + AGREE_MARGIN))
+                agreement.gone[r] = gone(who=who([r], agreement.world_size))
+            notes.append(gone(who=who(silent, agreement.world_size)))
         held, self._held, self._current = self._held, [], None
         if notes and status != "failed":
             # This rank's pass (or skip) is not the test's verdict: the peers' failure is.
@@ -330,7 +328,7 @@ def leave_together(agreement: Agreement, result: unittest.TestResult, limit: flo
     agreement.say("end", {})
     _, silent = agreement.hear("end", limit)
     if silent:
-        error = RuntimeError(PEERS_NOT_AT_END.format(who=_who(silent, agreement.world_size),
+        error = RuntimeError(PEERS_NOT_AT_END.format(who=who(silent, agreement.world_size),
                                                      cls=agreement.cls.__qualname__, limit=limit))
         result.addError(cast(Any, _TheEnd(agreement.cls)), cast(Any, (RuntimeError, error, None)))
     agreement.say("done", {})
