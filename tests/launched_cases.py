@@ -38,6 +38,8 @@ class Launched(disttest.MultiProcContinousTest):
     def test_a_sum(self) -> None:
         if MODE == "fail" and self.rank == 1:
             self.fail("rank 1 fails before the all_reduce")
+        if MODE == "skip_exit" and self.rank == 1:  # (upstream's way to skip: its peer waits in vain)
+            sys.exit(disttest.TEST_SKIPS["multi-gpu-2"].exit_code)
         if MODE == "exit" and self.rank == 1:
             os._exit(3)
         t = torch.ones(1) * (self.rank + 1)
@@ -58,6 +60,10 @@ class Launched(disttest.MultiProcContinousTest):
             print(f"TEMP {path}", flush=True)
             if MODE == "exit_with_temp" and self.rank == 0:
                 os._exit(3)
+
+    def test_d_no_collective(self) -> None:
+        if MODE == "skip_exit" and self.rank == 1:
+            self.skipTest("rank 1 skips alone")
 
 
 if __name__ == "__main__":

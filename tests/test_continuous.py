@@ -511,11 +511,32 @@ class LaunchedAgreementTest(unittest.TestCase):
         self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
         self.assertIn("'test_a_sum' failed on rank 1/2", r0["failures"]["test_a_sum"])
 
+    def test_a_peer_that_skips_skips_the_test_on_every_rank(self):
+        # Rank 1 skipped (upstream's sys.exit with a TEST_SKIPS code) while
+        # rank 0 waited in an all_reduce: rank 0's timeout failed the test
+        # on both ranks, where the core judges it a skip.
+        from disttest.runners.launched import PEER_SKIPPED
+
+        (_, r0, out0), (_, r1, out1) = self.launch("skip_exit")
+        reason = disttest.TEST_SKIPS["multi-gpu-2"].message
+        self.assertEqual(r1["skipped"]["test_a_sum"], reason, out1)
+        skipped = r0["skipped"].get("test_a_sum", "")
+        self.assertTrue(skipped.startswith(reason + " [" + PEER_SKIPPED.format(who="rank 1/2", test="test_a_sum")
+                                           + "; this rank's error came after it: RuntimeError: "), out0)
+        for result in (r0, r1):
+            self.assertNotIn("test_a_sum", {**result["failures"], **result["errors"]})
+        # a test with no collective that one rank skips is skipped on every rank, with its reason
+        self.assertEqual(r1["skipped"]["test_d_no_collective"], "rank 1 skips alone")
+        self.assertEqual(r0["skipped"]["test_d_no_collective"],
+                         "rank 1 skips alone [" + PEER_SKIPPED.format(who="rank 1/2", test="test_d_no_collective")
+                         + "]")
+
     def test_a_backend_the_host_lacks_skips_the_class(self):
         ranks = self.launch("", LAUNCHED_BACKEND="mpi")
         for rc, result, out in ranks:
             self.assertEqual(rc, 0, out)
-            self.assertEqual(sorted(result["skipped"]), ["test_a_sum", "test_b_second", "test_c_temp_file"])
+            self.assertEqual(sorted(result["skipped"]), ["test_a_sum", "test_b_second", "test_c_temp_file",
+                                                       "test_d_no_collective"])
             self.assertIn("mpi", result["skipped"]["test_a_sum"])
 
     def test_the_rank_temp_file_goes_however_rank_0_ends(self):

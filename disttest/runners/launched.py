@@ -38,14 +38,14 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from disttest._runner import settings
-from disttest._runner.outcome import safe_str
+from disttest._runner.outcome import comm_site, safe_str
 from disttest._runner.verdict import who
 from disttest.support import janitor, tempdirs
 
 __unittest = True
 
 __all__ = ["AGREE_MARGIN", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE",
-           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone",
+           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "PEER_SKIPPED", "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone",
            "run_folder", "skipping"]
 
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
@@ -55,6 +55,8 @@ _FIRST_POLL = 0.0005
 #: A test that failed on other ranks: this rank's verdict of it (added to its own failure, if it failed too).
 PEER_FAILED = ("{test!r} {how} on {who} (disttest: ranks run by an external launcher agree on each test, which "
                "fails on every rank if it fails on any; {whose} own report is in {whose} output): {what}")
+#: A test a peer skipped (the whole test, not a subTest): skipped here too.
+PEER_SKIPPED = "{who} skipped {test!r}, and ranks run by an external launcher agree on each test (disttest)"
 #: A peer that did not say how a test ended.
 PEER_GONE = ("{who} did not finish {test!r} within {limit:g}s of this rank (disttest): it died, hangs, or its "
              "store is gone (its own output says which); the class's remaining tests fail at once on this rank")
@@ -204,27 +206,35 @@ class LaunchedResult(unittest.TextTestResult):
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:
         self._hold(super().addSubTest, test, subtest, err)
 
-    def _own_verdict(self) -> tuple[str, str]:
-        """("failed", its first line) if this rank's test failed; else ("passed" or "skipped", "")."""
+    def _own_verdict(self, test: Any) -> dict[str, Any]:
+        """What this rank says of its test: its ``status`` ("failed",
+        "skipped" or "passed"), for a failure its first line (``what``) and
+        whether it came out of a collective (``comm``: then a peer's skip may
+        be its cause), for a skip of the whole test its reason (``why``)."""
         if not self._held:  # (unittest let KeyboardInterrupt through: no outcome)
-            return "failed", "KeyboardInterrupt"
-        skipped = False
+            return {"status": "failed", "what": "KeyboardInterrupt", "comm": False}
+        why = None
         for method, args in self._held:
             name = method.__name__
             if name in ("addFailure", "addError") or (name == "addSubTest" and args[2] is not None) \
                     or name == "addUnexpectedSuccess":
                 err = args[2] if name == "addSubTest" else (args[1] if len(args) > 1 else None)
-                return "failed", _first_line(err) if err else "an unexpected success"
-            skipped = skipped or name == "addSkip"
-        return ("skipped" if skipped else "passed"), ""
+                if not err:
+                    return {"status": "failed", "what": "an unexpected success", "comm": False}
+                comm = isinstance(err[1], BaseException) and bool(comm_site(err[1]))
+                return {"status": "failed", "what": _first_line(err), "comm": comm}
+            if name == "addSkip" and args[0] is test:  # (a subTest's skip is not the test's)
+                why = args[1]
+        return {"status": "passed"} if why is None else {"status": "skipped", "why": why}
 
     def stopTest(self, test: Any) -> None:
         faulthandler.cancel_dump_traceback_later()
         agreement = self.agreement
-        status, what = self._own_verdict()
+        own = self._own_verdict(test)
+        status = own["status"]
         n = agreement.count
         agreement.count += 1
-        agreement.say(f"test{n}", {"test": test.id(), "status": status, "what": what})
+        agreement.say(f"test{n}", {"test": test.id(), **own})
         if not self._held:
             # Interrupted: this rank leaves now; its peers are told, not left to wait.
             self._interrupted = True
@@ -240,7 +250,28 @@ class LaunchedResult(unittest.TextTestResult):
                 agreement.gone[r] = PEER_OTHER_TEST.format(who=who([r], agreement.world_size),
                                                            theirs=value["test"], ours=test.id())
                 notes.append(agreement.gone[r])
-        failed = {r: v for r, v in heard.items() if v["status"] == "failed" and v["test"] == test.id()}
+        ours = {r: v for r, v in heard.items() if v["test"] == test.id()}
+        failed = {r: v for r, v in ours.items() if v["status"] == "failed"}
+        skipped = {r: v["why"] for r, v in {**ours, agreement.rank: own}.items() if v["status"] == "skipped"}
+        held, self._held, self._current = self._held, [], None
+        if skipped and not silent and not notes and all(
+                v.get("comm") for v in (*failed.values(), *([own] if status == "failed" else []))):
+            # A rank skipped and left its peers waiting: their collectives'
+            # errors are its effect, and the test is skipped on every rank, as
+            # the core judges it (verdict.judge).
+            reason = "; ".join(sorted(set(skipped.values())))
+            if status != "skipped":
+                note = PEER_SKIPPED.format(who=who(sorted(r for r in skipped if r != agreement.rank),
+                                                   agreement.world_size), test=test._testMethodName)
+                what = f" [{note}; this rank's error came after it: {own['what']}]" if status == "failed" \
+                    else f" [{note}]"
+                held = [(m, a) for m, a in held if m.__name__ not in (
+                    "addSuccess", "addFailure", "addError", "addSubTest", "addExpectedFailure")]
+                held.append((super().addSkip, (test, reason + what)))
+            for method, args in held:
+                method(*args)
+            super().stopTest(test)
+            return
         if failed:
             # (grouped by message, the group of the lowest rank first: the first cause comes first more often)
             for what_failed in sorted({v["what"] for v in failed.values()},
@@ -253,7 +284,6 @@ class LaunchedResult(unittest.TextTestResult):
             for r in silent:
                 agreement.gone[r] = gone(who=who([r], agreement.world_size))
             notes.append(gone(who=who(silent, agreement.world_size)))
-        held, self._held, self._current = self._held, [], None
         if notes and status != "failed":
             # This rank's pass (or skip) is not the test's verdict: the peers' failure is.
             held = [(m, a) for m, a in held if m.__name__ not in ("addSuccess", "addSkip", "addExpectedFailure")]
