@@ -282,7 +282,15 @@ if __name__ == "__main__":
 
 
 LOCALS_FILE = textwrap.dedent('''
-    from disttest import MultiProcessTestCase, MultiThreadedTestCase, run_tests
+    from disttest import MultiProcContinousTest, MultiProcessTestCase, MultiThreadedTestCase, run_tests
+
+
+    class Pool(MultiProcContinousTest):
+        world_size = 2
+
+        def test_locals(self):
+            kept_here = 40 + self.rank
+            self.assertEqual(kept_here, 43)
 
 
     class Threads(MultiThreadedTestCase):
@@ -330,11 +338,15 @@ class ShowLocalsTest(unittest.TestCase):
         return proc.stdout + proc.stderr
 
     def test_showlocals(self):
+        # (unittest's own --locals too: it sets the result's tb_locals, which
+        # disttest's ranks were not told of)
         for args in (("test_locals.py", "--showlocals"), ("-m", "pytest", "-p", "no:cacheprovider", "-l",
-                                                          "test_locals.py")):
+                                                          "test_locals.py"), ("-m", "unittest", "--locals",
+                                                                              "test_locals")):
             with self.subTest(args=args):
                 out = self.run_it(*args)
-                for rank in (0, 1):
-                    self.assertIn(f"kept_here = {40 + rank}", out)
+                for rank in (0, 1):  # (in each class's report: threads, processes, a pool)
+                    self.assertGreaterEqual(out.count(f"kept_here = {40 + rank}"), 3, out)
                 self.assertNotIn("__builtins__ =", out)
         self.assertNotIn("kept_here = 40", self.run_it("test_locals.py"))
+        self.assertNotIn("kept_here = 40", self.run_it("-m", "unittest", "test_locals"))

@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from disttest._runner.messages import Done, Hello, Ready, Run, deliver, send
+from disttest._runner.outcome import showing_locals
 
 __unittest = True
 
@@ -221,7 +222,7 @@ class Channel:
         self.seq += 1
         self.answers = {}
         for rank in self.conns:
-            self.send(rank, Run(self.seq, test))
+            self.send(rank, Run(self.seq, test, showing_locals()))
         return self.seq
 
     def send(self, rank: int, message: object) -> None:

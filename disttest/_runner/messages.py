@@ -73,6 +73,8 @@ class Run:
 
     seq: int
     test: str
+    #: Show each frame's locals in the test's tracebacks (its unittest result asked: ``--locals``).
+    tb_locals: bool = False
 
 
 @dataclass(frozen=True)

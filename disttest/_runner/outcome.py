@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 import unittest
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -26,7 +26,8 @@ from disttest.support.skips import skip_for_exit_code
 __unittest = True
 
 __all__ = ["COMM_MODULES", "MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
-           "TB_LOCALS_ENV", "outcome_from_exception", "safe_str", "subtests_named"]
+           "TB_LOCALS_ENV", "ask_locals", "outcome_from_exception", "safe_str", "showing_locals",
+           "subtests_named"]
 
 
 class Kind(str, enum.Enum):
@@ -182,8 +183,32 @@ TB_LOCALS_ENV = "DISTTEST_TB_LOCALS"
 _LOCAL_CHARS = 300  # of each local's repr
 
 
+#: Whether the test that runs now asked for locals through its unittest
+#: result (``python -m unittest --locals``: ``result.tb_locals``); set by the
+#: runners for the test's run, in the test process (thread ranks) and in a
+#: pool's ranks (a fresh-process rank has it as :data:`TB_LOCALS_ENV`).
+_asked: list[bool] = [False]
+
+
+def ask_locals(on: bool) -> Callable[[], None]:
+    """Show (or not) locals in the tracebacks of the test that runs now,
+    whatever :data:`TB_LOCALS_ENV` says; return the undo."""
+    before = _asked[0]
+    _asked[0] = on
+
+    def undo() -> None:
+        _asked[0] = before
+
+    return undo
+
+
+def showing_locals() -> bool:
+    """Whether a rank's tracebacks show each frame's locals now."""
+    return _asked[0] or os.environ.get(TB_LOCALS_ENV, "").strip() not in ("", "0")
+
+
 def _locals(frame: FrameType) -> dict[str, Shown] | None:
-    if os.environ.get(TB_LOCALS_ENV, "").strip() in ("", "0"):
+    if not showing_locals():
         return None
     shown = {}
     for name, value in list(frame.f_locals.items()):

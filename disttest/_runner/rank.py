@@ -32,7 +32,7 @@ from disttest._runner import board, process_state, rank_look, tracking
 from disttest._runner.channel import connect
 from disttest._runner.functional import track_functional
 from disttest._runner.messages import Done, Hello, Ready, Run, send
-from disttest._runner.outcome import Kind, Outcome, outcome_from_exception
+from disttest._runner.outcome import Kind, Outcome, ask_locals, outcome_from_exception
 from disttest._runner.proctree import (
     PR_SET_PDEATHSIG,
     descendants,
@@ -413,7 +413,12 @@ def run_rank_process(cls: Any, spec: RankSpec, rank: int, parent_pid: int) -> No
             first = None
             if not isinstance(message, Run):
                 break  # Leave
-            outcome = _run_one(part, ctx, files, message.test)
+            undo_locals = ask_locals(message.tb_locals) if message.tb_locals else None
+            try:
+                outcome = _run_one(part, ctx, files, message.test)
+            finally:
+                if undo_locals is not None:
+                    undo_locals()
             try:
                 send(conn, Done(message.seq, outcome))
             except OSError as e:

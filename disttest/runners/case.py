@@ -20,6 +20,7 @@ import torch
 
 from disttest import _compat
 from disttest._runner import settings
+from disttest._runner.outcome import ask_locals
 from disttest.runners.case_equal import assert_equal
 from disttest.runners.case_parity import CaseParityMixin
 from disttest.support.devices import has_accelerator
@@ -109,9 +110,13 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
 
     def run(self, result: Any = None) -> Any:
         undo = _compat.install_fake_backend()
+        # (unittest's --locals: a rank formats its own tracebacks, so it is told)
+        undo_locals = ask_locals(True) if getattr(result, "tb_locals", False) is True else None
         try:
             return super().run(result)
         finally:
+            if undo_locals is not None:
+                undo_locals()
             if undo is not None:
                 undo()
 

@@ -30,10 +30,12 @@ from disttest._runner import rank as rank_mod
 from disttest._runner.join import StartUp, join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import (
+    TB_LOCALS_ENV,
     Kind,
     Outcome,
     after_cleanups,
     outcome_from_exception,
+    showing_locals,
     subtests_named,
 )
 from disttest._runner.report import NO_RANKS_STARTED, RankError, raise_for, warn_at
@@ -215,8 +217,8 @@ class MultiProcessTestCase(RankDispatch):
             run_dir=self.run_dir, file_name=self.file_name,
             threads=settings.threads_for(method, cls, rank_threads),
             scheduling=settings.rank_scheduling(cls),
-            environ={**os.environ, **janitor.rank_environ()}, cwd=os.getcwd(), sys_path=list(sys.path),
-            run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
+            environ={**os.environ, **janitor.rank_environ(), **({TB_LOCALS_ENV: "1"} if showing_locals() else {})},
+            cwd=os.getcwd(), sys_path=list(sys.path), run_kwargs={"fake_pg": getattr(self, "fake_pg", False)},
         )
         launcher = _LAUNCHERS[method](spec)
         try:
