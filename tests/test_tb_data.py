@@ -84,3 +84,36 @@ class RebuiltTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LocalsTest(unittest.TestCase):
+    """A rank's locals, when asked for (outcome.ask_locals, DISTTEST_TB_LOCALS)."""
+
+    def test_a_large_local_is_shown_short_without_its_whole_repr(self):
+        from disttest._runner import outcome
+
+        read = [0]  # (how many items a repr read)
+
+        class Item:
+            def __repr__(self) -> str:
+                read[0] += 1
+                return "i"
+
+        def fails() -> None:
+            huge = [Item() for _ in range(100_000)]  # noqa: F841 (shown as a local)
+            text = "x" * 10_000  # noqa: F841
+            raise ValueError("boom")
+
+        undo = outcome.ask_locals(True)
+        try:
+            try:
+                fails()
+            except ValueError as e:
+                got = outcome.outcome_from_exception(0, e)
+        finally:
+            undo()
+        self.assertIn("text = 'xxxx", got.traceback)
+        self.assertIn("huge = [i, i, i", got.traceback)
+        self.assertLess(read[0], 1_000)  # (the whole repr read all 100,000, for each of two uses)
+        self.assertLess(len(got.traceback), 5_000)
+        self.assertEqual(outcome._asked, [False])  # (put back)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
+import reprlib
 import signal
 import sys
 import threading
@@ -207,13 +209,25 @@ def showing_locals() -> bool:
     return _asked[0] or os.environ.get(TB_LOCALS_ENV, "").strip() not in ("", "0")
 
 
+@functools.cache
+def _short_repr() -> reprlib.Repr:
+    """A repr that stops early in a large builtin container (a list of a
+    million ints was a 7 MB string, made to show 300 characters of it)."""
+    short = reprlib.Repr()
+    short.maxlevel = 4
+    short.maxstring = short.maxother = short.maxlong = _LOCAL_CHARS
+    short.maxtuple = short.maxlist = short.maxarray = short.maxdict = 60
+    short.maxset = short.maxfrozenset = short.maxdeque = 60
+    return short
+
+
 def _locals(frame: FrameType) -> dict[str, Shown] | None:
     if not showing_locals():
         return None
     shown = {}
     for name, value in list(frame.f_locals.items()):
         try:
-            text = repr(value)
+            text = _short_repr().repr(value)
         except Exception as e:  # noqa: BLE001 (a repr that raises: say so, not fail the report)
             text = f"<repr raised {type(e).__name__}>"
         shown[name] = Shown(text if len(text) <= _LOCAL_CHARS else text[:_LOCAL_CHARS] + "...")
