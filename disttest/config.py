@@ -21,6 +21,7 @@ __unittest = True
 
 __all__ = [
     "DEFAULT_WORLD_SIZE",
+    "MAX_FAKE_WORLD_SIZE",
     "MAX_WORLD_SIZE",
     "TIMEOUT_ENV_VARS",
     "TIMEOUT_FALLBACK",
@@ -105,6 +106,9 @@ def parse_timeout(value: object, where: str, text: bool = False) -> float:
 #: beyond it sizes overflowed deep inside (a socket's backlog, the progress
 #: board) instead of being refused.
 MAX_WORLD_SIZE = 1 << 16
+#: The largest fake world (``with_fake_comms``, ``mock_init_dist``): it
+#: starts no ranks, so only c10d's own limit (a rank is a 32-bit int) applies.
+MAX_FAKE_WORLD_SIZE = (1 << 31) - 1
 
 
 #: A class's own ``{method name: size}`` of the pytest ``world_size`` markers
@@ -147,16 +151,16 @@ def marked_world_size(cls: type, method_name: str | None) -> int | None:
     return None
 
 
-def parse_world_size(value: object, where: str, text: bool = False) -> int:
-    """Return ``value`` as a world size (an integer from 1 to
-    :data:`MAX_WORLD_SIZE`).
+def parse_world_size(value: object, where: str, text: bool = False, most: int = MAX_WORLD_SIZE) -> int:
+    """Return ``value`` as a world size (an integer from 1 to ``most``,
+    :data:`MAX_WORLD_SIZE` unless given).
 
     ``text``: the value comes from text (an environment variable, a command
     line), so a string of digits is read as a number; elsewhere a string is
     an error (``world_size = "2"`` in a class). Raises :class:`ConfigError`
     naming ``value`` and ``where`` otherwise.
     """
-    why = f"expected an integer from 1 to {MAX_WORLD_SIZE}"
+    why = f"expected an integer from 1 to {most}"
     if isinstance(value, bool) or (isinstance(value, str) and not text):
         raise ConfigError("world size", value, where, why)
     if isinstance(value, str):
@@ -169,7 +173,7 @@ def parse_world_size(value: object, where: str, text: bool = False) -> int:
         number = operator.index(value)  # type: ignore[arg-type]  # an int, or numpy's int64
     except TypeError:
         raise ConfigError("world size", value, where, why) from None
-    if not 1 <= number <= MAX_WORLD_SIZE:
+    if not 1 <= number <= most:
         raise ConfigError("world size", value, where, why)
     return number
 

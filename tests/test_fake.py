@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import unittest
 
 import torch
@@ -52,6 +53,40 @@ class QueriesTest(unittest.TestCase):
             return dist.get_world_size()
 
         self.assertEqual(size(), 2)
+
+    def test_a_test_case_class_runs_each_test_in_a_fake_world(self):
+        # (the class became a function: its tests vanished and the run said OK)
+        @with_fake_comms(rank=1, world_size=4)
+        class Whole(unittest.TestCase):
+            def test_size(self):
+                self.assertEqual((dist.get_rank(), dist.get_world_size()), (1, 4))
+
+            def test_wrong(self):
+                self.assertEqual(dist.get_world_size(), 3)
+
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(Whole).run(result)
+        self.assertEqual((result.testsRun, len(result.failures), len(result.errors)), (2, 1, 0))
+        self.assertIn("4 != 3", result.failures[0][1])
+        self.assertFalse(dist.is_initialized())
+
+    def test_a_generator_runs_in_the_fake_world_while_iterated(self):
+        @with_fake_comms(world_size=4)
+        def sizes():
+            yield dist.get_world_size()
+            yield dist.is_initialized()
+
+        self.assertEqual(list(sizes()), [4, True])
+        self.assertFalse(dist.is_initialized())
+
+    def test_bad_arguments_to_the_decorator_are_named_when_it_decorates(self):
+        with self.assertRaisesRegex(disttest.ConfigError, r"from with_fake_comms\(world_size=...\)"):
+            with_fake_comms(world_size=0)
+        with self.assertRaisesRegex(disttest.ConfigError, r"from with_fake_comms\(rank=...\)"):
+            with_fake_comms(lambda: None, rank=4, world_size=4)
+        with self.assertRaises(TypeError) as caught:
+            with_fake_comms(4)  # (the size given by position: 'int' object is not callable, at import)
+        self.assertEqual(str(caught.exception), disttest.pg.fake.NOT_DECORATABLE.format(what="4"))
 
     def test_bad_arguments_are_named(self):
         with self.assertRaisesRegex(disttest.ConfigError, r"mock_init_dist\(world_size=...\)"):
@@ -147,6 +182,20 @@ class CollectivesTest(unittest.TestCase):
         dist.scatter_object_list(kept, None)
         self.assertEqual(kept, ["before"])
 
+    @with_fake_comms(rank=2, world_size=4)
+    def test_object_collectives_on_a_subgroup_by_group_src(self):
+        # (group_src is a rank of the group; it was compared with the global
+        # rank: this rank's own scatter was dropped, another's unpickled garbage)
+        g = dist.new_group([0, 2, 3])  # global 2 is the group's rank 1
+        out = [None]
+        dist.scatter_object_list(out, ["a", "b", "c"], group_src=1, group=g)
+        self.assertEqual(out, ["b"])
+        box = ["keep"]
+        dist.broadcast_object_list(box, group_src=2, group=g)  # (global 3: no data here)
+        self.assertEqual(box, ["keep"])
+        dist.broadcast_object_list(box, src=3, group=g)
+        self.assertEqual(box, ["keep"])
+
     def test_a_group_the_block_made_in_place_of_the_fake_one_is_destroyed(self):
         with disttest.with_dist(0, 1):
             dist.destroy_process_group()
@@ -191,6 +240,26 @@ class InvalidCallsTest(unittest.TestCase):
                 call()
         with self.assertRaisesRegex(ValueError, "all_gather: tensor_list holds 3 tensor"):
             calls["all_gather"]()  # (a ValueError too, as the fake group's own refusals are)
+
+    @with_fake_comms(rank=1, world_size=2)
+    def test_dtypes_shapes_and_ops_that_gloo_refuses(self):
+        # (each passed in silence: cast, reshaped, skipped, or left as zeros; gloo and the threaded group refuse them)
+        calls = {
+            "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(4, dtype=torch.int32),
+                                                                          torch.ones(2)),
+            "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(2, dtype=torch.int32),
+                                                                        torch.ones(4)),
+            "all_to_all": lambda: dist.all_to_all([torch.zeros(3, 2)] * 2, [torch.ones(2, 3)] * 2),
+            "all_reduce": lambda: dist.all_reduce(torch.ones(2), op=R.BAND),
+            "all_to_all_single": lambda: dist.all_to_all_single(torch.zeros(5), torch.arange(5.0), [2, 3], [3, 2]),
+            "gather": lambda: dist.gather(torch.ones(2), [torch.zeros(3)] * 2, dst=1),
+            "scatter": lambda: dist.scatter(torch.zeros(2), [torch.ones(3)] * 2, src=1),
+            "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(2), [torch.ones(3)] * 2),
+            "reduce": lambda: dist.reduce(torch.ones(2, dtype=torch.int64), dst=0, op=R.AVG),
+        }
+        for name, call in calls.items():
+            with self.subTest(name), self.assertRaisesRegex(RuntimeError, rf"^{name}: .*\(disttest\)$"):
+                call()
 
     @with_fake_comms(rank=0, world_size=1)
     def test_a_receive_from_any_rank_in_a_world_of_one(self):
@@ -248,6 +317,79 @@ class LifecycleTest(unittest.TestCase):
         store = disttest.FakeStore()
         store.set("k", "v")
         self.assertEqual(store.get("k"), b"v")
+
+    def test_c10d_init_barrier_passes_at_once_and_a_failed_init_leaves_nothing(self):
+        # (TORCH_DIST_INIT_BARRIER=1: each world waited 30 s for ranks that do
+        # not exist, failed, and left its group to refuse every later world)
+        import threading
+        import time
+        from unittest import mock
+
+        from torch.distributed import distributed_c10d as c10d
+
+        barrier = c10d._store_based_barrier
+        with mock.patch.dict("os.environ", {"TORCH_DIST_INIT_BARRIER": "1"}):
+            start = time.monotonic()
+            with with_dist(rank=1, world_size=4):
+                dist.new_group([0, 1])
+            self.assertLess(time.monotonic() - start, 5)
+        self.assertIs(c10d._store_based_barrier, barrier)  # (put back)
+        hooks = sys.excepthook, threading.excepthook
+        with mock.patch.object(dist, "init_process_group", side_effect=self._half_made), \
+                self.assertRaisesRegex(RuntimeError, "half made"), with_dist(world_size=2):
+            pass
+        self.assertFalse(dist.is_initialized())
+        self.assertEqual((sys.excepthook, threading.excepthook), hooks)
+        self.assertNotIn("mock_process_group", dist.Backend._plugins)
+
+    @staticmethod
+    def _half_made(**kwargs):
+        from torch.distributed import distributed_c10d as c10d  # (dist's is the mock)
+
+        c10d.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        raise RuntimeError("half made")
+
+    def test_the_excepthook_is_put_back(self):
+        # (c10d wraps it in each init_process_group: '[rank2]: [rank1]: [rank0]: ' after three
+        # worlds, a RecursionError after 1500)
+        hook = sys.excepthook
+        for r in range(3):
+            with_fake_comms(rank=r, world_size=4)(lambda: None)()
+        self.assertIs(sys.excepthook, hook)
+
+    def test_worlds_in_two_rank_threads_at_once(self):
+        # (the first world to end removed the backend and wrappers under the
+        # other: EOFError in its broadcast_object_list)
+        import threading
+        import time
+
+        inside, ended = threading.Event(), threading.Event()
+
+        @disttest.spawn_threads_and_init_comms(world_size=2)
+        def ranks():
+            me = dist.get_rank()
+            dist.destroy_process_group()  # (each rank thread has a default group of its own)
+            if me == 1:
+                self.assertTrue(inside.wait(10))
+            with with_dist(rank=me, world_size=4):
+                if me == 0:
+                    inside.set()
+                    time.sleep(0.2)
+                else:
+                    self.assertTrue(ended.wait(10))  # (rank 0's world has ended)
+                    box = ["mine"]
+                    dist.broadcast_object_list(box, src=0)
+                    self.assertEqual(box, ["mine"])
+            if me == 0:
+                ended.set()
+
+        ranks()
+        self.assertNotIn("mock_process_group", dist.Backend._plugins)
+
+    def test_a_fake_world_larger_than_the_largest_started_one(self):
+        # (no rank starts: only c10d's 32-bit rank limits it, as upstream's)
+        with with_dist(rank=70_000, world_size=131_072):
+            self.assertEqual(dist.get_world_size(), 131_072)
 
     def test_upstream_creator_signature(self):
         from datetime import timedelta

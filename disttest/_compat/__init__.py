@@ -60,6 +60,7 @@ from disttest._compat.c10d import (
     set_c10d_world,
     set_group_timeout,
     set_thread_isolation,
+    skip_store_barriers,
     thread_local_modes,
     wait_tensor,
 )
@@ -256,6 +257,7 @@ __all__ = [
     "set_dtensor_spec",
     "set_rref_leak_check",
     "set_thread_isolation",
+    "skip_store_barriers",
     "shard_api",
     "shard_chunk_sizes",
     "shard_order_entry",

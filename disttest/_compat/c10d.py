@@ -4,6 +4,7 @@ ones per thread, thread isolation, reduce ops, functional collectives."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 __unittest = True
@@ -22,6 +23,7 @@ __all__ = [
     "set_c10d_world",
     "set_group_timeout",
     "set_thread_isolation",
+    "skip_store_barriers",
     "thread_local_modes",
     "wait_tensor",
 ]
@@ -212,3 +214,28 @@ def wait_tensor(t: Any) -> Any:
     import torch
 
     return torch.ops._c10d_functional.wait_tensor(t)
+
+
+def skip_store_barriers(skip: Callable[[], bool]) -> Callable[[], None]:
+    """Make c10d's store-based barrier after ``init_process_group`` and
+    ``new_group`` (``TORCH_DIST_INIT_BARRIER=1``;
+    ``distributed_c10d._store_based_barrier``) return at once while
+    ``skip()`` is true (a world whose other ranks do not exist); return the
+    undo. A torch without it: nothing to do."""
+    from torch.distributed import distributed_c10d
+
+    barrier = getattr(distributed_c10d, "_store_based_barrier", None)
+    if barrier is None:
+        return lambda: None
+
+    def maybe(*args: Any, **kwargs: Any) -> None:
+        if not skip():
+            barrier(*args, **kwargs)
+
+    distributed_c10d._store_based_barrier = maybe
+
+    def undo() -> None:
+        if distributed_c10d._store_based_barrier is maybe:
+            distributed_c10d._store_based_barrier = barrier
+
+    return undo

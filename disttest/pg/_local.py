@@ -17,8 +17,8 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "completed_work",
-           "each_rank", "rank_runs"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "check_op",
+           "completed_work", "each_rank", "rank_runs"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, {whose} (disttest): {why}"
 #: Whose limit a timed-out Work waited for (TIMED_OUT's ``{whose}``).
@@ -194,12 +194,21 @@ R: Any = dist.ReduceOp.RedOpType  # (the stubs lack most members)
 _BITWISE = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
 
 
+def check_op(kind: Any, dtype: torch.dtype, what: str) -> None:
+    """Refuse reduce op ``kind`` (a ``RedOpType``) on ``dtype`` where gloo
+    refuses it: a bitwise op on floating-point or complex tensors, AVG on
+    integer ones."""
+    if kind in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
+        raise InvalidArgument(f"{what}: {kind.name} needs integer or bool tensors, got {dtype} (disttest)")
+    if kind == R.AVG and not (dtype.is_floating_point or dtype.is_complex):
+        raise InvalidArgument(f"{what}: AVG needs floating-point tensors, got {dtype} (disttest)")
+
+
 def _reduce(tensors: list[torch.Tensor], op: Any, what: str) -> torch.Tensor:
     kind, factor = _compat.reduce_op_parts(op)
     dtype = tensors[0].dtype
+    check_op(kind, dtype, what)
     if kind in _BITWISE:
-        if dtype.is_floating_point or dtype.is_complex:
-            raise InvalidArgument(f"{what}: {kind.name} needs integer or bool tensors, got {dtype} (disttest)")
         out = tensors[0].clone()
         for t in tensors[1:]:
             out = _BITWISE[kind](out, t)
@@ -214,8 +223,6 @@ def _reduce(tensors: list[torch.Tensor], op: Any, what: str) -> torch.Tensor:
     if kind == R.MAX:
         return stacked.amax(0)
     if kind == R.AVG:
-        if not (dtype.is_floating_point or dtype.is_complex):
-            raise InvalidArgument(f"{what}: AVG needs floating-point tensors, got {dtype} (disttest)")
         return stacked.mean(0)
     if kind == R.PREMUL_SUM:
         scale = factor if not isinstance(factor, torch.Tensor) else factor.to(stacked.device)

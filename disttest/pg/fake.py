@@ -5,12 +5,13 @@
 collective completes at once, as if *every rank had passed this rank's
 tensors* (``all_reduce`` SUM multiplies by the world size, ``all_gather``
 fills each slot with this rank's tensor, ``broadcast`` and ``recv`` leave
-tensors as they are). Output shapes are right and Works carry their output
-tensors, so code such as ``DistributedDataParallel(model)`` runs forward and
-backward in one process with a fake world of 8. Object collectives whose
-data would come from another rank (``broadcast_object_list`` and
-``scatter_object_list`` on a non-source rank) leave the caller's list as it
-was.
+tensors as they are; so does ``scatter`` on a rank that is not its
+source). Output shapes are right and Works carry their output tensors, so
+code such as ``DistributedDataParallel(model)`` runs forward and backward in
+one process with a fake world of 8. Object collectives whose data would come
+from another rank (``broadcast_object_list`` and ``scatter_object_list`` on
+a non-source rank) leave the caller's list as it was. Calls gloo refuses
+(another dtype or shape, a bitwise reduction of floats) are refused here.
 
 Upstream's names: ``MockProcessGroup``, ``create_mock_pg``, the backend
 ``"mock_process_group"``, ``mock_init_dist``, ``with_dist``,
@@ -28,6 +29,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
+import threading
+import unittest
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -37,13 +41,16 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest._typing import F
-from disttest.config import parse_world_size
+from disttest.config import MAX_FAKE_WORLD_SIZE, ConfigError, parse_world_size
 from disttest.pg._local import (
     FutureWork,
     InvalidArgument,
     PythonGroup,
     _copy,
+    _fits,
+    _one_dtype,
     _splits,
+    check_op,
     completed_work,
 )
 
@@ -52,6 +59,7 @@ __unittest = True
 __all__ = [
     "BACKEND",
     "ALREADY_INITIALIZED",
+    "NOT_DECORATABLE",
     "AlreadyInitialized",
     "FakeProcessGroup",  # noqa: F822 (module __getattr__)
     "FakeStore",
@@ -110,9 +118,12 @@ def register_fake_backend() -> None:
     _compat.ensure_fake_backend()
 
 
-def _same_everywhere(t: torch.Tensor, op: Any, n: int) -> torch.Tensor:
-    """The reduction of ``n`` copies of ``t`` under ``op``, in closed form."""
+def _same_everywhere(t: torch.Tensor, op: Any, n: int, what: str = "all_reduce") -> torch.Tensor:
+    """The reduction of ``n`` copies of ``t`` under ``op``, in closed form
+    (refused where gloo and the threaded group refuse it: a bitwise op on
+    floating-point tensors, AVG on integers)."""
     kind, factor = _compat.reduce_op_parts(op)
+    check_op(kind, t.dtype, what)
     if kind in (R.MIN, R.MAX, R.BAND, R.BOR, R.AVG):
         return t
     if kind == R.SUM:
@@ -150,11 +161,11 @@ class MockProcessGroup(PythonGroup):
         if output.numel() != input.numel() * times:
             raise InvalidArgument(WRONG_SIZE.format(what=what, out=output.numel(), inp=input.numel(), n=self.size()))
 
-    def _reduced(self, tensors: list[torch.Tensor], op: Any) -> FutureWork:
+    def _reduced(self, tensors: list[torch.Tensor], op: Any, what: str = "all_reduce") -> FutureWork:
         with torch.no_grad():
             for t in tensors:
-                _copy(t, _same_everywhere(t.detach(), op, self.size()))
-        return completed_work(tensors, "all_reduce")
+                _copy(t, _same_everywhere(t.detach(), op, self.size(), what))
+        return completed_work(tensors, what)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FutureWork:
         return self._reduced(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -165,7 +176,9 @@ class MockProcessGroup(PythonGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> FutureWork:
         self._root("reduce", "dst", opts.rootRank)
         if opts.rootRank == self.rank():
-            return self._reduced(tensors, opts.reduceOp)
+            return self._reduced(tensors, opts.reduceOp, "reduce")
+        for t in tensors:  # (checked on every rank, as the root would refuse it)
+            check_op(_compat.reduce_op_parts(opts.reduceOp)[0], t.dtype, "reduce")
         return completed_work(tensors, "reduce")
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> FutureWork:
@@ -174,20 +187,24 @@ class MockProcessGroup(PythonGroup):
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
         self._count("all_gather", "tensor_list", outputs[0])
+        _one_dtype("all_gather", outputs[0], inputs)
         with torch.no_grad():
-            for out in outputs[0]:
+            for r, out in enumerate(outputs[0]):
+                _fits("all_gather", out, inputs[0], f"rank {r} sends to output {r}", shape=False)
                 _copy(out, inputs[0].reshape(out.shape))
         return completed_work(outputs, "all_gather")
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:
         with torch.no_grad():
             for per_rank in outputs:
-                for out, inp in zip(per_rank, inputs, strict=True):
+                for j, (out, inp) in enumerate(zip(per_rank, inputs, strict=True)):
+                    _fits("all_gather_coalesced", out, inp, f"tensor {j}")
                     _copy(out, inp)
         return completed_work(outputs, "all_gather_coalesced")
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> FutureWork:
         self._elements("all_gather_into_tensor", output, input, self.size())
+        _one_dtype("all_gather_into_tensor", [output], [input])
         with torch.no_grad():
             _copy(output, input.reshape(-1).repeat(self.size()).reshape(output.shape))
         return completed_work([output], "all_gather_single")
@@ -202,7 +219,8 @@ class MockProcessGroup(PythonGroup):
         if opts.rootRank == self.rank():
             self._count("gather", "gather_list", outputs[0])
             with torch.no_grad():
-                for out in outputs[0]:
+                for r, out in enumerate(outputs[0]):
+                    _fits("gather", out, inputs[0], f"rank {r} sends to the root's output {r}")
                     _copy(out, inputs[0])
         return completed_work(outputs, "gather")
 
@@ -210,21 +228,28 @@ class MockProcessGroup(PythonGroup):
         self._root("scatter", "src", opts.rootRank)
         if opts.rootRank == self.rank():
             self._count("scatter", "scatter_list", inputs[0])
+            for r, piece in enumerate(inputs[0]):
+                _fits("scatter", outputs[0], piece, f"the root's input {r} to rank {r}'s output")
             with torch.no_grad():
                 _copy(outputs[0], inputs[0][self.rank()])
         return completed_work(outputs, "scatter")
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> FutureWork:
         self._count("reduce_scatter", "input_list", inputs[0])
+        for r, piece in enumerate(inputs[0]):
+            _fits("reduce_scatter", outputs[0], piece, f"the inputs {r} into rank {r}'s output")
         with torch.no_grad():
-            _copy(outputs[0], _same_everywhere(inputs[0][self.rank()].detach(), opts.reduceOp, self.size()))
+            _copy(outputs[0], _same_everywhere(inputs[0][self.rank()].detach(), opts.reduceOp, self.size(),
+                                               "reduce_scatter"))
         return completed_work(outputs, "reduce_scatter")
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> FutureWork:
         self._elements("reduce_scatter_tensor", input, output, self.size())
+        _one_dtype("reduce_scatter_tensor", [output], [input])
         piece = input.reshape(-1).chunk(self.size())[self.rank()]
         with torch.no_grad():
-            _copy(output, _same_everywhere(piece.detach(), opts.reduceOp, self.size()).reshape(output.shape))
+            _copy(output, _same_everywhere(piece.detach(), opts.reduceOp, self.size(),
+                                           "reduce_scatter_tensor").reshape(output.shape))
         return completed_work([output], "reduce_scatter_single")
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> FutureWork:
@@ -237,19 +262,21 @@ class MockProcessGroup(PythonGroup):
         self._count("all_to_all", "input_tensor_list", inputs)
         mine = inputs[self.rank()]
         with torch.no_grad():
-            for out in outputs:
-                if out.shape == mine.shape:
-                    _copy(out, mine)
+            for src, out in enumerate(outputs):
+                # (every rank sends what this rank sends itself: each output must take it)
+                _fits("all_to_all", out, mine, f"rank {src} sends to output {src}")
+                _copy(out, mine)
         return completed_work(outputs, "all_to_all")
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> FutureWork:
         n = self.size()
+        _one_dtype("all_to_all_single", [output], [input])
         mine = input.split(_splits(input_split_sizes, input.size(0), n, "all_to_all_single"))[self.rank()]  # type: ignore[no-untyped-call]  # torch: Tensor.split is unannotated
         with torch.no_grad():
-            for slot in output.split(_splits(output_split_sizes, output.size(0), n, "all_to_all_single")):  # type: ignore[no-untyped-call]  # torch: unannotated
-                if slot.shape == mine.shape:
-                    _copy(slot, mine)
+            for src, slot in enumerate(output.split(_splits(output_split_sizes, output.size(0), n, "all_to_all_single"))):  # type: ignore[no-untyped-call]  # torch: unannotated
+                _fits("all_to_all_single", slot, mine, f"rank {src} sends to this rank")
+                _copy(slot, mine)
         return completed_work([output], "all_to_all_single")
 
     def barrier(self, opts: Any = None) -> FutureWork:
@@ -298,13 +325,15 @@ def _keep_when_fake(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = sig.bind_partial(*args, **kwargs).arguments
-        src = bound.get("src")
-        if src is None:
-            src = bound.get("group_src")
-        if src is None:
-            src = 0  # NB: as torch, neither given means rank 0 (missing it, rank 1 unpickled garbage)
-        if _fake_target(bound.get("group")) and src != dist.get_rank():
-            return None  # no rank can send: the caller's list stays as it was
+        group = bound.get("group")
+        if _fake_target(group):
+            # NB: src is a global rank, group_src one of the group (a rank's
+            # group rank was compared with its global one: its own scatter
+            # was dropped, another's unpickled garbage); neither means 0, as torch.
+            src, group_src = bound.get("src"), bound.get("group_src")
+            mine = dist.get_rank() if src is not None or group is None else dist.get_rank(group)
+            if (src if src is not None else group_src if group_src is not None else 0) != mine:
+                return None  # no rank can send: the caller's list stays as it was
         return func(*args, **kwargs)
 
     wrapper.__disttest_fake_aware__ = True  # type: ignore[attr-defined]
@@ -335,38 +364,51 @@ def _install_object_wrappers() -> Callable[[], None]:
 
 
 _undo: list[Callable[[], None]] = []  # while a fake world is installed
+#: The fake worlds open now (``with_dist`` blocks, in any thread), and
+#: whether ``mock_init_dist`` was called outside one (then the install stays
+#: for the process, as upstream's registration does).
+_open = [0]
+_kept = [False]
+#: NB: default groups are per thread where threads are ranks; the install is
+#: the process's, made by the first world and undone by the last.
+_lock = threading.RLock()
 
 
 def _install() -> bool:
-    """Register the ``mock_process_group`` backend and wrap the object
-    collectives, unless already done; True if this call did it."""
-    if _undo:
-        return False
-    if _compat.backend_creator(BACKEND) is not _create:
-        _undo.append(_compat.register_backend(BACKEND, _create, ["cpu", "cuda"]))
-    _undo.append(_install_object_wrappers())
-    return True
+    """Register the ``mock_process_group`` backend, wrap the object
+    collectives and let c10d's store-based barrier pass in a fake world,
+    unless already done; True if this call did it."""
+    with _lock:
+        if _undo:
+            return False
+        if _compat.backend_creator(BACKEND) is not _create:
+            _undo.append(_compat.register_backend(BACKEND, _create, ["cpu", "cuda"]))
+        _undo.append(_install_object_wrappers())
+        # (TORCH_DIST_INIT_BARRIER=1: a fake world's other ranks never check in)
+        _undo.append(_compat.skip_store_barriers(lambda: _fake_target(None)))
+        return True
 
 
 def _uninstall() -> None:
     """Undo :func:`_install`: torch is as it was before."""
-    while _undo:
-        _undo.pop()()
+    with _lock:
+        while _undo:
+            _undo.pop()()
 
 
 # --- the fake world ------------------------------------------------------------
 
 
-def mock_init_dist(rank: int, world_size: int) -> None:
-    """Make this process rank ``rank`` of a fake world of ``world_size``.
-
-    Raises :class:`AlreadyInitialized` if a process group exists.
-    """
-    size = parse_world_size(world_size, "mock_init_dist(world_size=...)")
+def _checked(rank: object, world_size: object, where: str) -> tuple[int, int]:
+    """``(rank, world_size)`` of a fake world, or a :class:`ConfigError`
+    naming the bad value and ``where`` it was given (``"with_dist"``...)."""
+    size = parse_world_size(world_size, f"{where}(world_size=...)", most=MAX_FAKE_WORLD_SIZE)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
-        from disttest.config import ConfigError
+        raise ConfigError("rank", rank, f"{where}(rank=...)", f"expected 0 <= rank < {size}")
+    return rank, size
 
-        raise ConfigError("rank", rank, "mock_init_dist(rank=...)", f"expected 0 <= rank < {size}")
+
+def _init(rank: int, size: int) -> None:
     if dist.is_initialized():
         raise AlreadyInitialized(ALREADY_INITIALIZED.format(
             backend=dist.get_backend(), rank=dist.get_rank(), size=dist.get_world_size()))
@@ -375,34 +417,77 @@ def mock_init_dist(rank: int, world_size: int) -> None:
                             timeout=timedelta(seconds=30))
 
 
+def mock_init_dist(rank: int, world_size: int) -> None:
+    """Make this process rank ``rank`` of a fake world of ``world_size``
+    (up to :data:`~disttest.config.MAX_FAKE_WORLD_SIZE`: no rank starts).
+
+    Raises :class:`AlreadyInitialized` if a process group exists. The
+    backend stays registered for the process, as upstream's does.
+    """
+    rank, size = _checked(rank, world_size, "mock_init_dist")
+    with _lock:  # (kept once made: a refused call leaves the install to the worlds open)
+        _init(rank, size)
+        _kept[0] = True
+
+
 @contextlib.contextmanager
 def with_dist(rank: int = 0, world_size: int = 2) -> Iterator[None]:
     """A fake world for the block; its group is destroyed on exit, also when
-    the block raises, and the backend and wrappers it installed are removed.
-    Refuses to nest (:class:`AlreadyInitialized`)."""
-    owner = not _undo
+    the block (or making the group) raises; the last world open removes the
+    backend and wrappers, and each puts back the ``sys.excepthook`` that
+    c10d's ``init_process_group`` wrapped (nested ``[rank0]: [rank1]:``
+    prefixes after a few worlds). Refuses to nest in one thread
+    (:class:`AlreadyInitialized`); worlds in several threads (thread ranks)
+    may be open at once."""
+    rank, size = _checked(rank, world_size, "with_dist")
+    hooks = sys.excepthook, threading.excepthook
+    with _lock:
+        _open[0] += 1
+    refused = False
     try:
-        mock_init_dist(rank=rank, world_size=world_size)
-    except BaseException:
-        if owner:
-            _uninstall()
-        raise
-    try:
+        try:
+            _init(rank, size)
+        except AlreadyInitialized:
+            refused = True
+            raise
         yield
     finally:
-        # (no group existed on entry: one left now is the block's, whatever its
-        # backend, as upstream destroys it)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        if owner:
-            _uninstall()
+        try:
+            # (no group existed on entry unless refused: one left now is the
+            # block's, or half made by a failed _init, whatever its backend,
+            # as upstream destroys it)
+            if dist.is_initialized() and not refused:
+                dist.destroy_process_group()
+        finally:
+            sys.excepthook, threading.excepthook = hooks
+            with _lock:
+                _open[0] -= 1
+                if _open[0] == 0 and not _kept[0]:
+                    _uninstall()
+
+
+#: ``with_fake_comms`` given something it cannot decorate.
+NOT_DECORATABLE = ("with_fake_comms({what}): expected a function, a test method or a TestCase class; give the "
+                   "world's size by name, with_fake_comms(world_size=...) (disttest)")
 
 
 def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -> Any:
     """Decorator: run a test method, or any function, in a fake world (an
-    ``async def`` one for as long as its coroutine runs)."""
+    ``async def`` one for as long as its coroutine runs, a generator for as
+    long as it is iterated). On a ``TestCase`` class, each of its test
+    methods runs in one. The rank and size are checked when it decorates."""
+    _checked(rank, world_size, "with_fake_comms")
     if func is None:
         return functools.partial(with_fake_comms, rank=rank, world_size=world_size)
+    if inspect.isclass(func):
+        # (the class was replaced by a function: its tests vanished, and the run said OK)
+        prefix = getattr(unittest.defaultTestLoader, "testMethodPrefix", "test")
+        for name, member in list(vars(func).items()):
+            if name.startswith(prefix) and inspect.isfunction(member):
+                setattr(func, name, with_fake_comms(member, rank=rank, world_size=world_size))
+        return func
+    if not callable(func):
+        raise TypeError(NOT_DECORATABLE.format(what=repr(func)))
     if inspect.iscoroutinefunction(func):
         coroutine = func
 
@@ -412,6 +497,15 @@ def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -
                 return await coroutine(*args, **kwargs)
 
         return awaiting
+    if inspect.isgeneratorfunction(func):
+        generator = func
+
+        @functools.wraps(func)
+        def iterating(*args: Any, **kwargs: Any) -> Any:
+            with with_dist(rank, world_size):
+                return (yield from generator(*args, **kwargs))
+
+        return iterating
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
