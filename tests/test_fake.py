@@ -256,6 +256,7 @@ class InvalidCallsTest(unittest.TestCase):
             "scatter": lambda: dist.scatter(torch.zeros(2), [torch.ones(3)] * 2, src=1),
             "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(2), [torch.ones(3)] * 2),
             "reduce": lambda: dist.reduce(torch.ones(2, dtype=torch.int64), dst=0, op=R.AVG),
+            "all_gather": lambda: dist.all_gather([torch.zeros(3, 2)] * 2, torch.ones(2, 3)),
         }
         for name, call in calls.items():
             with self.subTest(name), self.assertRaisesRegex(RuntimeError, rf"^{name}: .*\(disttest\)$"):

@@ -420,6 +420,9 @@ class ArgumentErrorsTest(unittest.TestCase):
             dt = torch.float64 if rank == 1 else torch.float32
             dist.all_gather([torch.zeros(2, dtype=dt) for _ in range(n)], torch.ones(2, dtype=dt))
 
+        def all_gather_shape(rank, n):  # (the same size, another shape: reshaped in silence)
+            dist.all_gather([torch.zeros(3, 2) for _ in range(n)], torch.ones(2, 3))
+
         def all_to_all_dtype(rank, n):
             dt = torch.int64 if rank == 1 else torch.float32
             dist.all_to_all([torch.zeros(1, dtype=dt) for _ in range(n)], [torch.ones(1, dtype=dt) for _ in range(n)])
@@ -430,6 +433,7 @@ class ArgumentErrorsTest(unittest.TestCase):
                 (scatter_dtype, "scatter: the root's input 1 to rank 1's output: [2] torch.float32 into [2] torch.int64"),
                 (reduce_scatter_shape, "reduce_scatter: the inputs 0 into rank 0's output: [1] torch.float32 into [3]"),
                 (all_gather_dtype, "all_gather: rank 1 sends to rank 0's output 1: [2] torch.float64 into [2] torch."),
+                (all_gather_shape, "all_gather: rank 0 sends to rank 0's output 0: [2, 3] torch.float32 into [3, 2]"),
                 (all_to_all_dtype, "all_to_all: rank 1 sends to rank 0's output 1: [1] torch.int64 into [1] torch.")):
             with self.subTest(fn.__name__):
                 self.errors_on_every_rank(2, fn, CollectiveMismatch, fragment)

@@ -239,11 +239,11 @@ def _same(tensors: Sequence[torch.Tensor], what: str) -> None:
                 first_shape=list(first.shape)))
 
 
-def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str, shape: bool = True) -> None:
+def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str) -> None:
     """Raise :class:`CollectiveMismatch` unless ``piece`` fills ``slot`` as
-    it is: the same dtype and (``shape``) shape. gloo refuses both; a copy
-    would cast and broadcast in silence."""
-    if slot.dtype != piece.dtype or shape and slot.shape != piece.shape:
+    it is: the same dtype and shape. gloo refuses both; a copy would cast
+    and broadcast in silence."""
+    if slot.dtype != piece.dtype or slot.shape != piece.shape:
         raise CollectiveMismatch(DOES_NOT_FIT.format(what=what, where=where, shape=list(piece.shape),
                                                      dtype=piece.dtype, slot_shape=list(slot.shape),
                                                      slot_dtype=slot.dtype))

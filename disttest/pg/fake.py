@@ -190,8 +190,8 @@ class MockProcessGroup(PythonGroup):
         _one_dtype("all_gather", outputs[0], inputs)
         with torch.no_grad():
             for r, out in enumerate(outputs[0]):
-                _fits("all_gather", out, inputs[0], f"rank {r} sends to output {r}", shape=False)
-                _copy(out, inputs[0].reshape(out.shape))
+                _fits("all_gather", out, inputs[0], f"rank {r} sends to output {r}")
+                _copy(out, inputs[0])
         return completed_work(outputs, "all_gather")
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> FutureWork:

@@ -181,12 +181,9 @@ class ProcessLocalGroup(PythonGroup):
                 if len(outs[0]) != n:
                     raise InvalidArgument(f"all_gather: rank {r} passed {len(outs[0])} outputs for {n} ranks (disttest)")
                 for src, t in enumerate(ins):
-                    if outs[0][src].numel() != t.numel():
-                        raise CollectiveMismatch(
-                            f"all_gather: rank {r}'s output {src} has {outs[0][src].numel()} elements, "
-                            f"rank {src} sent {t.numel()} (disttest)")
-                    _fits("all_gather", outs[0][src], t, f"rank {src} sends to rank {r}'s output {src}", shape=False)
-                    _copy(outs[0][src], t.reshape(outs[0][src].shape))
+                    # (the same shape, as gloo and NCCL ask: one of the same size reshaped in silence)
+                    _fits("all_gather", outs[0][src], t, f"rank {src} sends to rank {r}'s output {src}")
+                    _copy(outs[0][src], t)
             return [p[0] for p in payloads]
 
         return self._join("all_gather", (outputs, inputs), compute)
