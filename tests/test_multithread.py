@@ -235,6 +235,45 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
 
 
+class RankStartedThreadsTest(unittest.TestCase):
+    def test_a_thread_a_rank_starts_is_of_that_rank(self):
+        # As in a rank process: its default group, its groups, functional
+        # collectives; it saw none ("Default process group has not been
+        # initialized"), in the code under test's ThreadPoolExecutor too.
+        from concurrent.futures import ThreadPoolExecutor
+
+        import torch.distributed._functional_collectives as funcol
+
+        start = threading.Thread.start
+
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_children(self):
+                got = {}
+
+                def child():
+                    t = torch.ones(1) * (dist.get_rank() + 1)
+                    dist.all_reduce(t)
+                    got["all_reduce"] = (dist.get_rank(), t.item())
+                    got["funcol"] = funcol.all_reduce(torch.ones(1), "sum", group=dist.group.WORLD).item()
+
+                thread = threading.Thread(target=child)
+                thread.start()
+                thread.join(10)
+                self.assertEqual(got, {"all_reduce": (self.rank, 3.0), "funcol": 2.0})
+                with ThreadPoolExecutor(1) as pool:
+                    self.assertEqual(pool.submit(dist.get_world_size).result(10), 2)
+
+        result = run(Case("test_children"))
+        self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+        self.assertIs(threading.Thread.start, start)  # (put back after the test)
+
+
 class HugeErrorTest(unittest.TestCase):
     def test_a_huge_error_is_capped_and_not_written_whole_to_the_terminal(self):
         # A rank process writes it whole to its log (DISTTEST_KEEP_LOGS); a

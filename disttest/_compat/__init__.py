@@ -47,6 +47,7 @@ from disttest._compat.backends import (
     work_base,
 )
 from disttest._compat.c10d import (
+    adopt_thread_world_state,
     c10d_world,
     default_group,
     default_store,
@@ -62,6 +63,7 @@ from disttest._compat.c10d import (
     set_thread_isolation,
     skip_store_barriers,
     thread_local_modes,
+    thread_world_state,
     wait_tensor,
 )
 from disttest._compat.checkpoint import (
@@ -258,6 +260,8 @@ __all__ = [
     "set_rref_leak_check",
     "set_thread_isolation",
     "skip_store_barriers",
+    "thread_world_state",
+    "adopt_thread_world_state",
     "shard_api",
     "shard_chunk_sizes",
     "shard_order_entry",

@@ -10,6 +10,7 @@ from typing import Any, cast
 __unittest = True
 
 __all__ = [
+    "adopt_thread_world_state",
     "c10d_world",
     "default_group",
     "default_store",
@@ -25,6 +26,7 @@ __all__ = [
     "set_thread_isolation",
     "skip_store_barriers",
     "thread_local_modes",
+    "thread_world_state",
     "wait_tensor",
 ]
 
@@ -239,3 +241,41 @@ def skip_store_barriers(skip: Callable[[], bool]) -> Callable[[], None]:
             distributed_c10d._store_based_barrier = barrier
 
     return undo
+
+
+def thread_world_state() -> dict[str, Any] | None:
+    """The calling thread's view of a per-thread registry
+    (:func:`new_c10d_world` with ``per_thread``), for a thread it starts to
+    share (:func:`adopt_thread_world_state`): its default group and the
+    registry of its groups. None where c10d's registry is not per thread or
+    this thread has no default group."""
+    from torch.distributed import distributed_c10d
+
+    world = distributed_c10d._world
+    if not _isolated_world_class or not isinstance(world, _isolated_world_class[1]):
+        return None
+    state = world.__dict__  # (a threading.local: this thread's)
+    if state.get("_default_pg") is None:
+        return None
+    return dict(state)
+
+
+def adopt_thread_world_state(state: dict[str, Any]) -> None:
+    """In a new thread: see the registry ``state`` (what
+    :func:`thread_world_state` returned in the thread that started it) as
+    its own: the same default group and groups (new ones it makes are its
+    starter's too); its own coalescing state."""
+    from torch.distributed import distributed_c10d
+
+    world = distributed_c10d._world
+    if _isolated_world_class and isinstance(world, _isolated_world_class[1]):
+        world.__dict__.update(state, _pg_coalesce_state={}, _comms=[])
+        # (under thread isolation c10d's registry by name, which functional
+        # collectives resolve groups in, is per thread too)
+        from torch._C._distributed_c10d import _register_process_group  # type: ignore[attr-defined]
+
+        for pg, name in list(world.pg_names.items()):
+            try:
+                _register_process_group(name, pg)
+            except RuntimeError:  # (already registered in this thread)
+                pass

@@ -426,18 +426,43 @@ def register_for_process() -> None:
             _compat.register_backend(BACKEND, _create, ["cpu", "cuda"])
 
 
+_thread_start: list[Callable[..., None]] = []  # threading.Thread.start, while it is wrapped
+
+
+def _start_in_rank(self: threading.Thread) -> None:
+    """``threading.Thread.start`` while a threaded world is installed: a
+    thread a rank starts is of that rank, as in a rank process, and sees its
+    default group and groups (c10d's registry is per thread; it saw none:
+    "Default process group has not been initialized", in a
+    ``ThreadPoolExecutor`` of the code under test too)."""
+    state = _compat.thread_world_state()
+    if state is not None:
+        run = self.run
+
+        def run_in_rank() -> None:
+            _compat.adopt_thread_world_state(state)
+            run()
+
+        self.run = run_in_rank  # type: ignore[method-assign]  # (this thread's only)
+    _thread_start[0](self)
+
+
 def install_threaded_pg() -> ThreadedWorld:
     """Start a threaded world: the ``threaded`` backend is registered, c10d's
-    registry becomes thread-local (each thread its own default group) and a
-    new :class:`ThreadedWorld` is what ``init_process_group("threaded", ...)``
-    joins. Undo with :func:`uninstall_threaded_pg`; nothing of it is there
-    before the first install or after the last uninstall."""
+    registry becomes thread-local (each thread its own default group, and a
+    thread a rank starts shares its rank's) and a new :class:`ThreadedWorld`
+    is what ``init_process_group("threaded", ...)`` joins. Undo with
+    :func:`uninstall_threaded_pg`; nothing of it is there before the first
+    install or after the last uninstall."""
     with _install_lock:
         _register_backend()
         world = ThreadedWorld()
         _installed.append((world, _compat.c10d_world(), torch.autograd.is_multithreading_enabled()))
         _compat.set_c10d_world(_compat.new_c10d_world(per_thread=True))
         _compat.set_thread_isolation(True)
+        if not _thread_start:
+            _thread_start.append(threading.Thread.start)
+            threading.Thread.start = _start_in_rank  # type: ignore[method-assign]
         return world
 
 
@@ -458,6 +483,9 @@ def uninstall_threaded_pg() -> None:
         _compat.set_c10d_world(previous)
         if not _installed:
             _compat.set_thread_isolation(False)
+            if _thread_start and threading.Thread.start is _start_in_rank:  # (not if replaced since)
+                threading.Thread.start = _thread_start.pop()  # type: ignore[method-assign]
+            _thread_start.clear()
             while _unregister:
                 _unregister.pop()()
 
