@@ -272,7 +272,7 @@ def adopt_thread_world_state(state: dict[str, Any]) -> None:
         world.__dict__.update(state, _pg_coalesce_state={}, _comms=[])
         # (under thread isolation c10d's registry by name, which functional
         # collectives resolve groups in, is per thread too)
-        from torch._C._distributed_c10d import _register_process_group  # type: ignore[attr-defined]
+        from torch._C._distributed_c10d import _register_process_group
 
         for pg, name in list(world.pg_names.items()):
             try:

@@ -443,7 +443,7 @@ def _start_in_rank(self: threading.Thread) -> None:
             _compat.adopt_thread_world_state(state)
             run()
 
-        self.run = run_in_rank  # type: ignore[method-assign]  # (this thread's only)
+        self.run = run_in_rank  # (this thread's only)
     _thread_start[0](self)
 
 
@@ -462,7 +462,7 @@ def install_threaded_pg() -> ThreadedWorld:
         _compat.set_thread_isolation(True)
         if not _thread_start:
             _thread_start.append(threading.Thread.start)
-            threading.Thread.start = _start_in_rank  # type: ignore[method-assign]
+            threading.Thread.start = _start_in_rank
         return world
 
 
@@ -484,7 +484,7 @@ def uninstall_threaded_pg() -> None:
         if not _installed:
             _compat.set_thread_isolation(False)
             if _thread_start and threading.Thread.start is _start_in_rank:  # (not if replaced since)
-                threading.Thread.start = _thread_start.pop()  # type: ignore[method-assign]
+                threading.Thread.start = _thread_start.pop()
             _thread_start.clear()
             while _unregister:
                 _unregister.pop()()
