@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,8 @@ class Launched(disttest.MultiProcContinousTest):
             self.fail("rank 1 fails before the all_reduce")
         if MODE == "skip_exit" and self.rank == 1:  # (upstream's way to skip: its peer waits in vain)
             sys.exit(disttest.TEST_SKIPS["multi-gpu-2"].exit_code)
+        if MODE == "hang" and self.rank == 1:
+            time.sleep(3600)  # (nobody else stops it: no disttest parent is there)
         if MODE == "exit" and self.rank == 1:
             os._exit(3)
         t = torch.ones(1) * (self.rank + 1)

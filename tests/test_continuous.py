@@ -531,6 +531,22 @@ class LaunchedAgreementTest(unittest.TestCase):
                          "rank 1 skips alone [" + PEER_SKIPPED.format(who="rank 1/2", test="test_d_no_collective")
                          + "]")
 
+    def test_a_test_past_its_limit_is_stopped_in_the_rank(self):
+        # Under a launcher no disttest parent watches the ranks: a test that
+        # slept in Python ran for ever (faulthandler printed its stack, and
+        # that was all).
+        from disttest.runners.launched import HOLD_GRACE, TIMED_OUT
+
+        start = time.monotonic()
+        (rc0, r0, out0), (rc1, r1, out1) = self.launch("hang")
+        self.assertLess(time.monotonic() - start, 90)
+        self.assertEqual((rc0, rc1), (1, 1), out0 + out1)
+        error = r1["errors"]["test_a_sum"]
+        self.assertIn(TIMED_OUT.format(test="test_a_sum", limit=4 + HOLD_GRACE, who="rank 1/2", stack="")[:-1], error)
+        self.assertIn("time.sleep(3600)", error)
+        self.assertIn("'test_a_sum' failed on rank 1/2", r0["failures"].get("test_a_sum", "")
+                      + r0["errors"].get("test_a_sum", ""))
+
     def test_a_backend_the_host_lacks_skips_the_class(self):
         ranks = self.launch("", LAUNCHED_BACKEND="mpi")
         for rc, result, out in ranks:

@@ -37,7 +37,8 @@ from typing import Any
 
 __unittest = True
 
-__all__ = ["Deadline", "DeadlinePassed", "current_frames", "holds_locks", "mid_change", "raise_in", "stop_when_safe", "stoppable"]
+__all__ = ["Deadline", "DeadlinePassed", "current_frames", "held", "holds_locks", "mid_change", "raise_in",
+           "stop_when_safe", "stoppable"]
 
 #: Where an asynchronous exception can leave a lock held: logging takes its
 #: handlers' locks with acquire() before a try.
@@ -409,3 +410,28 @@ def _landed(exc: BaseException | None) -> bool:
         seen.add(id(exc))
         exc = exc.__context__
     return False
+
+
+def held(call: Callable[..., Any], args: tuple[Any, ...], ends_at: float, message: str) -> str | None:
+    """``call(*args)`` (a phase unittest runs: ``setUp``, the test,
+    ``tearDown``, a cleanup) held to the ``time.monotonic()`` instant
+    ``ends_at`` by a :class:`Deadline` with ``message``. None if it ended
+    in time; else where it was stopped, from the test's own frames in
+    (unittest's dropped), also where the code caught the exception and
+    went on."""
+    watch = Deadline(max(ends_at - time.monotonic(), 0.0), message)
+    try:
+        with watch:
+            call(*args)
+    except DeadlinePassed:
+        pass
+    if not watch.passed:
+        return None
+    import unittest.case
+
+    frames = watch.frames
+    runner = [i for i, f in enumerate(frames) if f.name in ("_callSetUp", "_callTestMethod", "_callTearDown",
+                                                            "_callCleanup")
+              and f.filename == unittest.case.__file__]
+    kept = frames[runner[-1] + 1:] if runner else frames
+    return "".join(traceback.format_list(kept)).rstrip() or "(no Python frame)"

@@ -30,7 +30,6 @@ import operator
 import sys
 import threading
 import time
-import traceback
 import unittest
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,7 +39,7 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest._runner import settings
-from disttest._runner.deadline import Deadline, DeadlinePassed
+from disttest._runner.deadline import held
 from disttest._runner.report import warn_at
 from disttest.bases._rank_int import (  # (re-exported: their documented home is this module)
     RANK_NOT_INT,
@@ -358,16 +357,10 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         are; disttest's cleanups are not cut short)."""
         head = SIMULATED_TIMED_OUT.format(test=self._testMethodName, timeout=self._timeout, n=self.world_size,
                                           stack="").rstrip(":\n")
-        watch = Deadline(max(self._ends_at - time.monotonic(), 0.0), head)
-        try:
-            with watch:
-                call(*args)
-        except DeadlinePassed:
-            pass
-        if watch.passed:  # (also where the test caught it and went on)
+        stack = held(call, args, self._ends_at, head)
+        if stack is not None:
             raise TimeoutError(SIMULATED_TIMED_OUT.format(
-                test=self._testMethodName, timeout=self._timeout, n=self.world_size,
-                stack=_from_the_test(watch.frames))) from None
+                test=self._testMethodName, timeout=self._timeout, n=self.world_size, stack=stack)) from None
 
     def setUp(self) -> None:
         super().setUp()
@@ -440,15 +433,6 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
             _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, x),
                                 want if want is not None else dict.fromkeys(ranks, y), msg, options)
-
-
-def _from_the_test(frames: traceback.StackSummary) -> str:
-    """The stack from the test's own frames in (the runner's dropped)."""
-    runner = [i for i, f in enumerate(frames) if f.name in ("_callSetUp", "_callTestMethod", "_callTearDown",
-                                                            "_callCleanup")
-              and f.filename == unittest.case.__file__]
-    kept = frames[runner[-1] + 1:] if runner else frames
-    return "".join(traceback.format_list(kept)).rstrip() or "(no Python frame)"
 
 
 def _leave(mode: Any) -> None:

@@ -20,21 +20,24 @@ import contextlib
 import functools
 import os
 import sys
+import time
 import unittest
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import cuda_fork, settings, thread_pool
+from disttest._runner import cuda_fork, deadline, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult, subtests_named
 from disttest._runner.pool import Pool, PoolUnavailable
 from disttest._runner.rank import run_dir as rank_run_dir
 from disttest._runner.report import raise_for_outcomes, warn_at
+from disttest._runner.verdict import who as verdict_who
 from disttest._runner.zygote import ForkServerUnsafe, ZygoteLauncher
 from disttest.config import ConfigError, parse_world_size
 from disttest.faults import FAULT_ENV, UNJUDGED, env_faults
@@ -298,7 +301,7 @@ class MultiProcContinousTest(TestCase):
         if not self._dispatching():
             self._phase = "test"
             with armed(type(self), self._testMethodName, self.rank, rank_run_dir()), subtests_named(self):
-                super()._callTestMethod(method)
+                self._in_rank(super()._callTestMethod, method)
             return
         pool = self._pool_in_use
         name = self._testMethodName
@@ -403,7 +406,10 @@ class MultiProcContinousTest(TestCase):
                 raise RuntimeError(gone)
             set_rng_seed(settings.seed(self))
             self._phase = "setUp"
-            super()._callSetUp()
+            if type(self)._launched is not None:
+                limit = settings.test_timeout(self, self.id())
+                self._ends_at = None if limit is None else time.monotonic() + limit + launched.HOLD_GRACE
+            self._in_rank(super()._callSetUp)
             return
         # The parent runs neither setUp nor tearDown: the ranks do.
         self.rank = self.MAIN_PROCESS_RANK
@@ -417,7 +423,7 @@ class MultiProcContinousTest(TestCase):
     def _callTearDown(self) -> None:
         if not self._dispatching():
             self._phase = "tearDown"
-            super()._callTearDown()
+            self._in_rank(super()._callTearDown)
             return
         deferred = vars(self).pop("_outside_the_test", None)
         if deferred is not None:
@@ -425,7 +431,31 @@ class MultiProcContinousTest(TestCase):
 
     def _callCleanup(self, function: Any, /, *args: Any, **kwargs: Any) -> None:
         self._phase = "cleanup"
-        super()._callCleanup(function, *args, **kwargs)  # type: ignore[misc]
+        if self._dispatching():
+            super()._callCleanup(function, *args, **kwargs)  # type: ignore[misc]
+        else:
+            self._in_rank(functools.partial(super()._callCleanup, function, *args, **kwargs))  # type: ignore[misc]
+
+    #: Under run_rank, when the test's limit ends (``time.monotonic()``; None: no limit).
+    _ends_at: float | None = None
+
+    def _in_rank(self, call: Callable[..., None], *args: Any) -> None:
+        """A phase of a test in this rank: under ``run_rank`` held to the
+        test's limit (setUp, the test, tearDown and cleanups together), for
+        no disttest parent watches a launcher's ranks; in a pool's rank
+        as it is (the parent's join holds it)."""
+        ends_at = self._ends_at if type(self)._launched is not None else None
+        if ends_at is None:
+            call(*args)
+            return
+        limit = (settings.test_timeout(self, self.id()) or 0.0) + launched.HOLD_GRACE
+        head = launched.TIMED_OUT.format(test=self._testMethodName, limit=limit,
+                                         who=verdict_who([self.rank], self.world_size), stack="").rstrip(":\n")
+        stack = deadline.held(call, args, ends_at, head)
+        if stack is not None:
+            raise TimeoutError(launched.TIMED_OUT.format(
+                test=self._testMethodName, limit=limit, who=verdict_who([self.rank], self.world_size),
+                stack=stack)) from None
 
     @classmethod
     def _pool_shutdown(cls) -> None:

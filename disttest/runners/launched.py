@@ -45,7 +45,7 @@ from disttest.support import janitor, tempdirs
 __unittest = True
 
 __all__ = ["AGREE_MARGIN", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE",
-           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "PEER_SKIPPED", "SECOND_CALL", "Agreement", "LaunchedResult", "peers_gone",
+           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "HOLD_GRACE", "PEER_SKIPPED", "SECOND_CALL", "TIMED_OUT", "Agreement", "LaunchedResult", "peers_gone",
            "run_folder", "skipping"]
 
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
@@ -57,6 +57,13 @@ PEER_FAILED = ("{test!r} {how} on {who} (disttest: ranks run by an external laun
                "fails on every rank if it fails on any; {whose} own report is in {whose} output): {what}")
 #: A test a peer skipped (the whole test, not a subTest): skipped here too.
 PEER_SKIPPED = "{who} skipped {test!r}, and ranks run by an external launcher agree on each test (disttest)"
+#: Seconds past a test's limit that a rank under a launcher stops it: a
+#: collective that waits for a peer ends at the group's timeout, which is
+#: the limit, and names more than a stop would.
+HOLD_GRACE = 5.0
+#: A test past its limit under a launcher (held to it in the rank: no disttest parent watches it).
+TIMED_OUT = ("{test!r} did not finish within {limit:g}s on {who} (disttest): no disttest parent watches ranks "
+             "a launcher started, so the rank stopped it where it was:\n{stack}")
 #: A peer that did not say how a test ended.
 PEER_GONE = ("{who} did not finish {test!r} within {limit:g}s of this rank (disttest): it died, hangs, or its "
              "store is gone (its own output says which); the class's remaining tests fail at once on this rank")
