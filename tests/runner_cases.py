@@ -48,6 +48,11 @@ def stuck_in_a_helper() -> None:
         time.sleep(0.01)
 
 
+#: A suite's own TEST_SKIPS entry (upstream reads the table when it judges an exit).
+SUITE_SKIP_KEY = "disttest-tests-suite-own"
+SUITE_SKIP = disttest.TestSkip(91, "the suite's own skip reason")
+
+
 class Behaviours:
     """``self.init()`` makes the default group where the runner does not."""
 
@@ -87,6 +92,12 @@ class Behaviours:
     def test_skip_exit_code_in_one_rank(self):
         if self.rank == 1:
             sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
+
+    def test_suite_own_skip_exit_code(self):
+        # A suite's own entry, registered where the rank runs (as a suite's
+        # import does; the test's cleanup removes it from a thread world's).
+        TEST_SKIPS.setdefault(SUITE_SKIP_KEY, SUITE_SKIP)
+        sys.exit(SUITE_SKIP.exit_code)
 
     @disttest.skip_if_lt_x_gpu(2)
     def test_skip_decorator(self):

@@ -235,6 +235,38 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
 
 
+class TearDownSkipTest(unittest.TestCase):
+    def test_a_skip_in_per_thread_tear_down_does_not_hide_a_failure(self):
+        # (perThreadTearDown ran in a finally: its SkipTest replaced the
+        # test's failure, and the test was reported skipped)
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def perThreadTearDown(self):
+                self.skipTest(f"tear-down skip on rank {self.rank}")
+
+            def test_fails(self):
+                self.assertEqual(1, 2, "the real failure")
+
+            def test_errors(self):
+                raise RuntimeError("the real error")
+
+            def test_passes(self):
+                pass
+
+        failed, errored, passed = (run(Case(n)) for n in ("test_fails", "test_errors", "test_passes"))
+        self.assertEqual((len(failed.failures), len(failed.skipped)), (1, 0))
+        self.assertIn("the real failure", failed.failures[0][1])
+        self.assertEqual((len(errored.errors), len(errored.skipped)), (1, 0))
+        self.assertIn("the real error", errored.errors[0][1])
+        self.assertEqual(len(passed.skipped), 1)  # (after a pass, the skip is the outcome)
+        self.assertIn("tear-down skip on rank", passed.skipped[0][1])
+
+
 class RankStartedThreadsTest(unittest.TestCase):
     def test_a_thread_a_rank_starts_is_of_that_rank(self):
         # As in a rank process: its default group, its groups, functional

@@ -99,6 +99,13 @@ class BehaviourTest(unittest.TestCase):
             with sub:
                 self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
 
+    def test_an_exit_code_of_the_suites_own_test_skips_entry_is_a_skip(self):
+        # (the map from exit codes was made at import: the suite's entries were errors)
+        self.addCleanup(disttest.TEST_SKIPS.pop, cases.SUITE_SKIP_KEY, None)
+        for sub, result, _ in self.each("test_suite_own_skip_exit_code"):
+            with sub:
+                self.assertEqual(self.only(result.skipped), "the suite's own skip reason")
+
     def test_skip_decorator_is_decided_before_starting_ranks(self):
         starts = {cases.ProcessRunner: "_start_processes", cases.ThreadRunner: "_run",
                   cases.PoolRunner: "_ensure_pool"}

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import types
+import unittest
 from collections.abc import Callable
 from typing import Any
 
@@ -335,12 +336,26 @@ class MultiThreadedTestCase(RankDispatch):
             try:
                 with in_phase("perThreadSetUp"):
                     self.perThreadSetUp()
+                failed: BaseException | None = None
                 try:
                     with armed(type(self), test_name, rank), subtests_named(self):
                         getattr(self, test_name)()
-                finally:
+                except BaseException as e:  # noqa: BLE001 (raised after perThreadTearDown)
+                    failed = e
+                try:
                     with in_phase("perThreadTearDown"):
                         self.perThreadTearDown()
+                except unittest.SkipTest:
+                    # A skip after the test failed does not hide the failure
+                    # (it was the rank's outcome: a failure became a skip).
+                    if failed is None:
+                        raise
+                except BaseException as e:
+                    if failed is not None and e.__context__ is None:
+                        e.__context__ = failed  # (as raised in a finally: the test's error shown first)
+                    raise
+                if failed is not None:
+                    raise failed
             except BaseException as e:  # noqa: BLE001 (raised below, after the cleanups)
                 exc = e
             # (also after a failed perThreadSetUp, as unittest's after setUp)
