@@ -93,6 +93,13 @@ class Behaviours:
         if self.rank == 1:
             sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
 
+    def test_own_error_in_torch_beside_a_skip(self):
+        self.init()
+        if self.rank == 0:
+            self.skipTest("rank 0 skips")
+        # rank 1's own error, before anything is sent: a lambda cannot be pickled
+        dist.all_gather_object([None] * self.world_size, lambda: 0)
+
     def test_suite_own_skip_exit_code(self):
         # A suite's own entry, registered where the rank runs (as a suite's
         # import does; the test's cleanup removes it from a thread world's).

@@ -99,6 +99,14 @@ class BehaviourTest(unittest.TestCase):
             with sub:
                 self.assertEqual(self.only(result.skipped), "Need at least 2 CUDA devices")
 
+    def test_a_ranks_own_error_in_torch_is_not_hidden_by_a_peers_skip(self):
+        # (an error out of torch.distributed's code was taken for
+        # communication, the consequence of rank 0's skip: reported skipped)
+        for sub, result, _ in self.each("test_own_error_in_torch_beside_a_skip"):
+            with sub:
+                self.assertEqual((len(result.errors), len(result.skipped)), (1, 0), result.skipped)
+                self.assertIn("pickle", result.errors[0][1])
+
     def test_an_exit_code_of_the_suites_own_test_skips_entry_is_a_skip(self):
         # (the map from exit codes was made at import: the suite's entries were errors)
         self.addCleanup(disttest.TEST_SKIPS.pop, cases.SUITE_SKIP_KEY, None)

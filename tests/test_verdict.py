@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import traceback
 import unittest
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+import disttest
 from disttest._runner.board import InFlight
 from disttest._runner.outcome import ExitStatus, Kind, Outcome, comm_site, outcome_from_exception
 from disttest._runner.report import RankError, raise_for_outcomes
@@ -206,6 +208,14 @@ class RefusedTest(unittest.TestCase):
         self.assertFalse(refused(self.raised_in_torch(backend_error("invalid root")), "broadcast", reached_wait=False))
         # Raised outside torch (a backend written in Python, the test): never.
         self.assertFalse(refused(RuntimeError("invalid root rank: 5"), "broadcast", reached_wait=False))
+        # Another Python error of torch's before the wait (pickling an object
+        # for all_gather_object): refused; it was a communication error, and a
+        # peer's skip hid it.
+        unpicklable = self.raised_in_torch(AttributeError("Can't pickle local object '<lambda>'"))
+        self.assertTrue(refused(unpicklable, "all_gather_object", reached_wait=False))
+        self.assertFalse(refused(unpicklable, "all_gather_object", reached_wait=True))
+        self.assertFalse(refused(self.raised_in_torch(ConnectionResetError("reset")), "all_reduce",
+                                 reached_wait=False))
 
 
 class CommSiteTest(unittest.TestCase):
@@ -248,6 +258,18 @@ class CommSiteTest(unittest.TestCase):
                 raise ValueError("cannot pickle me")
 
         exc = self.caught(lambda: _object_to_tensor(Hostile(), torch.device("cpu"), None))
+        self.assertEqual(comm_site(exc), "")
+
+    def test_an_error_of_torch_distributed_code_that_does_not_communicate_is_the_tests_own(self):
+        # DTensor's placement check on rank 1 was called communication, and
+        # rank 0's skip hid it (the test was reported skipped).
+        from torch.distributed.tensor import DTensor, Shard
+
+        with disttest.with_dist(rank=0, world_size=2):
+            mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (2,))
+            exc = self.caught(lambda: DTensor.from_local(torch.ones(2, 2), mesh, [Shard(7)]))
+        self.assertIn("torch.distributed.tensor", "".join(
+            f.f_globals.get("__name__", "") for f, _ in traceback.walk_tb(exc.__traceback__)))
         self.assertEqual(comm_site(exc), "")
 
     def test_a_dist_error_anywhere(self):

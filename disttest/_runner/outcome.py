@@ -391,8 +391,16 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
 
 
 #: Modules whose frames at the end of a traceback mean that communication
-#: failed: torch.distributed's, and disttest's own process groups.
-COMM_MODULES = ("torch.distributed", "disttest.pg")
+#: failed: torch.distributed's that communicate (c10d and its logging
+#: wrapper, the functional collectives, RPC, rendezvous) and disttest's own
+#: process groups. Not all of ``torch.distributed``: DTensor's, FSDP's and
+#: checkpointing's own checks raise there before (or without) any
+#: collective, and a rank's such error is its own, never the consequence of
+#: a peer's skip (a DTensor placement error on rank 1 was reported as rank
+#: 0's skip); their collectives' errors end in c10d's frames.
+COMM_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
+                "torch.distributed._functional_collectives", "torch.distributed.rpc",
+                "torch.distributed.rendezvous", "disttest.pg")
 #: Exception classes torch.distributed raises from C++ (``DistError`` and
 #: its subclasses), found by name so this module needs no torch. Not
 #: ``DistStoreError``: a store's ``wait``/``get`` that timed out is the test's

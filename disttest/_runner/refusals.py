@@ -34,14 +34,22 @@ REFUSED_MARK = "__disttest_refused__"
 def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
     """Whether ``error``, raised by a call of ``op``, is torch or its backend
     refusing the call before it communicated: c10d's checks of its
-    arguments (a ``TypeError`` or ``ValueError``), or a backend's
-    (``ProcessGroupGloo::broadcast: invalid root rank: 5``, a
+    arguments (a ``TypeError`` or ``ValueError``), another Python error of
+    torch's before the call's wait (pickling an object that cannot be), or
+    a backend's (``ProcessGroupGloo::broadcast: invalid root rank: 5``, a
     ``RuntimeError`` raised as the call was enqueued, before its wait)."""
     if not refused_by_torch(error):
         return False
     if isinstance(error, (TypeError, ValueError)):
         return True
-    if not isinstance(error, RuntimeError) or reached_wait or op in _NO_WAIT:
+    if reached_wait or op in _NO_WAIT:
+        return False
+    if not isinstance(error, (RuntimeError, OSError)):
+        # A Python error of torch's own code before the call communicated:
+        # an object collective pickling what cannot be pickled
+        # (AttributeError, PicklingError), an assertion.
+        return True
+    if not isinstance(error, RuntimeError):
         return False
     # (c10d raises its backends' communication errors as DistError and its subclasses)
     if any(c.__name__ in ("DistError", "DistBackendError", "DistNetworkError") for c in type(error).__mro__):
