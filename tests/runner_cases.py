@@ -100,6 +100,11 @@ class Behaviours:
         # rank 1's own error, before anything is sent: a lambda cannot be pickled
         dist.all_gather_object([None] * self.world_size, lambda: 0)
 
+    @disttest.requires_world_size(8, allow_cpu=True)
+    @disttest.skip_if_small_worldsize
+    def test_size_checks_see_the_ranks_size(self):
+        assert self.world_size == 8, self.world_size
+
     def test_suite_own_skip_exit_code(self):
         # A suite's own entry, registered where the rank runs (as a suite's
         # import does; the test's cleanup removes it from a thread world's).

@@ -107,6 +107,13 @@ class BehaviourTest(unittest.TestCase):
                 self.assertEqual((len(result.errors), len(result.skipped)), (1, 0), result.skipped)
                 self.assertIn("pickle", result.errors[0][1])
 
+    def test_a_world_size_check_sees_the_size_the_ranks_get(self):
+        # (the parent's check read the class's world_size, 2, and skipped a
+        # test that runs with 8 ranks: "Skipped due to small world size")
+        for sub, result, _ in self.each("test_size_checks_see_the_ranks_size"):
+            with sub:
+                self.assertEqual((result.testsRun, result.skipped, result.failures, result.errors), (1, [], [], []))
+
     def test_an_exit_code_of_the_suites_own_test_skips_entry_is_a_skip(self):
         # (the map from exit codes was made at import: the suite's entries were errors)
         self.addCleanup(disttest.TEST_SKIPS.pop, cases.SUITE_SKIP_KEY, None)

@@ -170,7 +170,8 @@ class LocalDTensorContinuousTestBase(_LocalRanks, DTensorContinuousTestBase):  #
 
     def _callSetUp(self) -> None:
         method = getattr(type(self), self._testMethodName, None)
-        skip = precheck_skip(self, method) if method is not None else None
+        skip = precheck_skip(self, method, settings.world_size(self, self._testMethodName)) \
+            if method is not None else None
         if skip is not None:
             raise skip
         super()._callSetUp()

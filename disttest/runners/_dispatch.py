@@ -69,7 +69,7 @@ class RankDispatch(TestCase):
         method = getattr(type(self), self._testMethodName, None)
         test_faults(method)
         chaos_seed()
-        skip = precheck_skip(self, method) if method is not None else None
+        skip = precheck_skip(self, method, _size_or_none(self)) if method is not None else None
         if skip is not None:
             raise skip
 
@@ -94,6 +94,16 @@ class RankDispatch(TestCase):
         limit = settings.test_timeout(self, self.id())
         assert limit is not None  # a test id always gives one
         return limit
+
+
+def _size_or_none(case: Any) -> int | None:
+    """The world size ``case``'s ranks will have, for its skip checks (a
+    marker, ``requires_world_size``); None where it cannot be had (the
+    refusal or skip comes when the ranks start)."""
+    try:
+        return settings.world_size(case, case._testMethodName)
+    except Exception:  # noqa: BLE001 (ConfigError, a skip of no ranks: raised where it was)
+        return None
 
 
 # A pytest world_size marker on a test sets the ranks it starts.

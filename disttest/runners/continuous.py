@@ -414,11 +414,12 @@ class MultiProcContinousTest(TestCase):
         # The parent runs neither setUp nor tearDown: the ranks do.
         self.rank = self.MAIN_PROCESS_RANK
         method = getattr(type(self), self._testMethodName, None)
-        skip = precheck_skip(self, method) if method is not None else None
+        size = settings.world_size(self, self._testMethodName)
+        skip = precheck_skip(self, method, size) if method is not None else None
         if skip is not None:
             raise skip
         # (In the ranks, ``_pool_init`` makes ``world_size`` the pool's size.)
-        self._pool_in_use = self._ensure_pool(settings.world_size(self, self._testMethodName))
+        self._pool_in_use = self._ensure_pool(size)
 
     def _callTearDown(self) -> None:
         if not self._dispatching():

@@ -13,6 +13,7 @@ parent, before starting any rank (:func:`precheck_skip`).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.util
 import os
@@ -181,20 +182,36 @@ def _skip_when(check: Check) -> Callable[[F], F]:
     return decorator
 
 
-def precheck_skip(test: unittest.TestCase, method: Callable[..., Any]) -> DistSkip | None:
-    """Evaluate in the parent the skip checks recorded on ``method``.
+#: The world size the test's ranks will have, while :func:`precheck_skip`
+#: runs its checks in the parent (a pytest marker, ``requires_world_size``:
+#: the class's own ``world_size`` is not it there).
+_precheck_size: contextvars.ContextVar[int | None] = contextvars.ContextVar("disttest_precheck_size", default=None)
+
+
+def precheck_skip(test: unittest.TestCase, method: Callable[..., Any],
+                  world_size: int | None = None) -> DistSkip | None:
+    """Evaluate in the parent the skip checks recorded on ``method``, with
+    ``world_size`` the size its ranks will have (None: the test's own
+    ``world_size``).
 
     Returns the first skip that applies, or None. Runners call this before
     starting ranks so that a skip costs no process.
     """
-    for check in getattr(method, "__disttest_skip_checks__", ()):
-        skip = check((test,))
-        if skip is not None:
-            return DistSkip(skip)
+    token = _precheck_size.set(world_size)
+    try:
+        for check in getattr(method, "__disttest_skip_checks__", ()):
+            skip = check((test,))
+            if skip is not None:
+                return DistSkip(skip)
+    finally:
+        _precheck_size.reset(token)
     return None
 
 
 def _world_size_of(args: Sequence[Any], decorator: str) -> int:
+    size = _precheck_size.get()
+    if size is not None:
+        return size
     owner = args[0] if args else None
     if owner is not None and hasattr(owner, "world_size"):
         return parse_world_size(owner.world_size, f"{type(owner).__name__}.world_size")
