@@ -892,6 +892,39 @@ class PytestOptionsTest(unittest.TestCase):
         self.assertIn("failing seeds: 2 of 1..3 (reproduce one with DISTTEST_CHAOS=2)", out)
         self.assertIn("schedule fuzzing: DISTTEST_CHAOS=2", out)
 
+    def test_a_skip_on_some_seeds_is_no_pass(self):
+        # (every seed's skip was dropped: "all 3 seeds passed", and no <skipped> in the XML)
+        source = textwrap.dedent("""
+            import os
+            import pytest
+
+            def test_skips_on_seed_1():
+                if os.environ["DISTTEST_CHAOS"] == "1":
+                    pytest.skip("resource gone on seed 1")
+
+            def test_skips_on_every_seed():
+                pytest.skip("never here")
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_skipping.py"), "w") as f:
+                f.write(source)
+            env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                                   "--disttest-repeat", "3", "--junitxml", "out.xml", "test_skipping.py"],
+                                  cwd=tmp, capture_output=True, text=True, timeout=300, env=env)
+            out = proc.stdout + proc.stderr
+            with open(os.path.join(tmp, "out.xml")) as f:
+                xml = f.read()
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertIn("2 skipped", out)
+        self.assertIn("resource gone on seed 1", out)
+        self.assertEqual(xml.count("<skipped"), 2, xml)
+        from disttest.faults.pytest_options import SKIPPED_SEEDS
+
+        self.assertIn(SKIPPED_SEEDS.format(seeds="1", n=3, env=CHAOS_ENV, first=1, others="passed on 2, 3"), xml)
+        self.assertIn(SKIPPED_SEEDS.format(seeds="1, 2, 3", n=3, env=CHAOS_ENV, first=1, others="no seed passed"),
+                      xml)
+
     def test_repeat_makes_session_and_module_fixtures_once(self):
         source = textwrap.dedent("""
             import os

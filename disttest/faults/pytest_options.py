@@ -22,11 +22,14 @@ from disttest.faults import CHAOS_ENV, FAULT_ENV, parse_fault_spec, parse_seed
 
 __unittest = True
 
-__all__ = ["REPEAT_SECTION", "TIMEOUT_COVERS", "addoption", "configure", "runtest_protocol"]
+__all__ = ["REPEAT_SECTION", "SKIPPED_SEEDS", "TIMEOUT_COVERS", "addoption", "configure", "runtest_protocol"]
 
 REPEAT_SECTION = "disttest chaos"
 FAILING_SEEDS = "failing seeds: {seeds} of 1..{n} (reproduce one with {env}={first})"
 ALL_PASSED = "all {n} seeds passed ({env}=1..{n})"
+#: No seed failed and some skipped: the test is reported skipped, as the
+#: first seed that skipped ended (a pass would claim seeds that never ran).
+SKIPPED_SEEDS = "skipped on seeds {seeds} of 1..{n} (shown: {env}={first}); {others}"
 #: Why --disttest-repeat with a seed given is refused.
 REPEAT_WITH_SEED = ("it runs seeds 1..N itself, so the seed of {given} would be dropped: "
                     "give one or the other")
@@ -103,7 +106,9 @@ def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     saved = os.environ.get(CHAOS_ENV)
     failing: list[int] = []
+    skipped: list[int] = []
     shown: list[Any] | None = None
+    first_skip: list[Any] | None = None
     covered = ""  # pytest-timeout's limit, set for all the runs, expired
     start = time.monotonic()
     try:
@@ -127,20 +132,33 @@ def runtest_protocol(item: Any, nextitem: Any) -> bool | None:
                 failing.append(seed)
                 if shown is None:
                     shown = reports
+            elif any(r.skipped for r in reports):
+                skipped.append(seed)
+                first_skip = first_skip or reports
             if seed == n and shown is None:
-                shown = reports
+                shown = first_skip or reports
     finally:
         if saved is None:
             os.environ.pop(CHAOS_ENV, None)
         else:
             os.environ[CHAOS_ENV] = saved
-    text = (FAILING_SEEDS.format(seeds=", ".join(map(str, failing)), n=n, env=CHAOS_ENV, first=failing[0])
-            if failing else ALL_PASSED.format(n=n, env=CHAOS_ENV))
+    if failing:
+        text = FAILING_SEEDS.format(seeds=", ".join(map(str, failing)), n=n, env=CHAOS_ENV, first=failing[0])
+    elif skipped:
+        passed = [s for s in range(1, n + 1) if s not in skipped]
+        text = SKIPPED_SEEDS.format(seeds=", ".join(map(str, skipped)), n=n, env=CHAOS_ENV, first=skipped[0],
+                                    others=f"passed on {', '.join(map(str, passed))}" if passed else "no seed passed")
+    else:
+        text = ALL_PASSED.format(n=n, env=CHAOS_ENV)
     if covered:
         text = covered + (f"; before it, {text}" if failing else "")
     for report in shown or []:
-        if report.when == "call" or (report.failed and report.when != "call"):
+        if report.when == "call" or (not report.passed and report.when != "call"):
             report.sections.append((REPEAT_SECTION, text))
+        if report.skipped and not failing and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+            # (a skip's report shows no sections: its reason says which seeds skipped)
+            path, line, reason = report.longrepr
+            report.longrepr = (path, line, f"{reason} [{text}]")
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
