@@ -405,6 +405,20 @@ class ExitCodeSkipTest(unittest.TestCase):
         result = run_case(Case, "test_exit")
         self.assertEqual([reason for _, reason in result.skipped], ["Need at least 2 CUDA devices"])
 
+    def test_sys_exit_with_skip_code_in_set_up_is_a_skip(self):
+        # (as in a rank's setUp: it was an error here and under run_rank)
+        class Case(disttest.TestCase):
+            def setUp(self):
+                super().setUp()
+                sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
+
+            def test_exit(self):
+                raise AssertionError("not run")
+
+        result = run_case(Case, "test_exit")
+        self.assertEqual([reason for _, reason in result.skipped], ["Need at least 2 CUDA devices"])
+        self.assertEqual(result.errors + result.failures, [])
+
     def test_sys_exit_with_other_code_is_an_error(self):
         class Case(disttest.TestCase):
             def test_exit(self):

@@ -81,6 +81,19 @@ class _EqualOptions(TypedDict, total=False):
     exact_is_coalesced: bool
 
 
+def _exit_skips(call: Callable[..., None], *args: Any) -> None:
+    """``call(*args)``, with ``sys.exit(TEST_SKIPS[key].exit_code)`` a skip,
+    not an error: upstream suites skip so, in ``setUp`` as in the test, and
+    a plain test (or one under ``run_rank``) behaves as a rank."""
+    try:
+        call(*args)
+    except SystemExit as e:
+        skip = skip_for_exit_code(e.code)
+        if skip is None:
+            raise
+        raise DistSkip(skip) from None
+
+
 class TestCase(CaseParityMixin, expecttest.TestCase):
     """A unittest TestCase with tensor-aware equality and seeded RNGs.
 
@@ -131,7 +144,7 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
         super().tearDown()
 
     def _callSetUp(self) -> None:
-        self._resume_chain("setUp", super()._callSetUp)  # type: ignore[misc]
+        _exit_skips(self._resume_chain, "setUp", super()._callSetUp)  # type: ignore[misc]
 
     def _callTearDown(self) -> None:
         self._resume_chain("tearDown", super()._callTearDown)  # type: ignore[misc]
@@ -149,15 +162,7 @@ class TestCase(CaseParityMixin, expecttest.TestCase):
                 getattr(super(breaker, self), name)()
 
     def _callTestMethod(self, method: Any) -> None:
-        # Upstream suites skip with sys.exit(TEST_SKIPS[key].exit_code); make
-        # that a skip here too, not an error, so a plain test behaves as a rank.
-        try:
-            super()._callTestMethod(method)  # type: ignore[misc]
-        except SystemExit as e:
-            skip = skip_for_exit_code(e.code)
-            if skip is None:
-                raise
-            raise DistSkip(skip) from None
+        _exit_skips(super()._callTestMethod, method)  # type: ignore[misc]
 
     def assertEqual(  # upstream's names: x, y
         self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,
