@@ -63,6 +63,35 @@ CASES = [(n, torch.float32, op) for n in SIZES for op in FLOAT_OPS] + \
         [(n, torch.int32, R.BXOR) for n in SIZES]
 
 
+class RefusedCallsTest(unittest.TestCase):
+    def test_an_argument_the_group_refuses_is_the_calling_ranks_own_error(self):
+        # (a root outside the group, refused as the call was made, was taken
+        # for communication: a desync without the skip, hidden by rank 0's skip)
+        class Case(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            def test_beside_a_skip(self):
+                if self.rank == 0:
+                    self.skipTest("rank 0 skips")
+                dist.broadcast(torch.ones(1), src=7)
+
+            def test_alone(self):
+                if self.rank == 1:
+                    dist.broadcast(torch.ones(1), src=7)
+
+        for name in ("test_beside_a_skip", "test_alone"):
+            with self.subTest(name):
+                result = unittest.TestResult()
+                Case(name).run(result)
+                self.assertEqual((len(result.errors), len(result.skipped)), (1, 0), result.skipped)
+                self.assertIn("rank 1/2 raised InvalidArgument", result.errors[0][1])
+                self.assertNotIn("desync", result.errors[0][1])
+
+
 class ReductionsTest(unittest.TestCase):
     def test_all_reduce(self):
         for n, dtype, op in CASES:

@@ -14,6 +14,7 @@ import re
 
 from disttest._ops import RENDEZVOUS_OPS
 from disttest._runner.verdict import PEER_LOST
+from disttest.pg._local import REFUSED_MARK as _REFUSED_MARK
 
 __unittest = True
 
@@ -27,8 +28,9 @@ _NO_WAIT = {"monitored_barrier", *RENDEZVOUS_OPS}
 #: verdict.PEER_LOST says (a peer went away, a wait ran out).
 _NEVER_REFUSED = re.compile(r"nccl|network|connect|remote|socket", re.IGNORECASE)
 #: Set on an exception a call of torch.distributed raised before it
-#: communicated: the test's own error (see outcome.comm_site), not a peer's.
-REFUSED_MARK = "__disttest_refused__"
+#: communicated: the test's own error (see outcome.comm_site), not a peer's
+#: (one name with disttest's groups, which mark their own refusals).
+REFUSED_MARK = _REFUSED_MARK
 
 
 def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
@@ -38,6 +40,8 @@ def refused(error: BaseException, op: str, reached_wait: bool) -> bool:
     torch's before the call's wait (pickling an object that cannot be), or
     a backend's (``ProcessGroupGloo::broadcast: invalid root rank: 5``, a
     ``RuntimeError`` raised as the call was enqueued, before its wait)."""
+    if getattr(error, REFUSED_MARK, False):  # (refused by disttest's own group as it was called)
+        return True
     if not refused_by_torch(error):
         return False
     if isinstance(error, (TypeError, ValueError)):

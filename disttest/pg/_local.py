@@ -17,8 +17,8 @@ from disttest import _compat
 
 __unittest = True
 
-__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "check_op",
-           "completed_work", "each_rank", "rank_runs"]
+__all__ = ["CollectiveMismatch", "CollectiveTimeout", "FutureWork", "InvalidArgument", "PythonGroup", "REFUSED_MARK",
+           "check_op", "completed_work", "each_rank", "rank_runs", "refused_call"]
 
 TIMED_OUT = "{op} on group {group} did not complete within {limit:g}s, {whose} (disttest): {why}"
 #: Whose limit a timed-out Work waited for (TIMED_OUT's ``{whose}``).
@@ -283,10 +283,24 @@ def _splits(sizes: Sequence[int] | torch.Tensor | None, total: int, n: int, what
 
 
 
+#: Set on an exception a call raised before it communicated (an argument a
+#: group refused as it was called): the calling rank's own error, never the
+#: consequence of a peer's end (read by ``outcome.comm_site``).
+REFUSED_MARK = "__disttest_refused__"
+
+
+def refused_call(error: InvalidArgument) -> InvalidArgument:
+    """``error``, marked as raised before its call communicated (:data:`REFUSED_MARK`)."""
+    setattr(error, REFUSED_MARK, True)
+    return error
+
+
 def check_rank(value: Any, size: int, what: str, name: str, group: str) -> int:
-    """``value`` as a rank of a group of ``size``, or a ValueError naming it and the range."""
+    """``value`` as a rank of a group of ``size``, or a ValueError naming it
+    and the range (raised as the call is made: a refusal)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-        raise InvalidArgument(RANK_RANGE.format(what=what, name=name, value=value, group=group, last=size - 1))
+        raise refused_call(InvalidArgument(RANK_RANGE.format(what=what, name=name, value=value, group=group,
+                                                             last=size - 1)))
     return value
 
 
@@ -354,8 +368,8 @@ def _one_dtype(what: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torc
     # An output of another dtype would be cast silently by copy_: reject it.
     for t in outputs:
         if inputs and t.dtype != inputs[0].dtype:
-            raise InvalidArgument(f"{what}: an output is {t.dtype} but the input is {inputs[0].dtype}; "
-                             f"they must match (disttest)")
+            raise refused_call(InvalidArgument(f"{what}: an output is {t.dtype} but the input is "
+                                               f"{inputs[0].dtype}; they must match (disttest)"))
 
 
 def _copyable(error: BaseException) -> bool:
