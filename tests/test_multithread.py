@@ -235,6 +235,43 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
         self.assertEqual(disttest.MultiThreadedTestCase.MAIN_THREAD_RANK, -1)
 
 
+class DeviceTypeTestsTest(unittest.TestCase):
+    def test_precision_of_upstreams_device_type_tests_in_rank_threads(self):
+        # (DeviceTypeTestBase keeps precision per thread, set in the test
+        # process's thread only: every @ops test failed in rank threads with
+        # "'_thread._local' object has no attribute 'precision'")
+        from torch.testing._internal.common_device_type import (
+            dtypes,
+            instantiate_device_type_tests,
+            precisionOverride,
+        )
+
+        class Precise(disttest.MultiThreadedTestCase):
+            world_size = 2
+
+            def setUp(self):
+                super().setUp()
+                self._spawn_threads()
+
+            @dtypes(torch.float)
+            def test_default(self, device, dtype):
+                self.assertEqual(self.precision, 0)
+                self.assertEqual(torch.ones(2), torch.ones(2))
+
+            @precisionOverride({torch.float: 0.5})
+            @dtypes(torch.float)
+            def test_override(self, device, dtype):
+                self.assertEqual(self.precision, 0.5)
+                self.assertEqual(torch.ones(2), torch.ones(2) + 0.4)
+
+        scope: dict = {"Precise": Precise}  # (it removes the generic class from the scope)
+        instantiate_device_type_tests(Precise, scope, only_for=("cpu",))
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(scope["PreciseCPU"]).run(result)
+        self.assertEqual(result.testsRun, 2)
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+
 class TearDownSkipTest(unittest.TestCase):
     def test_a_skip_in_per_thread_tear_down_does_not_hide_a_failure(self):
         # (perThreadTearDown ran in a finally: its SkipTest replaced the

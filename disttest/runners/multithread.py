@@ -320,6 +320,15 @@ class MultiThreadedTestCase(RankDispatch):
         """Hook, in a rank thread: build the test case and run the test."""
         self = cls(test_name)
         self.rank = rank
+        if isinstance(getattr(self, "_tls", None), threading.local):
+            # Upstream's device-type tests keep ``precision`` and ``rel_tol``
+            # per thread (``DeviceTypeTestBase._tls``), set in the test
+            # process's thread only: a rank thread read neither
+            # (AttributeError in every ``@ops`` test). Each rank starts with
+            # the defaults, as upstream's rank threads do.
+            self._tls = threading.local()
+            self._tls.precision = getattr(cls, "_precision", 0)
+            self._tls.rel_tol = getattr(cls, "_rel_tol", 0)
         settings.pin_world_size(self, world_size)
         self.run_test_with_threaded_pg(test_name, rank, world_size)
 
