@@ -114,6 +114,13 @@ class BehaviourTest(unittest.TestCase):
             with sub:
                 self.assertEqual((result.testsRun, result.skipped, result.failures, result.errors), (1, [], [], []))
 
+    def test_a_wait_of_torch_distributed_beyond_c10d_that_a_skip_broke_is_its_consequence(self):
+        # (DDP's construction waits on its peers from torch.distributed.utils:
+        # its "Connection closed by peer" must stay the skip's consequence)
+        for sub, result, _ in self.each("test_ddp_after_a_peer_skips"):
+            with sub:
+                self.assertEqual(self.only(result.skipped), "rank 0 skips")
+
     def test_an_exit_code_of_the_suites_own_test_skips_entry_is_a_skip(self):
         # (the map from exit codes was made at import: the suite's entries were errors)
         self.addCleanup(disttest.TEST_SKIPS.pop, cases.SUITE_SKIP_KEY, None)

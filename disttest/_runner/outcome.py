@@ -10,6 +10,7 @@ import contextlib
 import enum
 import functools
 import os
+import re
 import reprlib
 import signal
 import sys
@@ -27,7 +28,7 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["COMM_MODULES", "MAX_TEXT", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
+__all__ = ["COMM_MODULES", "MAX_TEXT", "OTHER_DIST_MODULES", "PEER_LOST", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
            "TB_LOCALS_ENV", "ask_locals", "outcome_from_exception", "safe_str", "showing_locals",
            "subtests_named"]
 
@@ -393,14 +394,24 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
 #: Modules whose frames at the end of a traceback mean that communication
 #: failed: torch.distributed's that communicate (c10d and its logging
 #: wrapper, the functional collectives, RPC, rendezvous) and disttest's own
-#: process groups. Not all of ``torch.distributed``: DTensor's, FSDP's and
-#: checkpointing's own checks raise there before (or without) any
-#: collective, and a rank's such error is its own, never the consequence of
-#: a peer's skip (a DTensor placement error on rank 1 was reported as rank
-#: 0's skip); their collectives' errors end in c10d's frames.
+#: process groups.
 COMM_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
                 "torch.distributed._functional_collectives", "torch.distributed.rpc",
                 "torch.distributed.rendezvous", "disttest.pg")
+#: The rest of torch.distributed (DDP's construction, FSDP's and
+#: pipelining's waits on a Work, checkpoint transports) also waits on
+#: collectives from frames of its own, but mostly checks things of its own
+#: there (a DTensor placement, FSDP's arguments): an error of it is
+#: communication only when it says a peer went away or a wait ran out
+#: (:data:`PEER_LOST`). A DTensor placement error on rank 1 was taken for
+#: communication, and rank 0's skip hid it.
+OTHER_DIST_MODULES = ("torch.distributed",)
+#: What an error says when a peer went away or a wait ran out (gloo's and
+#: NCCL's words; the verdict's too).
+PEER_LOST = re.compile(
+    r"closed by peer|reset by peer|broken pipe|connection (was )?(closed|reset|refused|aborted)"
+    r"|remote (worker|process|end)|peer (closed|hung up|disconnected)|communicator was aborted"
+    r"|timed? ?out|timeout", re.IGNORECASE)
 #: Exception classes torch.distributed raises from C++ (``DistError`` and
 #: its subclasses), found by name so this module needs no torch. Not
 #: ``DistStoreError``: a store's ``wait``/``get`` that timed out is the test's
@@ -437,6 +448,9 @@ def comm_site(exc: BaseException) -> str:
 
     last_own = max((i for i in range(len(frames)) if not harness(i)), default=-1)
     calls = [frames[i].f_code for i in range(last_own + 1, len(frames)) if modules[i].startswith(COMM_MODULES)]
+    if not calls and PEER_LOST.search(safe_str(exc)):
+        calls = [frames[i].f_code for i in range(last_own + 1, len(frames))
+                 if modules[i].startswith(OTHER_DIST_MODULES)]
     if calls:
         # The first named function ("wrapper" of a decorator is no name).
         names = [getattr(c, "co_qualname", c.co_name) for c in calls]

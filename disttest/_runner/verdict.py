@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from disttest._runner.board import RECORDER, InFlight
+from disttest._runner.outcome import PEER_LOST as _PEER_LOST
 from disttest._runner.outcome import SUBTEST_ONLY, ExitStatus, Kind, Outcome
 from disttest.pg._local import rank_runs
 from disttest.support.skips import skip_for_exit_code
@@ -46,10 +46,7 @@ DEADLOCK_DETAIL = "{ranks} wait for each other in calls that cannot match: {call
 WAITED_FOR = "{{who}} {{waits}} in {what} for rank {peer}/{world}, which never entered it: that rank hung"
 #: What a backend says when a peer went away: the error of a rank whose
 #: peer left, not of the rank itself (gloo, nccl, TCPStore, TensorPipe).
-PEER_LOST = re.compile(
-    r"closed by peer|reset by peer|broken pipe|connection (was )?(closed|reset|refused|aborted)"
-    r"|remote (worker|process|end)|peer (closed|hung up|disconnected)|communicator was aborted"
-    r"|timed? ?out|timeout", re.IGNORECASE)
+PEER_LOST = _PEER_LOST  # (outcome's: one pattern for both)
 
 
 class Status(str, enum.Enum):

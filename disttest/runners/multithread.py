@@ -326,9 +326,9 @@ class MultiThreadedTestCase(RankDispatch):
             # process's thread only: a rank thread read neither
             # (AttributeError in every ``@ops`` test). Each rank starts with
             # the defaults, as upstream's rank threads do.
-            self._tls = threading.local()
-            self._tls.precision = getattr(cls, "_precision", 0)
-            self._tls.rel_tol = getattr(cls, "_rel_tol", 0)
+            tls = threading.local()
+            tls.precision, tls.rel_tol = getattr(cls, "_precision", 0), getattr(cls, "_rel_tol", 0)
+            vars(self)["_tls"] = tls  # (the instance's, over the class's)
         settings.pin_world_size(self, world_size)
         self.run_test_with_threaded_pg(test_name, rank, world_size)
 
