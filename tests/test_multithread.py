@@ -22,6 +22,7 @@ import torch.distributed as dist
 import disttest
 from disttest import RankFailure, _compat, spawn_threads_and_init_comms
 from disttest.pg import _baton
+from disttest.pg.threaded import install_threaded_pg
 from disttest.support import janitor
 
 
@@ -335,12 +336,44 @@ class RankStartedThreadsTest(unittest.TestCase):
                 thread.start()
                 thread.join(10)
                 self.assertEqual(got, {"all_reduce": (self.rank, 3.0), "funcol": 2.0})
+                self.assertNotIn("run", vars(thread))  # (a finished thread holds no rank's groups)
                 with ThreadPoolExecutor(1) as pool:
                     self.assertEqual(pool.submit(dist.get_world_size).result(10), 2)
+                # A pool the ranks share runs each rank's task in that rank's
+                # world (its thread, started by the first rank to submit,
+                # ran the other's tasks as that rank).
+                for _ in range(3):
+                    self.assertEqual(shared.submit(dist.get_rank).result(10), self.rank)
 
+        shared = ThreadPoolExecutor(1)
+        self.addCleanup(shared.shutdown)
+        shared.submit(lambda: None).result(10)  # (its thread, the test's process's, made before the test)
         result = run(Case("test_children"))
         self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
         self.assertIs(threading.Thread.start, start)  # (put back after the test)
+        self.assertFalse(dist.is_initialized())  # (the pool's thread kept no rank's world)
+        self.assertEqual(shared.submit(dist.is_initialized).result(10), False)
+
+    def test_a_wrapper_made_over_ours_still_starts_threads_after_the_uninstall(self):
+        from disttest.pg.threaded import uninstall_threaded_pg
+
+        start = threading.Thread.start
+        install_threaded_pg()
+        ours = threading.Thread.start
+
+        def foreign(thread):
+            ours(thread)
+
+        threading.Thread.start = foreign
+        try:
+            uninstall_threaded_pg()
+            ran = []
+            thread = threading.Thread(target=lambda: ran.append(1))
+            thread.start()  # (an IndexError: the original was cleared)
+            thread.join(10)
+            self.assertEqual(ran, [1])
+        finally:
+            threading.Thread.start = start
 
 
 class HugeErrorTest(unittest.TestCase):

@@ -260,22 +260,38 @@ def thread_world_state() -> dict[str, Any] | None:
     return dict(state)
 
 
-def adopt_thread_world_state(state: dict[str, Any]) -> None:
-    """In a new thread: see the registry ``state`` (what
-    :func:`thread_world_state` returned in the thread that started it) as
-    its own: the same default group and groups (new ones it makes are its
-    starter's too); its own coalescing state."""
+def adopt_thread_world_state(state: dict[str, Any]) -> Callable[[], None]:
+    """In another thread: see the registry ``state`` (what
+    :func:`thread_world_state` returned in a rank's thread) as its own: the
+    same default group and groups (new ones it makes are the rank's too);
+    its own coalescing state. Returns the undo (the thread's registry as it
+    was, and the names registered for functional collectives removed)."""
     from torch.distributed import distributed_c10d
 
     world = distributed_c10d._world
-    if _isolated_world_class and isinstance(world, _isolated_world_class[1]):
-        world.__dict__.update(state, _pg_coalesce_state={}, _comms=[])
-        # (under thread isolation c10d's registry by name, which functional
-        # collectives resolve groups in, is per thread too)
-        from torch._C._distributed_c10d import _register_process_group
+    if not _isolated_world_class or not isinstance(world, _isolated_world_class[1]):
+        return lambda: None
+    before = dict(world.__dict__)
+    world.__dict__.update(state, _pg_coalesce_state={}, _comms=[])
+    # (under thread isolation c10d's registry by name, which functional
+    # collectives resolve groups in, is per thread too)
+    from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
 
-        for pg, name in list(world.pg_names.items()):
+    registered = []
+    for pg, name in list(world.pg_names.items()):
+        try:
+            _register_process_group(name, pg)
+        except RuntimeError:  # (already registered in this thread)
+            continue
+        registered.append(name)
+
+    def undo() -> None:
+        for name in registered:
             try:
-                _register_process_group(name, pg)
-            except RuntimeError:  # (already registered in this thread)
+                _unregister_process_group(name)
+            except RuntimeError:
                 pass
+        world.__dict__.clear()
+        world.__dict__.update(before)
+
+    return undo

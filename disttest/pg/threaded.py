@@ -18,6 +18,7 @@ default group (:func:`_install_threaded_pg`).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -426,25 +427,52 @@ def register_for_process() -> None:
             _compat.register_backend(BACKEND, _create, ["cpu", "cuda"])
 
 
-_thread_start: list[Callable[..., None]] = []  # threading.Thread.start, while it is wrapped
+#: ``threading.Thread.start`` and ``ThreadPoolExecutor.submit`` as they were
+#: before the first install wrapped them (kept: a wrapper of another library
+#: made meanwhile may still call ours after the uninstall).
+_thread_start: list[Callable[..., None]] = []
+_executor_submit: list[Callable[..., Any]] = []
+
+
+def _in_world(state: dict[str, Any], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    undo = _compat.adopt_thread_world_state(state)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        undo()
 
 
 def _start_in_rank(self: threading.Thread) -> None:
     """``threading.Thread.start`` while a threaded world is installed: a
     thread a rank starts is of that rank, as in a rank process, and sees its
     default group and groups (c10d's registry is per thread; it saw none:
-    "Default process group has not been initialized", in a
-    ``ThreadPoolExecutor`` of the code under test too)."""
+    "Default process group has not been initialized"). Not a thread pool's
+    worker: it may run any rank's work, and each task sees the world of the
+    rank that submitted it (:func:`_submit_in_rank`)."""
     state = _compat.thread_world_state()
-    if state is not None:
+    target = getattr(self, "_target", None)
+    if state is not None and getattr(target, "__module__", None) != "concurrent.futures.thread":
         run = self.run
 
         def run_in_rank() -> None:
-            _compat.adopt_thread_world_state(state)
-            run()
+            try:
+                _in_world(state, run)
+            finally:
+                vars(self).pop("run", None)  # (a finished thread holds no rank's groups)
 
         self.run = run_in_rank  # (this thread's only)
     _thread_start[0](self)
+
+
+def _submit_in_rank(self: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``ThreadPoolExecutor.submit`` while a threaded world is installed: the
+    task runs in the world of the rank that submitted it, whichever thread
+    of the pool runs it (a pool shared by the ranks runs each rank's
+    tasks)."""
+    state = _compat.thread_world_state()
+    if state is not None:
+        fn = functools.partial(_in_world, state, fn)
+    return _executor_submit[0](self, fn, *args, **kwargs)
 
 
 def install_threaded_pg() -> ThreadedWorld:
@@ -460,9 +488,13 @@ def install_threaded_pg() -> ThreadedWorld:
         _installed.append((world, _compat.c10d_world(), torch.autograd.is_multithreading_enabled()))
         _compat.set_c10d_world(_compat.new_c10d_world(per_thread=True))
         _compat.set_thread_isolation(True)
-        if not _thread_start:
-            _thread_start.append(threading.Thread.start)
+        if threading.Thread.start is not _start_in_rank:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _thread_start[:] = [threading.Thread.start]
+            _executor_submit[:] = [ThreadPoolExecutor.submit]
             threading.Thread.start = _start_in_rank
+            ThreadPoolExecutor.submit = _submit_in_rank
         return world
 
 
@@ -483,9 +515,12 @@ def uninstall_threaded_pg() -> None:
         _compat.set_c10d_world(previous)
         if not _installed:
             _compat.set_thread_isolation(False)
-            if _thread_start and threading.Thread.start is _start_in_rank:  # (not if replaced since)
-                threading.Thread.start = _thread_start.pop()
-            _thread_start.clear()
+            from concurrent.futures import ThreadPoolExecutor
+
+            if threading.Thread.start is _start_in_rank:  # (not if replaced since)
+                threading.Thread.start = _thread_start[0]
+            if ThreadPoolExecutor.submit is _submit_in_rank:
+                ThreadPoolExecutor.submit = _executor_submit[0]
             while _unregister:
                 _unregister.pop()()
 
