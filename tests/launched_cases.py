@@ -39,19 +39,34 @@ class Launched(disttest.MultiProcContinousTest):
     def test_a_sum(self) -> None:
         if MODE == "fail" and self.rank == 1:
             self.fail("rank 1 fails before the all_reduce")
-        if MODE == "skip_exit" and self.rank == 1:  # (upstream's way to skip: its peer waits in vain)
+        if MODE in ("skip_exit", "skip_async") and self.rank == 1:  # (upstream's way to skip: its peer waits in vain)
             sys.exit(disttest.TEST_SKIPS["multi-gpu-2"].exit_code)
         if MODE == "hang" and self.rank == 1:
             time.sleep(3600)  # (nobody else stops it: no disttest parent is there)
+        if MODE == "unstoppable" and self.rank == 1:
+            while True:  # (it catches the stop: the rank exits)
+                try:
+                    time.sleep(3600)
+                except BaseException:  # noqa: BLE001,S110
+                    pass
         if MODE == "exit" and self.rank == 1:
             os._exit(3)
         t = torch.ones(1) * (self.rank + 1)
-        dist.all_reduce(t)
+        if MODE == "skip_async":  # (the wait raises from this frame: no torch.distributed frame to read)
+            dist.all_reduce(t, async_op=True).wait()
+        else:
+            dist.all_reduce(t)
         if MODE == "interrupt" and self.rank == 1:
             raise KeyboardInterrupt
         if MODE == "bad_str" and self.rank == 1:
             raise BadStr
         self.assertEqual(t.item(), 3.0)
+
+    def tearDown(self) -> None:
+        if MODE == "hang" and self.rank == 1:
+            time.sleep(0.2)  # (after a stopped test: it had no time left)
+            print("TORN DOWN", flush=True)
+        super().tearDown()
 
     def test_b_second(self) -> None:
         t = torch.ones(1)
@@ -65,7 +80,7 @@ class Launched(disttest.MultiProcContinousTest):
                 os._exit(3)
 
     def test_d_no_collective(self) -> None:
-        if MODE == "skip_exit" and self.rank == 1:
+        if MODE in ("skip_exit", "skip_async") and self.rank == 1:
             self.skipTest("rank 1 skips alone")
 
 

@@ -517,14 +517,15 @@ class LaunchedAgreementTest(unittest.TestCase):
         # on both ranks, where the core judges it a skip.
         from disttest.runners.launched import PEER_SKIPPED
 
-        (_, r0, out0), (_, r1, out1) = self.launch("skip_exit")
-        reason = disttest.TEST_SKIPS["multi-gpu-2"].message
-        self.assertEqual(r1["skipped"]["test_a_sum"], reason, out1)
-        skipped = r0["skipped"].get("test_a_sum", "")
-        self.assertTrue(skipped.startswith(reason + " [" + PEER_SKIPPED.format(who="rank 1/2", test="test_a_sum")
-                                           + "; this rank's error came after it: RuntimeError: "), out0)
-        for result in (r0, r1):
-            self.assertNotIn("test_a_sum", {**result["failures"], **result["errors"]})
+        for mode in ("skip_exit", "skip_async"):  # (an async Work's wait raises from the test's own frame)
+            (_, r0, out0), (_, r1, out1) = self.launch(mode)
+            reason = disttest.TEST_SKIPS["multi-gpu-2"].message
+            self.assertEqual(r1["skipped"]["test_a_sum"], reason, out1)
+            skipped = r0["skipped"].get("test_a_sum", "")
+            self.assertTrue(skipped.startswith(reason + " [" + PEER_SKIPPED.format(who="rank 1/2", test="test_a_sum")
+                                               + "; this rank's error came after it: RuntimeError: "), out0)
+            for result in (r0, r1):
+                self.assertNotIn("test_a_sum", {**result["failures"], **result["errors"]})
         # a test with no collective that one rank skips is skipped on every rank, with its reason
         self.assertEqual(r1["skipped"]["test_d_no_collective"], "rank 1 skips alone")
         self.assertEqual(r0["skipped"]["test_d_no_collective"],
@@ -546,6 +547,19 @@ class LaunchedAgreementTest(unittest.TestCase):
         self.assertIn("time.sleep(3600)", error)
         self.assertIn("'test_a_sum' failed on rank 1/2", r0["failures"].get("test_a_sum", "")
                       + r0["errors"].get("test_a_sum", ""))
+        self.assertIn("TORN DOWN", out1)  # (its tearDown had no time left, and was stopped at once)
+
+    def test_a_test_that_will_not_stop_ends_its_rank(self):
+        # (a test that caught the stop, except BaseException, held its rank for ever)
+        from disttest.runners.launched import EXIT_AFTER, HOLD_GRACE, UNSTOPPED, UNSTOPPED_EXIT_CODE
+
+        start = time.monotonic()
+        (rc0, r0, out0), (rc1, _, out1) = self.launch("unstoppable")
+        self.assertLess(time.monotonic() - start, 90)
+        self.assertEqual((rc0, rc1), (1, UNSTOPPED_EXIT_CODE), out0 + out1)
+        self.assertIn(UNSTOPPED.format(test="test_a_sum", who="rank 1/2", after=EXIT_AFTER, stop=4 + HOLD_GRACE,
+                                       code=UNSTOPPED_EXIT_CODE), out1)
+        self.assertIn("in test_a_sum", out1)  # (its stack)
 
     def test_a_backend_the_host_lacks_skips_the_class(self):
         ranks = self.launch("", LAUNCHED_BACKEND="mpi")

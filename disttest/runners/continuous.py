@@ -449,6 +449,10 @@ class MultiProcContinousTest(TestCase):
         if ends_at is None:
             call(*args)
             return
+        if self._phase in ("tearDown", "cleanup"):
+            # (a test stopped at its limit left its tearDown and cleanups no
+            # time: what they undo stayed for the class's next tests)
+            ends_at = max(ends_at, time.monotonic() + launched.HOLD_GRACE)
         limit = (settings.test_timeout(self, self.id()) or 0.0) + launched.HOLD_GRACE
         head = launched.TIMED_OUT.format(test=self._testMethodName, limit=limit,
                                          who=verdict_who([self.rank], self.world_size), stack="").rstrip(":\n")

@@ -29,23 +29,26 @@ import contextlib
 import faulthandler
 import functools
 import json
+import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from disttest._runner import settings
-from disttest._runner.outcome import comm_site, safe_str
+from disttest._runner.outcome import PEER_LOST, comm_site, safe_str
 from disttest._runner.verdict import who
 from disttest.support import janitor, tempdirs
 
 __unittest = True
 
 __all__ = ["AGREE_MARGIN", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE",
-           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "HOLD_GRACE", "PEER_SKIPPED", "SECOND_CALL", "TIMED_OUT", "Agreement", "LaunchedResult", "peers_gone",
+           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "EXIT_AFTER", "HOLD_GRACE", "PEER_SKIPPED", "SECOND_CALL", "TIMED_OUT", "UNSTOPPED",
+           "UNSTOPPED_EXIT_CODE", "Agreement", "LaunchedResult", "peers_gone",
            "run_folder", "skipping"]
 
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
@@ -58,9 +61,20 @@ PEER_FAILED = ("{test!r} {how} on {who} (disttest: ranks run by an external laun
 #: A test a peer skipped (the whole test, not a subTest): skipped here too.
 PEER_SKIPPED = "{who} skipped {test!r}, and ranks run by an external launcher agree on each test (disttest)"
 #: Seconds past a test's limit that a rank under a launcher stops it: a
-#: collective that waits for a peer ends at the group's timeout, which is
-#: the limit, and names more than a stop would.
+#: collective that waits for a peer ends at the group's timeout (the
+#: class's longest limit: the limit itself unless a test has its own,
+#: shorter) and names more than a stop would.
 HOLD_GRACE = 5.0
+#: Seconds after a test was stopped (its limit plus :data:`HOLD_GRACE`)
+#: that a rank whose test did not stop exits (by then its peers have given
+#: up on it: :data:`AGREE_MARGIN`).
+EXIT_AFTER = AGREE_MARGIN
+#: Exit status of such a rank.
+UNSTOPPED_EXIT_CODE = 70
+#: Printed, with every thread's stack, by a rank whose test did not stop.
+UNSTOPPED = ("{test!r} did not stop on {who} {after:g}s after it was stopped at {stop:g}s (disttest): it caught "
+             "the stop (except BaseException) or is blocked in C++; the rank exits with status {code}; every "
+             "thread's stack:")
 #: A test past its limit under a launcher (held to it in the rank: no disttest parent watches it).
 TIMED_OUT = ("{test!r} did not finish within {limit:g}s on {who} (disttest): no disttest parent watches ranks "
              "a launcher started, so the rank stopped it where it was:\n{stack}")
@@ -167,6 +181,7 @@ class LaunchedResult(unittest.TextTestResult):
         self._limit = 0.0
         self._ending = False  # (the end's own error is not a class set-up's)
         self._interrupted = False
+        self._exit_timer: threading.Timer | None = None
 
     # -- holding ---------------------------------------------------------------
     def startTest(self, test: Any) -> None:
@@ -176,6 +191,13 @@ class LaunchedResult(unittest.TextTestResult):
         if self._limit:
             # NB: a hang past the limit is seen by nobody else: say where.
             faulthandler.dump_traceback_later(self._limit, exit=False, file=_stderr_fd())
+            # A test the rank could not stop (it caught the stop, or C++
+            # never returns) would hold the rank for ever: it exits.
+            self._exit_timer = threading.Timer(self._limit + HOLD_GRACE + EXIT_AFTER, _exit_unstopped,
+                                               (test._testMethodName, self._limit + HOLD_GRACE,
+                                                who([self.agreement.rank], self.agreement.world_size)))
+            self._exit_timer.daemon = True
+            self._exit_timer.start()
 
     def _hold(self, own: Callable[..., None], *args: Any) -> None:
         """Hold what unittest reports of the current test until the peers
@@ -221,21 +243,32 @@ class LaunchedResult(unittest.TextTestResult):
         if not self._held:  # (unittest let KeyboardInterrupt through: no outcome)
             return {"status": "failed", "what": "KeyboardInterrupt", "comm": False}
         why = None
+        failures: list[tuple[str, bool]] = []  # (first line, came out of communication)
         for method, args in self._held:
             name = method.__name__
             if name in ("addFailure", "addError") or (name == "addSubTest" and args[2] is not None) \
                     or name == "addUnexpectedSuccess":
                 err = args[2] if name == "addSubTest" else (args[1] if len(args) > 1 else None)
                 if not err:
-                    return {"status": "failed", "what": "an unexpected success", "comm": False}
-                comm = isinstance(err[1], BaseException) and bool(comm_site(err[1]))
-                return {"status": "failed", "what": _first_line(err), "comm": comm}
-            if name == "addSkip" and args[0] is test:  # (a subTest's skip is not the test's)
+                    failures.append(("an unexpected success", False))
+                    continue
+                # NB: no board here to say the rank was in a collective: a
+                # Work's wait raises from the test's own frame, with gloo's
+                # words (its timeout) only.
+                first = _first_line(err)
+                failures.append((first, isinstance(err[1], BaseException) and (
+                    bool(comm_site(err[1])) or bool(PEER_LOST.search(first)))))
+            elif name == "addSkip" and args[0] is test:  # (a subTest's skip is not the test's)
                 why = args[1]
+        if failures:  # (communication only if every failure was: one of its own stays its own)
+            return {"status": "failed", "what": failures[0][0], "comm": all(c for _, c in failures)}
         return {"status": "passed"} if why is None else {"status": "skipped", "why": why}
 
     def stopTest(self, test: Any) -> None:
         faulthandler.cancel_dump_traceback_later()
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
         agreement = self.agreement
         own = self._own_verdict(test)
         status = own["status"]
@@ -315,6 +348,17 @@ class LaunchedResult(unittest.TextTestResult):
                 if case is test:
                     entries[i] = (case, f"{text}\n{note}\n")
                     return
+
+
+def _exit_unstopped(test: str, stop: float, who_: str) -> None:
+    """In a timer thread: the rank's test did not stop; say so, print every
+    thread's stack and exit (``os._exit``: nothing of the test may run on)."""
+    fd = _stderr_fd()
+    with contextlib.suppress(OSError):
+        os.write(fd, ("\n" + UNSTOPPED.format(test=test, who=who_, after=EXIT_AFTER, stop=stop,
+                                              code=UNSTOPPED_EXIT_CODE) + "\n").encode())
+        faulthandler.dump_traceback(file=fd, all_threads=True)
+    os._exit(UNSTOPPED_EXIT_CODE)
 
 
 def peers_gone(cls: type) -> str | None:
