@@ -7,7 +7,7 @@ import collections
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -283,13 +283,15 @@ def _splits(sizes: Sequence[int] | torch.Tensor | None, total: int, n: int, what
 
 
 
+_E = TypeVar("_E", bound=BaseException)
+
 #: Set on an exception a call raised before it communicated (an argument a
 #: group refused as it was called): the calling rank's own error, never the
 #: consequence of a peer's end (read by ``outcome.comm_site``).
 REFUSED_MARK = "__disttest_refused__"
 
 
-def refused_call(error: InvalidArgument) -> InvalidArgument:
+def refused_call(error: _E) -> _E:
     """``error``, marked as raised before its call communicated (:data:`REFUSED_MARK`)."""
     setattr(error, REFUSED_MARK, True)
     return error

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from disttest import _compat
 from disttest.pg._local import (
+    DOES_NOT_FIT,
     CollectiveMismatch,
     CollectiveTimeout,
     FutureWork,
@@ -43,6 +44,7 @@ from disttest.pg._local import (
     check_rank,
     completed_work,
     op_label,
+    refused_call,
     seconds,
 )
 from disttest.pg._world import CollectiveAborted, ThreadedWork, ThreadedWorld, _thread_world
@@ -175,6 +177,13 @@ class ProcessLocalGroup(PythonGroup):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> ThreadedWork:
         n = self.size()
         _one_dtype("all_gather", [t for ts in outputs for t in ts], inputs)
+        for i, out in enumerate(outputs[0] if inputs else []):
+            # (as gloo checks each output against this rank's input as it is called: refused here)
+            if out.shape != inputs[0].shape:
+                raise refused_call(CollectiveMismatch(DOES_NOT_FIT.format(
+                    what="all_gather", where=f"rank {self.rank()}'s input to its output {i}",
+                    shape=list(inputs[0].shape), dtype=inputs[0].dtype, slot_shape=list(out.shape),
+                    slot_dtype=out.dtype)))
 
         def compute(payloads: list[Any]) -> list[Any]:
             ins = [p[1][0] for p in payloads]
