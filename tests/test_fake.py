@@ -392,6 +392,12 @@ class LifecycleTest(unittest.TestCase):
         with with_dist(rank=70_000, world_size=131_072):
             self.assertEqual(dist.get_world_size(), 131_072)
 
+    def test_a_group_of_a_rank_outside_its_world_is_refused(self):
+        with self.assertRaisesRegex(disttest.ConfigError, r"Invalid rank 3 from MockProcessGroup\(rank=...\)"):
+            MockProcessGroup(3, 2)
+        with self.assertRaisesRegex(disttest.ConfigError, r"from MockProcessGroup\(world_size=...\)"):
+            disttest.create_mock_pg(None, 0, 0, None)
+
     def test_upstream_creator_signature(self):
         from datetime import timedelta
 

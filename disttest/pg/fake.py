@@ -143,6 +143,11 @@ class MockProcessGroup(PythonGroup):
 
     BACKEND_NAME = BACKEND
 
+    def __init__(self, rank: int, world_size: int, name: str = "") -> None:
+        # (MockProcessGroup(3, 2) was made, and its collectives indexed out of range)
+        rank, world_size = _checked(rank, world_size, "MockProcessGroup")
+        super().__init__(rank, world_size, name)
+
     def __repr__(self) -> str:
         return f"MockProcessGroup(rank={self.rank()}, world_size={self.size()})"
 
