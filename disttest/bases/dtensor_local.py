@@ -170,7 +170,7 @@ class LocalDTensorContinuousTestBase(_LocalRanks, DTensorContinuousTestBase):  #
 
     def _callSetUp(self) -> None:
         method = getattr(type(self), self._testMethodName, None)
-        skip = precheck_skip(self, method, settings.world_size(self, self._testMethodName)) \
+        skip = precheck_skip(self, method, lambda: settings.world_size(self, self._testMethodName)) \
             if method is not None else None
         if skip is not None:
             raise skip

@@ -69,7 +69,7 @@ class RankDispatch(TestCase):
         method = getattr(type(self), self._testMethodName, None)
         test_faults(method)
         chaos_seed()
-        skip = precheck_skip(self, method, _size_or_none(self)) if method is not None else None
+        skip = precheck_skip(self, method, lambda: _size_or_none(self)) if method is not None else None
         if skip is not None:
             raise skip
 

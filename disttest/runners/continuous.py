@@ -408,7 +408,8 @@ class MultiProcContinousTest(TestCase):
             self._phase = "setUp"
             if type(self)._launched is not None:
                 limit = settings.test_timeout(self, self.id())
-                self._ends_at = None if limit is None else time.monotonic() + limit + launched.HOLD_GRACE
+                held_for = None if limit is None else limit + launched.HOLD_GRACE
+                self._held_for, self._ends_at = held_for, None if held_for is None else time.monotonic() + held_for
             self._in_rank(super()._callSetUp)
             return
         # The parent runs neither setUp nor tearDown: the ranks do.
@@ -437,7 +438,9 @@ class MultiProcContinousTest(TestCase):
         else:
             self._in_rank(functools.partial(super()._callCleanup, function, *args, **kwargs))  # type: ignore[misc]
 
-    #: Under run_rank, when the test's limit ends (``time.monotonic()``; None: no limit).
+    #: Under run_rank, how long the test is held to (its limit and
+    #: HOLD_GRACE) and when that ends (``time.monotonic()``); None: no limit.
+    _held_for: float | None = None
     _ends_at: float | None = None
 
     def _in_rank(self, call: Callable[..., None], *args: Any) -> None:
@@ -453,14 +456,11 @@ class MultiProcContinousTest(TestCase):
             # (a test stopped at its limit left its tearDown and cleanups no
             # time: what they undo stayed for the class's next tests)
             ends_at = max(ends_at, time.monotonic() + launched.HOLD_GRACE)
-        limit = (settings.test_timeout(self, self.id()) or 0.0) + launched.HOLD_GRACE
-        head = launched.TIMED_OUT.format(test=self._testMethodName, limit=limit,
-                                         who=verdict_who([self.rank], self.world_size), stack="").rstrip(":\n")
-        stack = deadline.held(call, args, ends_at, head)
+        said = functools.partial(launched.TIMED_OUT.format, test=self._testMethodName, limit=self._held_for,
+                                 who=verdict_who([self.rank], self.world_size))
+        stack = deadline.held(call, args, ends_at, said(stack="").rstrip(":\n"))
         if stack is not None:
-            raise TimeoutError(launched.TIMED_OUT.format(
-                test=self._testMethodName, limit=limit, who=verdict_who([self.rank], self.world_size),
-                stack=stack)) from None
+            raise TimeoutError(said(stack=stack)) from None
 
     @classmethod
     def _pool_shutdown(cls) -> None:

@@ -40,15 +40,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from disttest._runner import settings
-from disttest._runner.outcome import PEER_LOST, comm_site, safe_str
-from disttest._runner.verdict import who
+from disttest._runner.outcome import PEER_LOST, Kind, Outcome, comm_site, safe_str
+from disttest._runner.verdict import Status, explain, judge, who
 from disttest.support import janitor, tempdirs
 
 __unittest = True
 
-__all__ = ["AGREE_MARGIN", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END", "PEER_FAILED", "PEER_GONE",
-           "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "EXIT_AFTER", "HOLD_GRACE", "PEER_SKIPPED", "SECOND_CALL", "TIMED_OUT", "UNSTOPPED",
-           "UNSTOPPED_EXIT_CODE", "Agreement", "LaunchedResult", "peers_gone",
+__all__ = ["AGREE_MARGIN", "EXIT_AFTER", "HOLD_GRACE", "INTERRUPTED", "PEERS_GONE_BEFORE", "PEERS_NOT_AT_END",
+           "PEER_FAILED", "PEER_GONE", "PEER_LEFT_CLASS", "PEER_OTHER_TEST", "PEER_SKIPPED", "SECOND_CALL",
+           "TIMED_OUT", "UNSTOPPED", "UNSTOPPED_EXIT_CODE", "Agreement", "LaunchedResult", "peers_gone",
            "run_folder", "skipping"]
 
 #: Seconds past a test's limit a rank waits for its peers' outcome of it.
@@ -294,11 +294,10 @@ class LaunchedResult(unittest.TextTestResult):
         failed = {r: v for r, v in ours.items() if v["status"] == "failed"}
         skipped = {r: v["why"] for r, v in {**ours, agreement.rank: own}.items() if v["status"] == "skipped"}
         held, self._held, self._current = self._held, [], None
-        if skipped and not silent and not notes and all(
-                v.get("comm") for v in (*failed.values(), *([own] if status == "failed" else []))):
+        if skipped and not silent and not notes and _judged_skipped({**ours, agreement.rank: own},
+                                                                    agreement.world_size):
             # A rank skipped and left its peers waiting: their collectives'
-            # errors are its effect, and the test is skipped on every rank, as
-            # the core judges it (verdict.judge).
+            # errors are its effect, and the test is skipped on every rank.
             reason = "; ".join(sorted(set(skipped.values())))
             if status != "skipped":
                 note = PEER_SKIPPED.format(who=who(sorted(r for r in skipped if r != agreement.rank),
@@ -348,6 +347,17 @@ class LaunchedResult(unittest.TextTestResult):
                 if case is test:
                     entries[i] = (case, f"{text}\n{note}\n")
                     return
+
+
+def _judged_skipped(said: dict[int, dict[str, Any]], world: int) -> bool:
+    """Whether the core's verdict (:func:`~disttest._runner.verdict.explain`,
+    :func:`~disttest._runner.verdict.judge`) on what the ranks ``said`` of a
+    test is a skip: a rank skipped, and the others passed or failed only in
+    communication, its consequence."""
+    outcomes = {r: Outcome(r, Kind.SKIPPED, message=v["why"]) if v["status"] == "skipped"
+                else Outcome(r, Kind.ERRORED, comm="communication" if v.get("comm") else "")
+                if v["status"] == "failed" else Outcome(r, Kind.PASSED) for r, v in said.items()}
+    return judge(list(explain(outcomes, world, {}, {}).values())).status is Status.SKIPPED
 
 
 def _exit_unstopped(test: str, stop: float, who_: str) -> None:

@@ -189,17 +189,20 @@ _precheck_size: contextvars.ContextVar[int | None] = contextvars.ContextVar("dis
 
 
 def precheck_skip(test: unittest.TestCase, method: Callable[..., Any],
-                  world_size: int | None = None) -> DistSkip | None:
+                  world_size: int | Callable[[], int | None] | None = None) -> DistSkip | None:
     """Evaluate in the parent the skip checks recorded on ``method``, with
-    ``world_size`` the size its ranks will have (None: the test's own
-    ``world_size``).
+    ``world_size`` the size its ranks will have (or what gives it, asked
+    only when the method has checks; None: the test's own ``world_size``).
 
     Returns the first skip that applies, or None. Runners call this before
     starting ranks so that a skip costs no process.
     """
-    token = _precheck_size.set(world_size)
+    checks = getattr(method, "__disttest_skip_checks__", ())
+    if not checks:
+        return None
+    token = _precheck_size.set(world_size() if callable(world_size) else world_size)
     try:
-        for check in getattr(method, "__disttest_skip_checks__", ()):
+        for check in checks:
             skip = check((test,))
             if skip is not None:
                 return DistSkip(skip)
