@@ -12,7 +12,7 @@ import unittest
 
 import torch
 
-from disttest._runner.deadline import Deadline, DeadlinePassed
+from disttest._runner.deadline import STOP_SIGNAL, Deadline, DeadlinePassed
 
 
 def spin(seconds: float | None = None) -> None:
@@ -117,13 +117,13 @@ class DeadlineTest(unittest.TestCase):
         import signal
 
         seen = []
-        before = signal.signal(signal.SIGUSR2, lambda *_: seen.append("before"))
-        self.addCleanup(signal.signal, signal.SIGUSR2, before)
+        before = signal.signal(STOP_SIGNAL, lambda *_: seen.append("before"))
+        self.addCleanup(signal.signal, STOP_SIGNAL, before)
         with Deadline(5):
-            os.kill(os.getpid(), signal.SIGUSR2)
+            os.kill(os.getpid(), STOP_SIGNAL)
             spin(0.05)
         self.assertEqual(seen, ["before"])
-        self.assertEqual(signal.getsignal(signal.SIGUSR2)(0, None), None)  # put back
+        self.assertEqual(signal.getsignal(STOP_SIGNAL)(0, None), None)  # put back
         self.assertEqual(seen, ["before", "before"])
 
     def test_a_block_that_takes_the_signal_for_itself_is_stopped_from_outside(self):
@@ -131,11 +131,30 @@ class DeadlineTest(unittest.TestCase):
         # have ended the whole process.
         import signal
 
-        before = signal.getsignal(signal.SIGUSR2)
-        self.addCleanup(signal.signal, signal.SIGUSR2, before)
+        before = signal.getsignal(STOP_SIGNAL)
+        self.addCleanup(signal.signal, STOP_SIGNAL, before)
         with self.assertRaises(DeadlinePassed), Deadline(0.1):
-            signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+            signal.signal(STOP_SIGNAL, signal.SIG_DFL)
             spin()
+
+    def test_a_suite_s_faulthandler_on_sigusr2_outlives_a_block(self):
+        # faulthandler's handler is C's, unseen by signal.getsignal: a block
+        # that took SIGUSR2 put back the default action, and the suite's
+        # next SIGUSR2 (a CI job asking for stacks) killed the process.
+        import subprocess
+
+        code = ("import faulthandler, os, signal, sys\n"
+                "from disttest._runner.deadline import Deadline\n"
+                "faulthandler.register(signal.SIGUSR2, file=sys.stdout, all_threads=False)\n"
+                "with Deadline(5):\n"
+                "    pass\n"
+                "sys.stdout.flush()\n"
+                "os.kill(os.getpid(), signal.SIGUSR2)\n"
+                "print('alive', flush=True)\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("most recent call first", proc.stdout)
+        self.assertIn("alive", proc.stdout)
 
     def test_a_thread_not_the_main_one_is_not_stopped_in_a_context_manager_s_exit(self):
         # (stopped from the watcher, as the handler stops the main thread)

@@ -274,7 +274,13 @@ MID_CHANGE = (os.path.join("torch", "utils", "_python_dispatch.py"),)
 MID_CHANGE_NAMES = ("__enter__", "__exit__", "__aenter__", "__aexit__", "__del__")
 #: The signal that stops a main thread whose limit passed (it interrupts a
 #: blocking call, a ``time.sleep``, as a raise from another thread cannot).
-STOP_SIGNAL = getattr(signal, "SIGUSR2", None)
+#: NB: a real-time signal where there are some, not SIGUSR2: a suite's
+#: ``faulthandler.register(SIGUSR2)`` (a common way to ask a CI job for
+#: stacks) is invisible to ``signal.getsignal``, so the handler put back
+#: after the block was the default action, and the suite's next SIGUSR2
+#: killed its process.
+STOP_SIGNAL = (signal.SIGRTMAX - 2 if hasattr(signal, "SIGRTMAX")  # type: ignore[attr-defined]
+               else getattr(signal, "SIGUSR2", None))
 
 
 def mid_change(frame: FrameType | None) -> bool:
