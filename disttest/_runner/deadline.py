@@ -279,7 +279,7 @@ MID_CHANGE_NAMES = ("__enter__", "__exit__", "__aenter__", "__aexit__", "__del__
 #: stacks) is invisible to ``signal.getsignal``, so the handler put back
 #: after the block was the default action, and the suite's next SIGUSR2
 #: killed its process.
-STOP_SIGNAL = (signal.SIGRTMAX - 2 if hasattr(signal, "SIGRTMAX")  # type: ignore[attr-defined]
+STOP_SIGNAL = (signal.SIGRTMAX - 2 if hasattr(signal, "SIGRTMAX")
                else getattr(signal, "SIGUSR2", None))
 
 
