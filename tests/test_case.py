@@ -183,11 +183,11 @@ class AssertEqualParityTest(unittest.TestCase):
             self.assertEqual(kind, "AssertionError")
             self.assertEqual(text, outcome(self.theirs.assertEqual, *args)[1] + "\non rank 3")
 
-    def test_text_against_a_tensor_fails_as_objects(self):
-        # upstream crashes in torch.as_tensor("abc"); disttest reports the mismatch
-        kind, text = outcome(self.ours.assertEqual, torch.zeros(1), "abc")
-        self.assertEqual(kind, "AssertionError")
-        self.assertIn("Object comparison failed", text)
+    def test_text_against_a_tensor_is_torch_s_error_as_upstream_s(self):
+        # (It was a failure here, "Object comparison failed", so that
+        # assertNotEqual(tensor, "abc") passed where upstream's errs.)
+        kind, text = self.assertSameOutcome(torch.zeros(1), "abc")
+        self.assertEqual(kind, "TypeError")
 
     def test_tolerance_overrides(self):
         case = disttest.TestCase()
@@ -219,8 +219,38 @@ class AssertEqualParityTest(unittest.TestCase):
             def __repr__(self):
                 raise RuntimeError("no repr")
 
-        with self.assertRaisesRegex(AssertionError, "expected them to differ"):
-            self.ours.assertNotEqual(NoRepr(), NoRepr())
+        for case in (self.ours, self.theirs):
+            with self.subTest(case=type(case).__module__), \
+                    self.assertRaisesRegex(AssertionError, "^AssertionError not raised : why$"):
+                case.assertNotEqual(NoRepr(), NoRepr(), msg="why")
+
+    def test_assert_not_equal_decides_as_upstream_s(self):
+        # A tensor against a str is torch's TypeError on both (it was a
+        # failure of assertEqual here, so assertNotEqual passed).
+        for args in ((torch.ones(1), "1"), ("1", torch.ones(1)), (torch.ones(1), b"1"), (1, 1),
+                     (torch.ones(2), torch.ones(2) + 0.01)):
+            with self.subTest(args=args):
+                self.assertEqual(outcome(self.ours.assertNotEqual, *args),
+                                 outcome(self.theirs.assertNotEqual, *args))
+        self.assertEqual(outcome(self.ours.assertEqual, torch.ones(1), "1")[0], "TypeError")
+
+    def test_any_enum_compares_as_its_int(self):
+        import enum
+
+        class Half(float, enum.Enum):
+            A = 1.5
+
+        self.assertEqual(self.assertSameOutcome(Half.A, 1), ("pass", None))
+        self.assertEqual(self.assertSameOutcome(Half.A, 1.5)[0], "AssertionError")
+
+    def test_numpy_types_without_a_torch_dtype_of_their_own_compare_by_item(self):
+        # np.longlong has int64's width but is another type: upstream compares its arrays item by item.
+        longlong = np.array([1, 2], dtype=np.longlong)
+        self.assertEqual(self.assertSameOutcome(longlong, torch.tensor([1.0, 2.0])), ("pass", None))
+        self.assertEqual(self.assertSameOutcome(longlong, np.array([1, 2], dtype=np.int32)), ("pass", None))
+        self.assertEqual(self.assertSameOutcome(longlong, np.array([1, 3]))[0], "AssertionError")
+        self.assertEqual(self.assertSameOutcome(np.array([1.0], dtype=">f4"), np.array([1.0], dtype=">f4")),
+                         ("pass", None))
 
     def test_a_later_item_that_cannot_compare_is_an_error(self):
         class Raises:
@@ -239,14 +269,11 @@ class AssertEqualParityTest(unittest.TestCase):
             self.ours.assertNotEqual(torch.zeros(2), torch.zeros(2))
 
     def test_assert_not_equal_keeps_its_message_with_msg(self):
-        # A msg replaced the message ("m" alone), where upstream's follows
-        # its own ("AssertionError not raised : m").
-        with self.assertRaises(AssertionError) as ctx:
-            self.ours.assertNotEqual(1, 1, msg="m")
-        self.assertEqual(str(ctx.exception), "1 == 1 (expected them to differ) : m")
-        with self.assertRaises(AssertionError) as ctx:
-            self.ours.assertNotEqual(1, 1, msg=lambda generated: f"<{generated}>")
-        self.assertEqual(str(ctx.exception), "<1 == 1 (expected them to differ)>")
+        # A msg replaced the message ("m" alone); upstream's follows its own.
+        for case in (self.ours, self.theirs):
+            with self.subTest(case=type(case).__module__), self.assertRaises(AssertionError) as ctx:
+                case.assertNotEqual(1, 1, msg="m")
+            self.assertEqual(str(ctx.exception), "AssertionError not raised : m")
 
 
 class AssertEqualTest(disttest.TestCase):

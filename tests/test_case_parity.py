@@ -658,14 +658,29 @@ class TorchTwoFourteenTest(unittest.TestCase):
         self.assertEqual(installed, calls(upstream.TestCase, case_parity.CHECKS_FROM))
         self.assertEqual(installed, 2 if _compat.torch_at_least(case_parity.CHECKS_FROM) else 0)
 
-    def test_a_callable_msg_makes_the_message(self):
-        class Case(disttest.TestCase):
-            def test_x(self):
-                self.assertTrue(False, msg=lambda standard: f"mine ({standard})")
+    def test_a_callable_msg_makes_the_message_from_torch_2_14_on(self):
+        def failure(base, checks_from):
+            case = type("Case", (base,), {
+                "test_x": lambda self: self.assertTrue(False, msg=lambda standard: f"mine ({standard})")})
+            with mock.patch.object(case_parity, "CHECKS_FROM", checks_from):
+                result = run_case(case("test_x"))
+            # (upstream's adds a line on how to repeat the test)
+            return [line for line in result.failures[0][1].splitlines() if line.startswith("AssertionError")][-1]
 
-        result = run_case(Case("test_x"))
-        self.assertTrue(result.failures[0][1].strip().endswith("AssertionError: mine (False is not true)"),
-                        result.failures[0][1])
+        self.assertEqual(failure(disttest.TestCase, "2.0"), "AssertionError: mine (False is not true)")
+        # Before it, unittest's: the callable's repr after the standard message, as upstream's then.
+        self.assertRegex(failure(disttest.TestCase, "99.0"), r"^AssertionError: False is not true : <function ")
+        installed = failure(disttest.TestCase, case_parity.CHECKS_FROM)
+        theirs = failure(upstream.TestCase, case_parity.CHECKS_FROM)
+        self.assertEqual(installed.split(" at 0x")[0], theirs.split(" at 0x")[0])
+
+    def test_should_stop_test_suite_asks_cuda_only_where_it_was_used(self):
+        ours = disttest.TestCase()
+        self.assertFalse(ours._should_stop_test_suite())
+        with mock.patch.object(torch.cuda, "is_initialized", return_value=True), \
+                mock.patch.object(torch.cuda, "synchronize", side_effect=RuntimeError("device-side assert")), \
+                self.assertWarnsRegex(UserWarning, "EARLY TERMINATION.*device-side assert"):
+            self.assertTrue(ours._should_stop_test_suite())
 
 
 class SparseTest(unittest.TestCase, Cases):
@@ -800,6 +815,9 @@ class SubprocessTest(unittest.TestCase, Cases):
             self.ours._attempt_load_from_subprocess(bad, "", "Unsupported global: GLOBAL types.SimpleNamespace")
             with self.assertRaisesRegex(RuntimeError, "Weights only load failed"):
                 self.ours._attempt_load_from_subprocess(bad, "")
+            # From an empty folder: no module beside it shadows one the import string names.
+            with self.assertRaisesRegex(RuntimeError, "No module named 'modes'"):
+                self.ours._attempt_load_from_subprocess(good, "import modes;")
 
 
 class ToleranceOverrideTest(unittest.TestCase):

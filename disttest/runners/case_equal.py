@@ -98,7 +98,7 @@ class _Floors:
 
 class RelaxedNumberPair(_Floors, _cmp.NumberPair):  # type: ignore[misc,name-defined]
     """A number against a number or a one-element tensor or array; an
-    ``IntEnum`` as its int. Types are not checked (``1 == 1.0``), floats and
+    ``Enum`` as its int. Types are not checked (``1 == 1.0``), floats and
     complex numbers get float32's and complex64's tolerances, and
     ``rtol_override``/``atol_override`` raise the tolerances to at least
     themselves (upstream's ``@precisionOverride``/``@toleranceOverride``)."""
@@ -118,8 +118,8 @@ class RelaxedNumberPair(_Floors, _cmp.NumberPair):  # type: ignore[misc,name-def
         if isinstance(value, _ARRAYS):
             number = _single_item(self, value, "number", id)
             return int(number) if isinstance(number, bool) else number
-        if isinstance(value, enum.Enum) and isinstance(value, int):  # an IntEnum, an IntFlag
-            return int(value)
+        if isinstance(value, enum.Enum):  # as upstream's: int() of any Enum (a float one's too)
+            return int(value)  # type: ignore[call-overload]
         number = super()._to_number(value, id=id)
         if type(number) not in self._TYPE_TO_DTYPE:
             self._inputs_not_supported()
@@ -213,18 +213,18 @@ def _containers() -> tuple[tuple[type, ...], tuple[type, ...]]:
             (Mapping, nn.ModuleDict, nn.ParameterDict, script_dict))
 
 
-@functools.cache
+#: numpy's scalar types that have a torch dtype, as upstream lists them
+#: (``numpy_to_torch_dtype_dict``): an array of another (``np.longlong``, a
+#: string) compares element by element, as upstream's does.
+_NUMPY_TYPES = frozenset({np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32,
+                          np.int64, np.float16, np.float32, np.float64, np.complex64, np.complex128})
+
+
 def _has_torch_dtype(dtype: np.dtype[Any]) -> bool:
-    try:
-        torch.from_numpy(np.empty(0, dtype=dtype))
-    except TypeError:
-        return False
-    return True
-
-
-def _is_text(x: object) -> bool:
-    # NB: upstream turns any other sequence into a tensor (a bytearray too)
-    return isinstance(x, (str, bytes))
+    # NB: upstream looks the dtype up by its scalar type: np.longlong is not
+    # np.int64 there (it is another type with the same width), so its arrays
+    # compare item by item, as here.
+    return dtype.type in _NUMPY_TYPES
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -238,9 +238,11 @@ def _prepare(x: Any, y: Any) -> tuple[Any, Any]:
         return _as_list(x), _as_list(y)
     # A sequence against a tensor becomes a tensor like it (the walk would
     # otherwise take the sequence item by item and the tensor whole).
-    if isinstance(x, torch.Tensor) and isinstance(y, Sequence) and not _is_text(y):
+    # NB: a str or bytes too, as upstream's: torch refuses it (a TypeError,
+    # the test's error), where a failure would let assertNotEqual pass.
+    if isinstance(x, torch.Tensor) and isinstance(y, Sequence):
         y = torch.as_tensor(y, dtype=x.dtype, device=x.device)
-    elif isinstance(y, torch.Tensor) and isinstance(x, Sequence) and not _is_text(x):
+    elif isinstance(y, torch.Tensor) and isinstance(x, Sequence):
         x = torch.as_tensor(x, dtype=y.dtype, device=y.device)
     # Nested tensors of the strided layout compare as their components.
     x, y = (v.unbind() if isinstance(v, torch.Tensor) and v.is_nested and v.layout == torch.strided else v
@@ -255,7 +257,11 @@ def _with_message(msg: str | Callable[[str], str] | None) -> Callable[[str], str
 
 
 #: A comparison that raised instead of deciding (upstream's words, which it raises as RuntimeError).
-COMPARE_FAILED = "Comparing\n\n{pair}\n\nresulted in the unexpected exception above."
+COMPARE_FAILED = ("Comparing\n\n{pair}\n\nresulted in the unexpected exception above. If you are a user and see "
+                  "this message during normal operation please file an issue at "
+                  "https://github.com/pytorch/pytorch/issues. If you are a developer and working on the "
+                  "comparison functions, please except the previous error and raise an expressive `ErrorMeta` "
+                  "instead.")
 
 #: Leaf types whose equal values need no pair: ``==`` of the same type is
 #: the pairs' verdict too (a NaN float is not ``==`` and takes the long way).

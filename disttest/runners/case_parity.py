@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import types
 import unittest
 import unittest.mock
@@ -140,6 +141,21 @@ class CaseParityMixin(SparseTensorsMixin, ExpectedOutputMixin, _Base):
         with _compat.dynamo_test_state(reset=_compat.torch_at_least(CHECKS_FROM)):
             return super().run(result)
 
+    def _should_stop_test_suite(self) -> bool:
+        """Whether the suite cannot go on after this test, as upstream's
+        asks: CUDA was used and ``torch.cuda.synchronize()`` fails (a
+        device-side error poisons every later test). Its message is a
+        warning. The process runner's parent answers False, as upstream's."""
+        if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            return False
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            warnings.warn(f"TEST SUITE EARLY TERMINATION due to torch.cuda.synchronize() failure: {e}",
+                          stacklevel=2)
+            return True
+        return False
+
     def setUp(self) -> None:
         super().setUp()
         # Sparse tensors are checked as built, as upstream; tearDown restores the setting.
@@ -214,8 +230,9 @@ class CaseParityMixin(SparseTensorsMixin, ExpectedOutputMixin, _Base):
 
     def _formatMessage(self, msg: Any, standardMsg: str) -> str:
         # As upstream's from torch 2.14 on: a callable ``msg`` makes the
-        # message from the standard one when the assertion fails.
-        if callable(msg):
+        # message from the standard one when the assertion fails (before,
+        # unittest's: its repr follows the standard message).
+        if callable(msg) and _compat.torch_at_least(CHECKS_FROM):
             return str(msg(standardMsg))
         return str(super()._formatMessage(msg, standardMsg))
 
@@ -523,9 +540,11 @@ class CaseParityMixin(SparseTensorsMixin, ExpectedOutputMixin, _Base):
                    if expected_failure_message else contextlib.nullcontext())
         with cm:
             try:
-                # NB: from a directory without a module that could shadow torch's imports
-                subprocess.check_output([sys.executable, "-c", script], stderr=subprocess.STDOUT,
-                                        cwd=os.path.dirname(os.path.realpath(__file__)))
+                # NB: from an empty directory: nothing there can shadow an import
+                # (upstream's runs in torch's own testing folder; disttest's
+                # has modules named main, case, modes)
+                with tempfile.TemporaryDirectory(prefix="disttest-load-") as cwd:
+                    subprocess.check_output([sys.executable, "-c", script], stderr=subprocess.STDOUT, cwd=cwd)
             except subprocess.CalledProcessError as e:
                 raise RuntimeError(e.output.decode("utf-8")) from None
 
