@@ -90,6 +90,26 @@ class RpcSkip(disttest.RpcTestCase):
         self.assertEqual(rpc.rpc_sync(worker_name(0), add, args=(1, 2)), 3)
 
 
+class RpcShutByTest(disttest.RpcTestCase):
+    """Tests that shut RPC down themselves before they fail or skip."""
+
+    timeout = 30
+
+    @property
+    def world_size(self):
+        return 2
+
+    @dist_init
+    def test_shuts_down_then_fails(self):
+        rpc.shutdown()
+        self.assertEqual(1, 2, "the real assertion")
+
+    @dist_init
+    def test_shuts_down_then_skips(self):
+        rpc.shutdown()
+        self.skipTest("the real skip")
+
+
 class RpcHang(disttest.RpcTestCase):
     timeout = 4
 

@@ -56,6 +56,17 @@ class RpcBetweenWorkersTest(unittest.TestCase):
                 self.assertEqual(result.errors + result.failures, [])
                 self.assertLess(time.monotonic() - start, 15)
 
+    def test_a_test_that_shut_rpc_down_keeps_its_own_verdict(self):
+        # dist_init shut RPC down again after it: torch's "RPC has not been
+        # initialized" was every rank's error, hiding the failure or skip.
+        result = run(cases.RpcShutByTest, "test_shuts_down_then_fails")
+        self.assertEqual(len(result.failures), 1, result.errors)
+        self.assertIn("the real assertion", result.failures[0][1])
+        self.assertNotIn("has not been initialized", result.failures[0][1])
+        result = run(cases.RpcShutByTest, "test_shuts_down_then_skips")
+        self.assertEqual([r for _, r in result.skipped], ["the real skip"])
+        self.assertEqual(result.errors + result.failures, [])
+
     def test_a_rank_waiting_in_the_shutdown_for_a_hung_peer_is_its_consequence(self):
         # Both ranks "timed out", the waiting one's stack (in rpc's
         # _all_gather) first, as if it had hung.
@@ -127,7 +138,8 @@ class HelpersTest(unittest.TestCase):
             self.assertEqual(str(ctx.exception), MISSING_HOOK.format(fixture="RpcAgentTestFixture", hook=hook))
 
     def test_node_failure_wait_is_bounded(self):
-        with mock.patch("torch.distributed.rpc.rpc_sync", return_value=None):
+        with mock.patch("torch.distributed.rpc.rpc_sync", return_value=None), \
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0):
             start = time.monotonic()
             with self.assertRaises(WaitTimeout) as ctx:
                 disttest.wait_until_node_failure(1, timeout=0.5)
@@ -135,9 +147,41 @@ class HelpersTest(unittest.TestCase):
         self.assertIn("an RPC to worker1 to fail", str(ctx.exception))
         self.assertIsInstance(ctx.exception, ValueError)  # upstream raised ValueError
 
+    def test_a_slow_peer_is_no_failure_of_the_node(self):
+        # Each call had a 5 s timeout: a peer that answered in 6 s "failed"
+        # ("RPC ran for more than set timeout"), and the default pattern
+        # matched it. Calls now have the agent's timeout, as upstream's.
+        timeouts = []
+
+        def slow_peer(to, func, args=(), timeout=-1.0):
+            timeouts.append(timeout)
+            if 0 < timeout < 6:  # the peer answers in 6 s
+                raise RuntimeError(f"RPC ran for more than set timeout ({timeout * 1000:.0f} ms)")
+            if len(timeouts) == 3:
+                raise RuntimeError("Connection reset by peer")
+
+        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=slow_peer), \
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=10.0):
+            self.assertEqual(disttest.wait_until_node_failure(1, timeout=30), "Connection reset by peer")
+        self.assertEqual(timeouts, [-1.0] * 3)
+
+    def test_a_call_that_runs_out_of_the_limit_is_no_failure_of_the_node(self):
+        def hangs(to, func, args=(), timeout=-1.0):
+            time.sleep(timeout)
+            raise RuntimeError(f"RPC ran for more than set timeout ({timeout * 1000:.0f} ms)")
+
+        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=hangs), \
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0):
+            start = time.monotonic()
+            with self.assertRaises(WaitTimeout) as ctx:
+                disttest.wait_until_node_failure(1, timeout=0.3)
+        self.assertLess(time.monotonic() - start, 2)
+        self.assertIn("ran past what was left of the limit", str(ctx.exception))
+
     def test_node_failure_returns_the_matching_error(self):
         errors = [RuntimeError("other"), RuntimeError("Connection reset by peer")]
-        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=errors):
+        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=errors), \
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0):
             self.assertEqual(disttest.wait_until_node_failure(2, "reset", timeout=5), "Connection reset by peer")
 
     def test_flush_wait_is_bounded_and_says_what_it_saw(self):

@@ -137,6 +137,7 @@ from disttest._compat.local_speedups import _compile_unflatten as _compile_unfla
 from disttest._compat.local_speedups import _one_pass_tensor_meta as _one_pass_tensor_meta
 from disttest._compat.rpc import (
     load_faulty_rpc_agent,
+    rpc_agent_running,
     rref_debug_info,
     set_rref_leak_check,
 )
@@ -228,6 +229,7 @@ __all__ = [
     "is_functional_tensor",
     "lazy_dtensor_comparison",
     "load_faulty_rpc_agent",
+    "rpc_agent_running",
     "local_int_values",
     "local_tensor",
     "local_tensor_shards",

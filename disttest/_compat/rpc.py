@@ -6,9 +6,18 @@ __unittest = True
 
 __all__ = [
     "load_faulty_rpc_agent",
+    "rpc_agent_running",
     "rref_debug_info",
     "set_rref_leak_check",
 ]
+
+
+def rpc_agent_running() -> bool:
+    """Whether this process has an RPC agent (``rpc.api._is_current_rpc_agent_set``):
+    not before ``init_rpc``, nor after ``shutdown``."""
+    import torch.distributed.rpc.api as api
+
+    return bool(api._is_current_rpc_agent_set())
 
 
 def set_rref_leak_check(enabled: bool) -> None:

@@ -12,6 +12,7 @@ suite writes only test methods. Every wait loop is bounded: it raises
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
+from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
 from disttest import _compat
 from disttest._runner import tracking
@@ -121,7 +123,8 @@ def dist_init(
 
     In each rank: configures fault injection, starts RPC as ``worker{rank}``,
     runs the test, then shuts RPC down (gracefully with ``clean_shutdown``),
-    also when the test raises.
+    also when the test raises (without grace then, and never hiding the
+    test's own exception), unless the test shut it down itself.
     """
     if old_test_method is None:
         return functools.partial(dist_init, setup_rpc=setup_rpc, clean_shutdown=clean_shutdown,
@@ -150,13 +153,20 @@ def dist_init(
             raise
         finally:
             # After a failure, a graceful shutdown would wait for peers that
-            # may never come: do not let it mask the test's own error.
-            if clean_shutdown and not failed:
+            # may never come: do not let it mask the test's own error. A
+            # test that shut RPC down itself has none left to shut down
+            # (torch's "RPC has not been initialized" hid its exception).
+            if not _compat.rpc_agent_running():
+                pass
+            elif clean_shutdown and not failed:
                 # It waits for every worker: one that never comes (hung in
                 # its test) is then named as the rank that hung, and this
                 # one as waiting for it.
                 with tracking.tracked("rpc.shutdown", RPC_GROUP, range(self.world_size)):
                     rpc.shutdown(graceful=True)
+            elif failed:
+                with contextlib.suppress(Exception):  # (the test's own exception is the report)
+                    rpc.shutdown(graceful=False)
             else:
                 rpc.shutdown(graceful=False)
 
@@ -177,17 +187,30 @@ def init_rpc_quietly(**kwargs: Any) -> None:
         rpc.init_rpc(**kwargs)  # type: ignore[no-untyped-call]  # torch: unannotated
 
 
+#: The words of an RPC that ran past its timeout (torch's).
+_RPC_TIMED_OUT = "ran for more than set timeout"
+
+
 def wait_until_node_failure(rank: int, expected_error_regex: str = ".*", timeout: float = 60) -> str:
     """Call ``noop`` on ``rank`` until a call fails with an error matching
-    ``expected_error_regex``; return that error's text. Bounded by ``timeout``."""
+    ``expected_error_regex``; return that error's text. Bounded by
+    ``timeout``: each call has the agent's RPC timeout, as upstream's, or
+    what is left of ``timeout`` where that is less; a call that ran out of
+    what was left is no failure of the node (a slow peer is alive), and
+    the wait ends with :class:`WaitTimeout`."""
     limit = parse_timeout(timeout, "wait_until_node_failure(timeout=...)")
     deadline = time.monotonic() + limit
     last = "every call succeeded"
-    while time.monotonic() < deadline:
+    while (left := deadline - time.monotonic()) > 0:
+        agents = rpc.get_rpc_timeout()
+        shortened = agents <= 0 or agents > left  # (0: the agent waits for ever)
         try:
-            rpc.rpc_sync(worker_name(rank), noop, args=(), timeout=max(1.0, min(5.0, limit)))
+            rpc.rpc_sync(worker_name(rank), noop, args=(), timeout=left if shortened else UNSET_RPC_TIMEOUT)
             time.sleep(0.1)
         except Exception as e:  # noqa: BLE001 (any failure is what we wait for)
+            if shortened and _RPC_TIMED_OUT in str(e):
+                last = f"the last call ran past what was left of the limit ({left:.3g}s)"
+                continue
             if re.search(expected_error_regex, str(e)):
                 return str(e)
             last = f"{type(e).__name__}: {e}"
