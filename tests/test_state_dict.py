@@ -5,6 +5,7 @@ one process and over FSDP2 on 2 gloo ranks; the fusion models' state dicts."""
 from __future__ import annotations
 
 import unittest
+from unittest import mock
 
 import checkpoint_cases as cases
 import torch
@@ -142,6 +143,17 @@ class VerifyOsdTest(unittest.TestCase):
         Theirs()._verify_osd(model, optim, osd, dist_osd)
         with self.assertRaisesRegex(AssertionError, "^2.weight: exp_avg: .*not close to the original"):
             Ours()._verify_osd(model, optim, osd, dist_osd)  # which parameter, which state
+
+    def test_states_compare_on_the_cpu(self):
+        # (upstream's compared nothing; a state kept on another device than
+        # the plain one, cpu_offload's, must not make torch.allclose raise)
+        model, optim = trained()
+        dist_osd = get_optimizer_state_dict(model, optim)
+        with mock.patch.object(Ours, "_compare_tensor") as compare:
+            Ours()._verify_osd(model, optim, optim.state_dict(), dist_osd)
+        self.assertTrue(compare.call_args_list)
+        self.assertTrue(all(c.kwargs == {"offload_to_cpu": True} for c in compare.call_args_list),
+                        compare.call_args_list)
 
     def test_a_different_hyperparameter_fails(self):
         model, optim = trained()

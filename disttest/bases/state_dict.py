@@ -136,7 +136,14 @@ class VerifyStateDictMixin(_Case):
                     osd: dict[str, Any], dist_osd: dict[str, Any]) -> None:
         """Check a distributed optimizer state dict (keyed by parameter name)
         against ``osd``, the plain ``optim.state_dict()`` of ``model``
-        (keyed by parameter index)."""
+        (keyed by parameter index).
+
+        NB: upstream's compares each plain state with itself (it looks the
+        key up in the plain states), so its values are never checked; this
+        compares each with the distributed one, gathered, on the CPU (the
+        two may live on different devices, as with ``cpu_offload``). A
+        suite whose distributed optimizer state differs from the plain one
+        passes upstream and fails here, naming the parameter and state."""
         params = list(chain.from_iterable(g["params"] for g in optim.param_groups))
         param_pid_mapping = dict(zip(params, range(len(params)), strict=True))
         fqn_pid_mapping: dict[Any, Any] = {}
@@ -158,7 +165,8 @@ class VerifyStateDictMixin(_Case):
                 dist_state = dist_states.get(key, None)
                 self.assertIsNotNone(dist_state, f"{fqn}: {key}")
                 try:
-                    self._compare_tensor(state, dist_state)
+                    self._compare_tensor(state, dist_state, offload_to_cpu=isinstance(state, torch.Tensor)
+                                         and isinstance(dist_state, torch.Tensor))
                 except AssertionError as e:  # which parameter, which state
                     raise self.failureException(f"{fqn}: {key}: {e}") from None
 
