@@ -279,7 +279,7 @@ class PoolHygieneTest(unittest.TestCase):
         self.assertIn("ranks 0, 1/2 raised KeyError in cleanup", errors["test_cleanup_fails"])
         both = failures["test_both_fail"]
         self.assertIn("raised AssertionError", both)
-        self.assertIn("then also raised in tearDown: ValueError", both)
+        self.assertIn("then also raised in tearDown: ValueError: tearDown broke in rank 0", both)
         self.assertIn("raised AssertionError in test (i=2)", failures["test_subtest_fails"])
         self.assertEqual([c._testMethodName for c, _ in result.expectedFailures], ["test_expected_failure"])
         expected = result.expectedFailures[0][1]

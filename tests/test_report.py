@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import unittest
 
 from disttest import RankError, RankFailure
@@ -146,6 +147,38 @@ class OutcomeTest(unittest.TestCase):
             o = outcome_from_exception(1, e)
         self.assertIn("in user_code", o.traceback)
         self.assertIsNotNone(o.tb_data)
+
+
+    @unittest.skipIf(sys.version_info < (3, 11), "exception groups: Python 3.11 on")
+    def test_a_group_s_members_are_shown(self):
+        # (they were dropped: "several (2 sub-exceptions)" and nothing of them)
+        def raises_group():
+            try:
+                raise KeyError("k2")
+            except KeyError as e:
+                inner = e
+            raise ExceptionGroup("several", [ValueError("v1"), inner])  # noqa: F821 (3.11 on)
+
+        try:
+            raises_group()
+        except BaseException as e:  # noqa: BLE001
+            text = outcome_from_exception(0, e).traceback
+        self.assertIn("ExceptionGroup: several (2 sub-exceptions)", text)
+        self.assertIn("+---------------- 1 of 2 ----------------\n| ValueError: v1\n", text)
+        self.assertIn("+---------------- 2 of 2 ----------------\n| Traceback (most recent call last):\n", text)
+        self.assertIn("| KeyError: 'k2'", text)
+
+    def test_a_cycle_of_causes_is_shown_once(self):
+        # (the text was lost to a RecursionError: the rank's section held the message alone)
+        a, b = KeyError("a"), KeyError("b")
+        a.__cause__, b.__cause__ = b, a
+        try:
+            raise b
+        except KeyError as e:
+            text = outcome_from_exception(0, e).traceback
+        self.assertEqual(text.count("KeyError: 'a'"), 1, text)
+        self.assertEqual(text.count("KeyError: 'b'"), 1, text)
+        self.assertIn("direct cause", text)
 
 
 class UserTracebackTest(unittest.TestCase):

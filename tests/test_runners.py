@@ -233,8 +233,9 @@ class BehaviourTest(unittest.TestCase):
             with sub:
                 text = self.only(result.failures)
                 self.assertIn("ranks 0, 1/2 raised AssertionError\n", text)
+                # (with the cleanup's message: it was the type alone)
                 self.assertIn("rank 1/2: AssertionError: rank 1's test fails\n(then also raised in cleanup: "
-                              "AssertionError)\n", text)
+                              "AssertionError: the cleanup fails too)\n", text)
 
     @_settling_sooner
     def test_p2p_calls_that_cannot_match_end_the_test_promptly(self):

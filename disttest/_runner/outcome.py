@@ -6,6 +6,7 @@ standard library and :mod:`disttest.support.skips` (for the exit-code mapping).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import enum
 import functools
@@ -14,6 +15,7 @@ import re
 import reprlib
 import signal
 import sys
+import textwrap
 import threading
 import time
 import traceback
@@ -235,20 +237,38 @@ def _locals(frame: FrameType) -> dict[str, Shown] | None:
     return shown
 
 
-def _format(exc: BaseException) -> str:
+#: An exception group's own (Python 3.11 on): its members are shown under it.
+_GROUPS: tuple[type, ...] = tuple(t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
+
+
+def _format(exc: BaseException, _seen: set[int] | None = None) -> str:
+    # As traceback's: each exception of a chain once (a cycle of causes
+    # lost the whole text to a RecursionError), and a group's members below
+    # it, numbered (they were dropped).
+    seen = set() if _seen is None else _seen
+    seen.add(id(exc))
     chained = ""
     if exc.__cause__ is not None:
-        chained = _format(exc.__cause__) + _CAUSE
-    elif exc.__context__ is not None and not exc.__suppress_context__:
-        chained = _format(exc.__context__) + _CONTEXT
+        if id(exc.__cause__) not in seen:
+            chained = _format(exc.__cause__, seen) + _CAUSE
+    elif exc.__context__ is not None and not exc.__suppress_context__ and id(exc.__context__) not in seen:
+        chained = _format(exc.__context__, seen) + _CONTEXT
     # FrameSummary without column positions: no caret anchors, so no AST is
     # built here (3.11 parses source for them; ranks may be threads).
     summary = traceback.StackSummary.from_list([
         traceback.FrameSummary(f.f_code.co_filename, lineno, f.f_code.co_name, locals=_locals(f))
         for f, lineno in _frames(exc)
     ])
-    return (chained + "Traceback (most recent call last):\n" + "".join(summary.format())
-            + "".join(traceback.format_exception_only(type(exc), exc)))
+    # (no header for one never raised, a group's member, as traceback's)
+    header = "Traceback (most recent call last):\n" if summary else ""
+    text = chained + header + "".join(summary.format()) + "".join(traceback.format_exception_only(type(exc), exc))
+    if _GROUPS and isinstance(exc, _GROUPS):
+        members = exc.exceptions  # type: ignore[attr-defined]
+        for i, member in enumerate(members, 1):
+            body = _format(member, seen) if id(member) not in seen else f"{type(member).__qualname__} (shown above)\n"
+            text += f"+---------------- {i} of {len(members)} ----------------\n"
+            text += textwrap.indent(body, "| ", lambda line: True)
+    return text
 
 
 PHASE_ATTR = "__disttest_phase__"
@@ -281,8 +301,24 @@ def after_cleanups(case: Any, exc: BaseException | None) -> BaseException | None
     if exc is None:
         _mark(later, PHASE_ATTR, "cleanup")
         return later
-    _mark(exc, ALSO_ATTR, [f"cleanup: {type(later).__qualname__}"])
+    _mark(exc, ALSO_ATTR, [_also("cleanup", later)])
     return exc
+
+
+#: How much of a later error's message ``then also raised in`` shows.
+_ALSO_CHARS = 500
+
+
+def _also(phase: str, exc: BaseException) -> str:
+    """``phase: Type: message`` of an error raised after the rank's first
+    (its message cut to :data:`_ALSO_CHARS`; it was the type alone)."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 (an exception whose __str__ raises)
+        message = ""
+    if len(message) > _ALSO_CHARS:
+        message = message[:_ALSO_CHARS] + "..."
+    return f"{phase}: {type(exc).__qualname__}" + (f": {message}" if message else "")
 
 
 def _mark(exc: BaseException, attr: str, value: Any) -> None:
@@ -529,7 +565,7 @@ class PhaseResult(unittest.TestResult):
             phase, exc = self._errors[0]
             outcome = outcome_from_exception(self.rank, exc)
             outcome.phase = phase
-            later = [f"{p}: {type(e).__qualname__}" for p, e in self._errors[1:]]
+            later = [_also(p, e) for p, e in self._errors[1:]]
             if later:
                 outcome.detail = ALSO.format(later=", ".join(later))
             return outcome
