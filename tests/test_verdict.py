@@ -131,6 +131,18 @@ class ExplainTest(unittest.TestCase):
         self.assertEqual(out[0].detail, "rank 0/2 failed in DTensor.full_tensor after rank 1/2 had skipped")
         self.assertEqual(judge(list(out.values())).status, Status.SKIPPED)
 
+    def test_a_failure_that_wrapped_a_lost_peer_is_a_consequence(self):
+        wrapped = Outcome(0, Kind.FAILED, "AssertionError", "all_reduce failed: peer went away", comm="all_reduce")
+        out = explain({0: wrapped, 1: o(1, Kind.ERRORED, "REAL CAUSE")}, 2, {}, {})
+        self.assertEqual(kinds(out), {0: Kind.STOPPED, 1: Kind.ERRORED})
+        self.assertIn("after rank 1/2 had failed", out[0].detail)
+        out = explain({0: wrapped, 1: o(1, Kind.SKIPPED, "no GPU")}, 2, {}, {})
+        self.assertEqual(judge(list(out.values())).status, Status.SKIPPED)
+        # A failure of its own (no comm) stays a cause.
+        own = o(0, Kind.FAILED, "rank 0 disagrees")
+        self.assertEqual(kinds(explain({0: own, 1: o(1, Kind.ERRORED, "x")}, 2, {}, {})),
+                         {0: Kind.FAILED, 1: Kind.ERRORED})
+
     def test_a_peer_lost_error_is_a_consequence_of_another_communication_error(self):
         own = comm(1, "Tensors must be contiguous")
         out = explain({0: comm(0), 1: own, 2: comm(2, "Connection reset by peer")}, 3, {}, {})
@@ -285,6 +297,35 @@ class CommSiteTest(unittest.TestCase):
         exc = self.caught(lambda: store.wait(["never set"]))
         self.assertIsInstance(exc, dist.DistStoreError)
         self.assertEqual(comm_site(exc), "")
+
+    @staticmethod
+    def in_c10d(message: str):
+        """A function of torch.distributed's c10d module (by its globals) that raises ``message``."""
+        namespace: dict = {"__name__": "torch.distributed.distributed_c10d"}
+        exec("def all_reduce(message):\n    raise RuntimeError(message)\n", namespace)
+        return namespace["all_reduce"]
+
+    def wrapped(self, message: str) -> BaseException:
+        def test_body():
+            try:
+                self.in_c10d(message)(message)
+            except RuntimeError as e:
+                raise AssertionError(f"all_reduce failed: {e}")  # noqa: B904 (as a test's self.fail)
+
+        return self.caught(test_body)
+
+    def test_a_failure_that_wraps_a_lost_peer_names_the_call(self):
+        # (rank 0's wrapped consequence was listed first, as a cause)
+        exc = self.wrapped(LOST)
+        self.assertEqual(comm_site(exc), "")  # raised by the test
+        o = outcome_from_exception(0, exc)
+        self.assertEqual((o.kind, o.comm), (Kind.FAILED, "all_reduce"))
+        # An error of the call that is no lost peer stays the test's own failure.
+        self.assertEqual(outcome_from_exception(0, self.wrapped("Tensors must be contiguous")).comm, "")
+        # A cycle of contexts ends.
+        a, b, top = RuntimeError("a"), RuntimeError("b"), AssertionError("x")
+        a.__context__, b.__context__, top.__context__ = b, a, a
+        self.assertEqual(outcome_from_exception(0, top).comm, "")
 
     def test_an_assertion_is_never_communication(self):
         exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))

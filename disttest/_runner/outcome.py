@@ -30,7 +30,7 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["COMM_MODULES", "MAX_TEXT", "OTHER_DIST_MODULES", "PEER_LOST", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase",
+__all__ = ["COMM_MODULES", "MAX_TEXT", "OTHER_DIST_MODULES", "PEER_LOST", "ExitStatus", "Kind", "Outcome", "PhaseResult", "cap", "comm_site", "in_phase", "wrapped_peer_loss",
            "TB_LOCALS_ENV", "ask_locals", "outcome_from_exception", "safe_str", "showing_locals",
            "subtests_named"]
 
@@ -423,8 +423,26 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
     message = safe_str(exc)
     if len(message) > MAX_TEXT or len(text) > MAX_TEXT:
         _keep_whole(text)
+    comm = comm_site(exc) if kind is Kind.ERRORED else ""
     return Outcome(rank, kind, name, cap(message), cap(text), tb_data=_tb_data(exc),
-                   comm=comm_site(exc) if kind is Kind.ERRORED else "")
+                   comm=comm or wrapped_peer_loss(exc))
+
+
+def wrapped_peer_loss(exc: BaseException) -> str:
+    """The torch.distributed call of an error that ``exc`` was raised while
+    handling (or from) which said a peer went away or a wait ran out, or "":
+    a test that catches a collective's failure and fails with words of its
+    own (``self.fail(f"all_reduce failed: {e}")``) reports a consequence,
+    not a cause of its own."""
+    seen = {id(exc)}
+    inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        call = comm_site(inner)
+        if call and PEER_LOST.search(safe_str(inner)):
+            return call
+        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+    return ""
 
 
 #: Modules whose frames at the end of a traceback mean that communication
