@@ -4,6 +4,7 @@ collect them) so that the fork server can import them by name."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import resource
 import signal
@@ -85,6 +86,18 @@ class Hangs(Base):
         init_pg(self)
         if self.rank == 1:
             raise RuntimeError("rank 1 gives up")
+        dist.all_reduce(torch.ones(2))
+
+
+class GroupTimeout(Base):
+    timeout = 20
+
+    def test_group_times_out_for_a_hung_peer(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=2))
+        if self.rank == 1:
+            stuck_in_a_helper()
         dist.all_reduce(torch.ones(2))
 
 

@@ -146,6 +146,17 @@ class FailFastTest(OutcomeMixin, unittest.TestCase):
         self.assertIn("in all_reduce", text)
         self.assertIn("in stuck_in_a_helper", text)
 
+    def test_a_peer_that_never_entered_the_collective_whose_wait_ran_out_is_the_cause(self):
+        # (rank 0's timeout was the cause, and rank 1 "stopped by disttest after the failure above")
+        result, elapsed = run(cases.GroupTimeout, "test_group_times_out_for_a_hung_peer")
+        text = self.only(result.errors)
+        self.assertIn("rank 1/2 never entered all_reduce #1 of the default group, in which rank 0/2 waited for it "
+                      "until the call's own timeout ran out: rank 1/2 hung elsewhere", text)
+        self.assertIn("in stuck_in_a_helper", text)  # where it hung
+        self.assertIn("rank 0/2 failed in all_reduce #1 of the default group after rank 1/2 had failed", text)
+        self.assertNotIn("stopped by disttest after the failure above", text)
+        self.assertLess(elapsed, 15)
+
     def test_peer_failure_while_blocked_in_a_collective(self):
         result, elapsed = run(cases.Hangs, "test_peer_fails_while_blocked")
         text = self.only(result.errors)

@@ -9,6 +9,7 @@ ranks still running, then stops them. It never waits without a bound.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from disttest._runner.verdict import (
 
 __unittest = True
 
-__all__ = ["NOT_STARTED", "POLL_INTERVAL", "WAITED_TO_START", "StartUp", "join"]
+__all__ = ["NEVER_ENTERED", "NOT_STARTED", "POLL_INTERVAL", "WAITED_TO_START", "StartUp", "join"]
 
 POLL_INTERVAL = 0.01
 #: The join loop waits this many times as long as its last desync check
@@ -49,6 +50,14 @@ FAIL_GRACE = 0.5
 NOT_STARTED = ("{who} had not started {test!r} {limit}s after it was launched (disttest: its interpreter's "
                "start-up, which the test's own limit does not count)")
 #: A rank that had started, stopped because a peer never did.
+#: A live rank that never entered the collective in which a peer's wait ran
+#: out (the group's own timeout, before the test's): it is the cause, and
+#: the peer's timeout its consequence. It was "stopped by disttest after the
+#: failure above", and the waiting rank blamed.
+NEVER_ENTERED = ("{{who}} never entered {what}, in which rank {rank}/{world} waited for it until the call's "
+                 "own timeout ran out: {{who}} hung elsewhere")
+#: What an error says when a wait ran out (gloo's, nccl's, the store's words).
+_WAIT_RAN_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
 WAITED_TO_START = "{who} stopped by disttest: {peers} had not started the test {limit}s after launch"
 
 
@@ -170,6 +179,23 @@ def _not_started(live: list[int], started: set[int], world: int, test: str,
     return kinds, details
 
 
+def _hung_peers(launcher: Launcher, outcomes: dict[int, Outcome], live: list[int],
+                world: int) -> tuple[dict[int, Kind], dict[int, str]]:
+    """Of the ``live`` ranks, those that never entered the collective in
+    which a rank's wait ran out (:data:`NEVER_ENTERED`): timed out, each the
+    cause."""
+    ran_out = [r for r, o in outcomes.items()
+               if o.kind is Kind.ERRORED and o.comm and _WAIT_RAN_OUT.search(o.message)]
+    kinds: dict[int, Kind] = {}
+    details: dict[int, str] = {}
+    if ran_out and live:
+        for peer, flight in launcher.desync(ran_out, live, ended=True):
+            if peer in live and peer not in kinds:
+                kinds[peer] = Kind.TIMED_OUT
+                details[peer] = NEVER_ENTERED.format(what=flight.describe(), rank=flight.rank, world=world)
+    return kinds, details
+
+
 def _stop(launcher: Launcher, live: list[int], outcomes: dict[int, Outcome],
           kind_of: dict[int, Kind], details: dict[int, str], dump: list[int] | None = None) -> None:
     """Stop the live ranks; a rank that had reported a pass (and lingered)
@@ -247,7 +273,8 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if grace_end is None and cause:
             grace_end = min(deadline, time.monotonic() + FAIL_GRACE)
         if grace_end is not None and time.monotonic() >= grace_end:
-            _stop(launcher, _live(world, outcomes), outcomes, {}, {})
+            live = _live(world, outcomes)
+            _stop(launcher, live, outcomes, *_hung_peers(launcher, outcomes, live, world))
             break
         found = []
         stuck = False
