@@ -101,6 +101,17 @@ class GroupTimeout(Base):
         dist.all_reduce(torch.ones(2))
 
 
+class DifferentCalls(Base):
+    timeout = 3
+
+    def test_all_reduce_against_broadcast(self):
+        init_pg(self)
+        if self.rank == 0:
+            dist.all_reduce(torch.ones(2))
+        else:
+            dist.broadcast(torch.ones(2), src=1)
+
+
 class UpstreamHooks(Base):
     """Subclasses that override _run as upstream's TestDistBackend does."""
 

@@ -157,6 +157,15 @@ class FailFastTest(OutcomeMixin, unittest.TestCase):
         self.assertNotIn("stopped by disttest after the failure above", text)
         self.assertLess(elapsed, 15)
 
+    def test_calls_that_differ_at_the_limit_are_named(self):
+        # (a limit shorter than the deadlock check's: it was a bare timeout of every rank)
+        result, elapsed = run(cases.DifferentCalls, "test_all_reduce_against_broadcast")
+        text = self.only(result.errors)
+        self.assertIn("desync: rank 0/2 in all_reduce #1 of the default group, rank 1/2 in broadcast #1 of the "
+                      "default group: the same call of the group, waited in to the limit: their calls differ", text)
+        self.assertNotIn("ranks 0, 1/2 in all_reduce", text)  # (each rank named as itself in the section too)
+        self.assertLess(elapsed, 15)
+
     def test_peer_failure_while_blocked_in_a_collective(self):
         result, elapsed = run(cases.Hangs, "test_peer_fails_while_blocked")
         text = self.only(result.errors)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import unittest
 
@@ -179,6 +180,20 @@ class OutcomeTest(unittest.TestCase):
         self.assertEqual(text.count("KeyError: 'a'"), 1, text)
         self.assertEqual(text.count("KeyError: 'b'"), 1, text)
         self.assertIn("direct cause", text)
+
+
+    def test_an_over_long_traceback_is_written_whole_only_for_kept_logs(self):
+        # (a megabyte a rank reached pytest's captured output, whatever the setting)
+        import io
+        from unittest import mock
+
+        huge = ValueError("x" * 100_000)
+        for keep, written in (("", False), ("0", False), ("1", True)):
+            with self.subTest(keep=keep), mock.patch.dict(os.environ, {"DISTTEST_KEEP_LOGS": keep}), \
+                    mock.patch.object(sys, "__stderr__", io.StringIO()) as err:
+                o = outcome_from_exception(0, huge)
+                self.assertEqual("x" * 100_000 in err.getvalue(), written)
+                self.assertIn("characters cut by disttest", o.message)
 
 
 class UserTracebackTest(unittest.TestCase):

@@ -19,6 +19,7 @@ from disttest._runner.crashsite import split_fatal_dump
 from disttest._runner.launcher import Launcher
 from disttest._runner.outcome import ExitStatus, Kind, Outcome
 from disttest._runner.verdict import (
+    CALLS_DIFFER_AT,
     DEADLOCK_DETAIL,
     DESYNC_DETAIL,
     MISMATCH_DETAIL,
@@ -146,7 +147,34 @@ def _timed_out(launcher: Launcher, live: list[int], world: int,
             kinds[flight.rank] = Kind.DESYNC
             details[flight.rank] = (_desync_detail(never[flight.rank], world) if flight.rank in never
                                     else MISMATCH_DETAIL.format(peer=peer, world=world, what=flight.describe()))
+    _differing_calls(launcher, [r for r in live if kinds[r] is Kind.TIMED_OUT], world, kinds, details)
     return kinds, details
+
+
+def _differing_calls(launcher: Launcher, ranks: list[int], world: int,
+                     kinds: dict[int, Kind], details: dict[int, str]) -> None:
+    """Of ``ranks`` (live at the deadline, waiting), those waiting in the
+    same call of a group (its number) under different operations (one
+    ``all_reduce``, the others ``broadcast``): a desync of calls that
+    differ (:data:`CALLS_DIFFER_AT`), named with every rank's call; it was
+    a bare timeout unless the test's limit outlasted the deadlock check."""
+    if len(ranks) < 2:
+        return
+    by_call: dict[tuple[str, int], dict[str, list[InFlight]]] = {}
+    for _, flight in launcher.desync(ranks, ranks, entered_counts=False):
+        if flight.group.startswith(("send>", "recv<", RECORDER)):
+            continue
+        ops = by_call.setdefault((flight.group, flight.seq), {})
+        if all(f.rank != flight.rank for fs in ops.values() for f in fs):
+            ops.setdefault(flight.op, []).append(flight)
+    for ops in by_call.values():
+        if len(ops) < 2:
+            continue
+        calls = ", ".join(f"{who(sorted(f.rank for f in fs), world)} in {fs[0].describe()}" for fs in ops.values())
+        for fs in ops.values():
+            for f in fs:
+                kinds[f.rank] = Kind.DESYNC
+                details[f.rank] = CALLS_DIFFER_AT.format(calls=calls)
 
 
 def _judged(launcher: Launcher, outcomes: dict[int, Outcome], world: int) -> dict[int, Outcome]:

@@ -359,7 +359,7 @@ def outcome_from_exception(rank: int, exc: BaseException | None) -> Outcome:
 #: Characters at most of a rank's exception message or traceback in its
 #: outcome (a 20 MB message must not become a 160 MB report); the middle is cut.
 MAX_TEXT = 20_000
-CUT = "\n... [{n} characters cut by disttest; DISTTEST_KEEP_LOGS=1 keeps them in the rank's log] ...\n"
+CUT = "\n... [{n} characters cut by disttest; DISTTEST_KEEP_LOGS=1 keeps them in a rank process's log] ...\n"
 
 
 def cap(text: str, limit: int = MAX_TEXT) -> str:
@@ -515,14 +515,25 @@ def comm_site(exc: BaseException) -> str:
     return ""
 
 
+def _keeping_logs() -> bool:
+    """DISTTEST_KEEP_LOGS is on (a bad value is refused where the run reads it, not here)."""
+    from disttest._runner import settings
+    from disttest.config import ConfigError
+
+    try:
+        return settings.keep_logs()
+    except ConfigError:
+        return False
+
+
 def _keep_whole(text: str) -> None:
     """Write an over-long traceback whole to this rank's stderr (its log in
     a rank process), for DISTTEST_KEEP_LOGS. Not from a rank thread: its
     stderr is the test process's (a megabyte on the user's terminal)."""
     import sys
 
-    if threading.current_thread() is not threading.main_thread():
-        return
+    if threading.current_thread() is not threading.main_thread() or not _keeping_logs():
+        return  # (a megabyte a rank on pytest's captured output, for nothing)
     try:
         sys.__stderr__.write(text)  # type: ignore[union-attr]
         sys.__stderr__.flush()  # type: ignore[union-attr]

@@ -24,10 +24,20 @@ from typing import Any
 from disttest._runner import settings
 from disttest._runner.outcome import Kind, Outcome
 from disttest._runner.tb_data import as_traceback
-from disttest._runner.verdict import CALLS_DIFFER, CALLS_MISMATCH, RANK, Status, Verdict, judge
+from disttest._runner.verdict import (
+    CALLS_DIFFER,
+    CALLS_DIFFER_AT,
+    CALLS_MISMATCH,
+    RANK,
+    Status,
+    Verdict,
+    judge,
+)
 from disttest._runner.verdict import who as _who
 
 __unittest = True
+
+_CALLS_DIFFER_AT_END = CALLS_DIFFER_AT.split("}", 1)[1]  # (what follows the calls)
 
 __all__ = [
     "NO_RANKS_STARTED",
@@ -382,8 +392,9 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
         first = group[0]
         if len(group) > 1:  # the rank's own name reads as the group's
             own = RANK.format(rank=first.rank, world=world_size)
-            # (A deadlock's detail names each rank of the pair as itself.)
-            detail = first.detail if first.kind is Kind.DEADLOCK else first.detail.replace(own, who)
+            # (A deadlock's detail, and that of calls that differ, name each rank as itself.)
+            named = first.kind is Kind.DEADLOCK or first.detail.endswith(_CALLS_DIFFER_AT_END)
+            detail = first.detail if named else first.detail.replace(own, who)
             first = dataclasses.replace(first, message=first.message.replace(own, who), detail=detail)
         if len(parts) > 1:  # ranks that read alike but for their messages
             text = _messages(first, who, parts, world_size)

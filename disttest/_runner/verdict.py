@@ -22,7 +22,7 @@ from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
 
-__all__ = ["CALLS_DIFFER", "CALLS_MISMATCH", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "MISMATCH_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "expected_end", "explain",
+__all__ = ["CALLS_DIFFER", "CALLS_DIFFER_AT", "CALLS_MISMATCH", "CONSEQUENCE", "DEADLOCK_DETAIL", "DESYNC_DETAIL", "DESYNC_LOST_DETAIL", "MISMATCH_DETAIL", "PEER_LOST", "WAITED_FOR", "RANK", "RANKS", "Status", "Verdict", "ended", "expected_end", "explain",
            "judge", "reclassified", "who"]
 
 HARD = (Kind.FAILED, Kind.ERRORED, Kind.CRASHED, Kind.TIMED_OUT, Kind.DEADLOCK)
@@ -36,6 +36,9 @@ CALLS_DIFFER = "which lost its peer: the peer never entered it, or their calls d
 DESYNC_LOST_DETAIL = "rank {peer}/{world} finished; {{who}} {{waits}} in {what}, " + CALLS_DIFFER
 #: The end of a detail that says why a collective that every peer entered did not end.
 CALLS_MISMATCH = "to the limit: their calls differ (a size, a dtype, the operation)"
+#: Ranks that waited to the test's limit in one call of a group under
+#: different operations (``calls``: each rank's, named as itself).
+CALLS_DIFFER_AT = "{calls}: the same call of the group, waited in " + CALLS_MISMATCH
 #: A rank that, at the test's deadline, waited in a collective that a peer which finished had entered.
 MISMATCH_DETAIL = "rank {peer}/{world} entered {what} and finished; {{who}} {{waits}} in it " + CALLS_MISMATCH
 CONSEQUENCE = "rank {rank}/{world} failed in {what} after {peers} had {how}"
