@@ -325,6 +325,36 @@ class DesyncConfirmedTest(unittest.TestCase):
         self.assertEqual([o.kind for o in outcomes], [Kind.PASSED, Kind.DESYNC])
 
 
+class LateWaiterLauncher(SlowBoardLauncher):
+    """Three ranks: rank 1 passes at once; rank 0 waits from the start in a
+    collective rank 1 never entered, rank 2 enters it ``late`` seconds later."""
+
+    world_size = 3
+
+    def __init__(self, late: float) -> None:
+        super().__init__(until=3600, cost=0.0)
+        self.outcomes = {1: outcome_from_exception(1, None)}
+        self.entered_2 = time.monotonic() + late
+
+    def poll(self) -> dict[int, ExitStatus]:
+        return dict.fromkeys(self.outcomes, ExitStatus(code=0))
+
+    def desync(self, ranks, finished, ended=False, entered_counts=True):
+        if ended or 1 not in finished:
+            return []
+        waiting = [0] + ([2] if time.monotonic() >= self.entered_2 else [])
+        return [(1, InFlight(r, "all_reduce", 1, "0", range(3))) for r in ranks if r in waiting]
+
+
+class DesyncAlongsideTest(unittest.TestCase):
+    def test_a_rank_that_entered_the_collective_a_moment_later_is_named_with_the_others(self):
+        # (it was "stopped by disttest after the failure above", though it
+        # waited in the same collective for the same peer: a pool under pytest)
+        outcomes = join_mod.join(LateWaiterLauncher(late=join_mod.CONFIRM * 0.8), timeout=30)
+        self.assertEqual([o.kind for o in outcomes], [Kind.DESYNC, Kind.PASSED, Kind.DESYNC])
+        self.assertEqual(outcomes[0].detail, outcomes[2].detail)
+
+
 class DeadlockTest(unittest.TestCase):
     def test_a_deadlock_that_never_ends_by_itself_is_reported_at_once(self):
         outcomes = join_mod.join(DeadlockLauncher(ends=None), timeout=60)

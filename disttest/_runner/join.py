@@ -207,6 +207,22 @@ def _not_started(live: list[int], started: set[int], world: int, test: str,
     return kinds, details
 
 
+def _alongside(launcher: Launcher, found: list[tuple[int, InFlight]], live: list[int],
+               finished: list[int]) -> list[tuple[int, InFlight]]:
+    """Live ranks waiting, now, in a collective of a confirmed desync
+    ``found`` for the same peer, not yet confirmed themselves (they entered
+    it a moment later): named in the desync with the others, not "stopped
+    by disttest"."""
+    named = {f.rank for _, f in found}
+    calls = {(peer, f.group, f.seq) for peer, f in found if not f.against}
+    reported = [r for r in live if _passed(launcher.outcome(r))]
+    waiting = [r for r in live if r not in named and r not in reported]
+    if not calls or not waiting:
+        return []
+    return [(peer, f) for peer, f in launcher.desync(waiting, [*finished, *reported])
+            if not f.against and (peer, f.group, f.seq) in calls]
+
+
 def _hung_peers(launcher: Launcher, outcomes: dict[int, Outcome], live: list[int],
                 world: int) -> tuple[dict[int, Kind], dict[int, str]]:
     """Of the ``live`` ranks, those that never entered the collective in
@@ -331,6 +347,7 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
             if suspects:
                 next_check = min(next_check, min(suspects.values()) + CONFIRM)
         if found:
+            found += _alongside(launcher, found, _live(world, outcomes), [r for r, o in judged.items() if _passed(o)])
             kinds = {f[1].rank: Kind.DEADLOCK if f[1].against else Kind.DESYNC for f in found}
             _stop(launcher, _live(world, outcomes), outcomes, kinds,
                   {f[1].rank: _desync_detail(f, world) for f in found})
