@@ -86,6 +86,32 @@ if __name__ == "__main__":
     unittest.main()
 
 
+def recurse(n: int) -> int:
+    return recurse(n + 1) + 1
+
+
+class LongAndExitTest(unittest.TestCase):
+    def test_a_recursion_error_keeps_its_frames(self):
+        # (tblib's data recursed a level a frame: the report pointed at the test's def line)
+        from disttest._runner.outcome import MAX_TB_FRAMES
+
+        try:
+            recurse(0)
+        except RecursionError as e:
+            o = outcome_from_exception(0, e)
+        frames = traceback.extract_tb(user_traceback([o]))
+        self.assertEqual(frames[-1].name, "recurse")
+        self.assertEqual(frames[0].name, "test_a_recursion_error_keeps_its_frames")  # the first half is kept too
+        self.assertLessEqual(len(frames), MAX_TB_FRAMES)
+
+    def test_sys_exit_in_a_rank_points_at_its_line(self):
+        try:
+            sys.exit(5)
+        except SystemExit as e:
+            o = outcome_from_exception(0, e)
+        self.assertIn("sys.exit(5)", lines(user_traceback([o]))[-1])
+
+
 class LocalsTest(unittest.TestCase):
     """A rank's locals, when asked for (outcome.ask_locals, DISTTEST_TB_LOCALS)."""
 

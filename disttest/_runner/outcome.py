@@ -22,7 +22,7 @@ import traceback
 import unittest
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from disttest._runner.tb_data import POSITIONS, Shown, positions
@@ -153,32 +153,46 @@ _CAUSE = "\nThe above exception was the direct cause of the following exception:
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
+#: At most this many frames go into a rank's traceback data (the first and
+#: the last halves): tblib's data is one level of recursion a frame, and a
+#: RecursionError's thousand frames lost it all (the report pointed at the
+#: test's ``def`` line).
+MAX_TB_FRAMES = 200
+
+
 def _tb_data(exc: BaseException) -> dict[str, Any] | None:
     """The kept frames as tblib data with their columns (:mod:`.tb_data`: a chain of the user's frames only;
     None when the exception has none: the report then finds the user's
     frames elsewhere, and never shows disttest's own as the test's)."""
     kept = {id(f) for f, _ in _frames(exc) if "__unittest" not in f.f_globals}
+    tbs = [tb for tb in _walk(exc.__traceback__) if id(tb.tb_frame) in kept]
+    if not tbs:
+        return None
+    if len(tbs) > MAX_TB_FRAMES:
+        tbs = tbs[:MAX_TB_FRAMES // 2] + tbs[-MAX_TB_FRAMES // 2:]
+    # A chain of just those (a traceback's tb_next is its own: copies).
+    head: TracebackType | None = None
+    for tb in reversed(tbs):
+        head = TracebackType(head, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
     try:
         from tblib import Traceback
 
-        node: dict[str, Any] | None = Traceback(exc.__traceback__).to_dict()
+        node: dict[str, Any] | None = Traceback(head).to_dict()
     except Exception:  # noqa: BLE001 (the text report still has it all)
         return None
-    tb = exc.__traceback__
-    chain = []
-    while node is not None and tb is not None:
-        if id(tb.tb_frame) in kept:
-            node[POSITIONS] = positions(tb)
-            # (as text: what the frame held stays in the rank)
-            node["tb_frame"]["f_locals"] = {k: str(v) for k, v in (_locals(tb.tb_frame) or {}).items()}
-            chain.append(node)
-        node, tb = node.get("tb_next"), tb.tb_next
-    for a, b in zip(chain, chain[1:], strict=False):
-        a["tb_next"] = b
-    if not chain:
-        return None
-    chain[-1]["tb_next"] = None
-    return chain[0]
+    first = node
+    while node is not None and head is not None:
+        node[POSITIONS] = positions(head)
+        # (as text: what the frame held stays in the rank)
+        node["tb_frame"]["f_locals"] = {k: str(v) for k, v in (_locals(head.tb_frame) or {}).items()}
+        node, head = node.get("tb_next"), head.tb_next
+    return first
+
+
+def _walk(tb: TracebackType | None) -> Iterator[TracebackType]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
 
 
 #: Set (to 1) by ``run_tests --showlocals`` and pytest's ``--showlocals``: a
@@ -412,7 +426,7 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
         if exc.code in (0, None):
             return Outcome(rank, Kind.PASSED)
         return Outcome(
-            rank, Kind.ERRORED, name, f"sys.exit({exc.code!r}) in the test", _format(exc)
+            rank, Kind.ERRORED, name, f"sys.exit({exc.code!r}) in the test", _format(exc), tb_data=_tb_data(exc)
         )
     # pytest.fail() and pytest.xfail() in a rank are failures, as in pytest.
     kind = Kind.FAILED if isinstance(exc, AssertionError) or from_pytest else Kind.ERRORED
