@@ -416,7 +416,12 @@ class ArgumentErrorsTest(unittest.TestCase):
     def test_shape_mismatch_names_the_ranks(self):
         self.errors_on_every_rank(
             2, lambda rank, n: dist.all_reduce(torch.ones(2 + rank)), CollectiveMismatch,
-            "all_reduce: rank 1 passed torch.float32 [3], rank 0 passed torch.float32 [2]")
+            "all_reduce: ranks passed tensors of different dtypes or shapes (rank 0 passed torch.float32 [2]; "
+            "rank 1 passed torch.float32 [3]) (disttest)")
+        # Every rank's, alike ones together (it named rank 1's against rank 0's alone).
+        self.errors_on_every_rank(
+            4, lambda rank, n: dist.all_reduce(torch.ones(2 + rank % 3)), CollectiveMismatch,
+            "(ranks 0, 3 passed torch.float32 [2]; rank 1 passed torch.float32 [3]; rank 2 passed torch.float32 [4])")
 
     def test_coalesced_calls_of_different_lengths(self):
         self.errors_on_every_rank(

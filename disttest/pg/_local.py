@@ -27,7 +27,7 @@ WAIT_LIMIT = "the timeout passed to wait()"
 RANK_RANGE = "{what}: {name}={value!r} is not a rank of group {group} (valid: 0 to {last}) (disttest)"
 DISAGREE = "{what} #{seq} on group {group}: ranks pass different {name} (disttest): {values}"
 #: Tensors that must agree across ranks (an all_reduce's, a broadcast's) do not.
-DIFFERENT_TENSORS = "{what}: rank {rank} passed {dtype} {shape}, rank 0 passed {first_dtype} {first_shape} (disttest)"
+DIFFERENT_TENSORS = "{what}: ranks passed tensors of different dtypes or shapes ({passed}) (disttest)"
 #: A piece that does not fill the slot it is for (a gather's, a scatter's).
 DOES_NOT_FIT = "{what}: {where}: {shape} {dtype} into {slot_shape} {slot_dtype} (disttest)"
 #: Coalesced calls whose ranks pass lists of different lengths.
@@ -232,11 +232,10 @@ def _reduce(tensors: list[torch.Tensor], op: Any, what: str) -> torch.Tensor:
 
 def _same(tensors: Sequence[torch.Tensor], what: str) -> None:
     first = tensors[0]
-    for r, t in enumerate(tensors):
-        if t.shape != first.shape or t.dtype != first.dtype:
-            raise CollectiveMismatch(DIFFERENT_TENSORS.format(
-                what=what, rank=r, dtype=t.dtype, shape=list(t.shape), first_dtype=first.dtype,
-                first_shape=list(first.shape)))
+    if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors):
+        # Every rank's, alike ones together (it named the first that differed from rank 0's alone).
+        passed = each_rank([f"{t.dtype} {list(t.shape)}" for t in tensors], "passed {}")
+        raise CollectiveMismatch(DIFFERENT_TENSORS.format(what=what, passed=passed))
 
 
 def _fits(what: str, slot: torch.Tensor, piece: torch.Tensor, where: str) -> None:
