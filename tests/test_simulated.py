@@ -805,6 +805,22 @@ class SimulatedTestCaseTest(unittest.TestCase):
         self.assertTrue(result.wasSuccessful(), problems(result))
         self.assertEqual(seen, {"world": ("fake", 6), "rank": {r: r for r in range(6)}, "plain": dict.fromkeys(range(6), 3)})
 
+    def test_a_rank_split_shows_no_frame_of_disttest(self):
+        # (unittest drops disttest's frames from failures only: a RankSplit,
+        # a ValueError, showed _rank_int.py's raise as its last frame)
+        class Branches(disttest.SimulatedTestCase):
+            world_size = 2
+
+            def test_it(self):
+                if self.rank == 0:
+                    pass
+
+        text = "".join(problems(run(Branches)))
+        self.assertIn("RankSplit", text)
+        self.assertIn("if self.rank == 0:", text)
+        self.assertNotIn("_rank_int.py", text)
+        self.assertNotIn("disttest/", text.split("RankSplit")[0])
+
     def test_the_exception_hooks_are_put_back(self):
         # c10d's init_process_group wraps sys.excepthook in each test: after
         # five tests a traceback read "[rank0]: [rank0]: [rank0]: ...".

@@ -289,6 +289,24 @@ def _assert_ranks_equal(got: dict[int, Any], want: dict[int, Any], msg: str | Ca
     raise AssertionError(msg(text) if callable(msg) else text)
 
 
+def _drop_own_frames(exc: BaseException) -> None:
+    """End the traceback of an error disttest raised for the test
+    (:class:`RankSplit`, a per-rank value refused) at the last frame that is
+    not disttest's: unittest drops those frames from a failure's traceback
+    only, and this is an error (a ``ValueError``). An error of any other
+    class keeps its whole traceback."""
+    if not type(exc).__module__.startswith("disttest."):
+        return
+    last = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if "__unittest" not in tb.tb_frame.f_globals:
+            last = tb
+        tb = tb.tb_next
+    if last is not None:
+        last.tb_next = None
+
+
 class SimulatedTestCase(SpmdMixin, TestCase):
     """Each test runs once, in the test process, with ``world_size`` ranks
     simulated by torch's ``LocalTensorMode``.
@@ -357,7 +375,11 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         are; disttest's cleanups are not cut short)."""
         head = SIMULATED_TIMED_OUT.format(test=self._testMethodName, timeout=self._timeout, n=self.world_size,
                                           stack="").rstrip(":\n")
-        stack = held(call, args, self._ends_at, head)
+        try:
+            stack = held(call, args, self._ends_at, head)
+        except Exception as e:
+            _drop_own_frames(e)
+            raise
         if stack is not None:
             raise TimeoutError(SIMULATED_TIMED_OUT.format(
                 test=self._testMethodName, timeout=self._timeout, n=self.world_size, stack=stack)) from None
