@@ -196,6 +196,20 @@ class OutcomeTest(unittest.TestCase):
                 self.assertIn("characters cut by disttest", o.message)
 
 
+class OutputTailTest(unittest.TestCase):
+    def test_a_cut_tail_starts_at_a_line(self):
+        from disttest._runner.report import TAIL_CHARS, _tail
+
+        lines = "".join(f"noisy output {i}\n" for i in range(10_000))
+        tail = _tail(lines)
+        self.assertTrue(tail.startswith("noisy output "), tail[:40])
+        self.assertTrue(tail.endswith("noisy output 9999"))
+        self.assertLessEqual(len(tail), TAIL_CHARS)
+        # One long line is cut where it must be; a short output is whole.
+        self.assertEqual(_tail("x" * (TAIL_CHARS + 10)), "x" * TAIL_CHARS)
+        self.assertEqual(_tail("a\nb\n"), "a\nb")
+
+
 class UserTracebackTest(unittest.TestCase):
     """The traceback a report is raised with: the user's frames, from the
     rank's traceback, else its stack, else the test method."""

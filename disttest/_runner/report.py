@@ -249,8 +249,19 @@ def _body(o: Outcome, stacks: str = "") -> str:
         where = "where it crashed" if o.kind is Kind.CRASHED else "its stack"
         parts.append(f"{where}:\n" + user_stack(o.stacks))
     if o.output_tail.strip() and o.kind.is_cause:
-        parts.append("its output ends:\n" + o.output_tail[-TAIL_CHARS:].rstrip())
+        parts.append("its output ends:\n" + _tail(o.output_tail))
     return "\n".join(parts)
+
+
+def _tail(output: str) -> str:
+    """The last :data:`TAIL_CHARS` of a rank's output, from the start of a
+    line where it was cut in the middle of one (it began "oisy output")."""
+    tail = output[-TAIL_CHARS:]
+    if len(output) > TAIL_CHARS and output[-TAIL_CHARS - 1] != "\n":
+        line_end = tail.find("\n")
+        if 0 <= line_end < len(tail.rstrip()) - 1:
+            tail = tail[line_end + 1:]
+    return tail.rstrip()
 
 
 def _stacks_of(group: Sequence[Outcome], world_size: int) -> str:
