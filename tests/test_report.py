@@ -80,6 +80,17 @@ class ClassifyTest(unittest.TestCase):
         e = raised([Outcome(0, Kind.SKIPPED, message="s"), Outcome(1, Kind.ERRORED, "ValueError", "v")])
         self.assertIsInstance(e, RankError)
 
+    def test_a_long_message_is_shown_whole_once(self):
+        # (the section's line and its traceback each held the whole message)
+        message = "Tensor-likes are not close!\n\nMismatched elements: 2 / 2 (100.0%)"
+        tb = f"Traceback (most recent call last):\n  File \"t.py\", line 3, in test_x\nAssertionError: {message}\n"
+        text = str(raised([Outcome(0, Kind.PASSED), Outcome(1, Kind.FAILED, "AssertionError", message, tb)]))
+        self.assertEqual(text.count("Mismatched elements"), 1, text)
+        self.assertIn("rank 1/2: AssertionError: Tensor-likes are not close!\nTraceback", text)
+        # A message the traceback does not end with is shown whole on its line.
+        text = str(raised([Outcome(0, Kind.PASSED), Outcome(1, Kind.FAILED, "AssertionError", message, "")]))
+        self.assertIn(f"rank 1/2: AssertionError: {message}", text)
+
     def test_header_merges_ranks_and_body_groups_identical(self):
         tb = "Traceback...\nKeyError: 'k'\n"
         e = raised([Outcome(r, Kind.ERRORED, "KeyError", "'k'", tb) for r in (0, 1, 2)]

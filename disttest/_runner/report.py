@@ -156,7 +156,12 @@ def _line(o: Outcome, who: str, test: str, timeout: float | None) -> str:
             return STOPPED.format(who=who)
         # (A detail that names its ranks by the report's grouping: verdict.WAITED_FOR.)
         return f"{_fill(o.detail, who) if '{who}' in o.detail else o.detail} (a consequence)"
-    text = f"{who}{_in(o)}: {o.exc_type}: {o.message}".rstrip(": ")
+    message = o.message
+    if "\n" in message.strip() and o.traceback.rstrip().endswith(message.rstrip()):
+        # The traceback below ends with the whole message: its first line here
+        # (a tensor comparison's message was shown twice, twice a rank).
+        message = message.strip().splitlines()[0]
+    text = f"{who}{_in(o)}: {o.exc_type}: {message}".rstrip(": ")
     return f"{text}\n({o.detail})" if o.detail else text
 
 
