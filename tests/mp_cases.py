@@ -101,6 +101,20 @@ class GroupTimeout(Base):
         dist.all_reduce(torch.ones(2))
 
 
+class GroupTimeoutTwoHung(GroupTimeout):
+    @property
+    def world_size(self) -> int:
+        return 3
+
+    def test_group_times_out_for_two_hung_peers(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=2))
+        if self.rank != 0:
+            stuck_in_a_helper()
+        dist.all_reduce(torch.ones(2))
+
+
 class DifferentCalls(Base):
     timeout = 3
 
@@ -145,13 +159,19 @@ class ReturnCodes(Base):
         super().setUp()
         # As upstream suites do: the current test's unwrapped method.
         current = getattr(self, self._testMethodName).__wrapped__
-        if self._testMethodName == "test_exits_7":
+        if self._testMethodName in ("test_exits_7", "test_rank_1_exits_7_rank_0_fails_later"):
             self.special_return_code_checks = {current: 7}
         else:
             self.skip_return_code_checks = [current]
 
     def test_exits_7(self):
         os._exit(7)
+
+    def test_rank_1_exits_7_rank_0_fails_later(self):
+        if self.rank == 1:
+            os._exit(7)
+        time.sleep(1.5)
+        self.fail("rank 0's own check, after its peer's expected exit")
 
     def test_any_code(self):
         os._exit(self.rank + 40)

@@ -25,7 +25,7 @@ from disttest.runners import case_expect, case_guards, case_parity
 
 #: Upstream's private run machinery (disabled-test lists, dynamo/inductor
 #: test modes, reruns) and its bookkeeping attributes: not offered.
-LEFT_OUT = {"_run_custom", "_should_stop_test_suite"}
+LEFT_OUT = {"_run_custom"}
 
 
 def upstream_additions() -> list[str]:

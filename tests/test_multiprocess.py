@@ -157,6 +157,13 @@ class FailFastTest(OutcomeMixin, unittest.TestCase):
         self.assertNotIn("stopped by disttest after the failure above", text)
         self.assertLess(elapsed, 15)
 
+    def test_every_hung_peer_is_named(self):
+        # (the board names one absent peer a waiting rank: rank 2 was "stopped by disttest")
+        result, _ = run(cases.GroupTimeoutTwoHung, "test_group_times_out_for_two_hung_peers")
+        text = self.only(result.errors)
+        self.assertIn("ranks 1, 2/3 never entered all_reduce #1 of the default group, in which rank 0/3 waited", text)
+        self.assertNotIn("stopped by disttest after the failure above", text)
+
     def test_calls_that_differ_at_the_limit_are_named(self):
         # (a limit shorter than the deadlock check's: it was a bare timeout of every rank)
         result, elapsed = run(cases.DifferentCalls, "test_all_reduce_against_broadcast")
@@ -184,6 +191,12 @@ class HooksTest(OutcomeMixin, unittest.TestCase):
 
     def test_special_return_code(self):
         self.assertPassed(run(cases.ReturnCodes, "test_exits_7")[0])
+
+    def test_a_peer_s_expected_exit_does_not_stop_a_rank_before_its_own_verdict(self):
+        # (rank 0 was stopped half a second after rank 1's expected exit, and
+        # the test passed whatever rank 0 would have done)
+        result, _ = run(cases.ReturnCodes, "test_rank_1_exits_7_rank_0_fails_later")
+        self.assertIn("rank 0's own check, after its peer's expected exit", self.only(result.failures))
 
     def test_a_signal_the_test_expects_passes_once(self):
         # Upstream's watchdog tests: {fn: -signal.SIGABRT}, as Process.exitcode

@@ -139,7 +139,8 @@ class HelpersTest(unittest.TestCase):
 
     def test_node_failure_wait_is_bounded(self):
         with mock.patch("torch.distributed.rpc.rpc_sync", return_value=None), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0):
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0), \
+                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
             start = time.monotonic()
             with self.assertRaises(WaitTimeout) as ctx:
                 disttest.wait_until_node_failure(1, timeout=0.5)
@@ -161,7 +162,8 @@ class HelpersTest(unittest.TestCase):
                 raise RuntimeError("Connection reset by peer")
 
         with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=slow_peer), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=10.0):
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=10.0), \
+                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
             self.assertEqual(disttest.wait_until_node_failure(1, timeout=30), "Connection reset by peer")
         self.assertEqual(timeouts, [-1.0] * 3)
 
@@ -171,17 +173,26 @@ class HelpersTest(unittest.TestCase):
             raise RuntimeError(f"RPC ran for more than set timeout ({timeout * 1000:.0f} ms)")
 
         with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=hangs), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0):
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0), \
+                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
             start = time.monotonic()
             with self.assertRaises(WaitTimeout) as ctx:
                 disttest.wait_until_node_failure(1, timeout=0.3)
         self.assertLess(time.monotonic() - start, 2)
         self.assertIn("ran past what was left of the limit", str(ctx.exception))
 
+    def test_without_rpc_the_error_is_rpc_sync_s_as_upstream_s(self):
+        from torch.testing._internal import dist_utils
+
+        ours = disttest.wait_until_node_failure(1, timeout=5)
+        self.assertEqual(ours, dist_utils.wait_until_node_failure(1))
+        self.assertIn("RPC has not been initialized", ours)
+
     def test_node_failure_returns_the_matching_error(self):
         errors = [RuntimeError("other"), RuntimeError("Connection reset by peer")]
         with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=errors), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0):
+                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0), \
+                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
             self.assertEqual(disttest.wait_until_node_failure(2, "reset", timeout=5), "Connection reset by peer")
 
     def test_flush_wait_is_bounded_and_says_what_it_saw(self):

@@ -131,17 +131,29 @@ class ExplainTest(unittest.TestCase):
         self.assertEqual(out[0].detail, "rank 0/2 failed in DTensor.full_tensor after rank 1/2 had skipped")
         self.assertEqual(judge(list(out.values())).status, Status.SKIPPED)
 
-    def test_a_failure_that_wrapped_a_lost_peer_is_a_consequence(self):
-        wrapped = Outcome(0, Kind.FAILED, "AssertionError", "all_reduce failed: peer went away", comm="all_reduce")
+    def test_a_failure_that_wrapped_a_lost_peer_stays_a_cause(self):
+        # Its check may be the test's real one (a survivor's of an injected
+        # fault, a rank's while its peer's exit is expected): never judged a
+        # consequence, so never hidden by a peer's skip or a forgiven exit.
+        wrapped = Outcome(0, Kind.FAILED, "AssertionError", "all_reduce failed: peer went away", wrapped="all_reduce")
         out = explain({0: wrapped, 1: o(1, Kind.ERRORED, "REAL CAUSE")}, 2, {}, {})
-        self.assertEqual(kinds(out), {0: Kind.STOPPED, 1: Kind.ERRORED})
-        self.assertIn("after rank 1/2 had failed", out[0].detail)
+        self.assertEqual(kinds(out), {0: Kind.FAILED, 1: Kind.ERRORED})
         out = explain({0: wrapped, 1: o(1, Kind.SKIPPED, "no GPU")}, 2, {}, {})
-        self.assertEqual(judge(list(out.values())).status, Status.SKIPPED)
-        # A failure of its own (no comm) stays a cause.
-        own = o(0, Kind.FAILED, "rank 0 disagrees")
-        self.assertEqual(kinds(explain({0: own, 1: o(1, Kind.ERRORED, "x")}, 2, {}, {})),
-                         {0: Kind.FAILED, 1: Kind.ERRORED})
+        self.assertEqual(judge(list(out.values())).status, Status.FAILED)
+        crashed = Outcome(1, Kind.CRASHED, exit=ExitStatus(code=7))
+        out = explain({0: wrapped, 1: crashed}, 2, {}, {})
+        self.assertEqual(judge(list(out.values()), expected_exit_codes=[7]).status, Status.FAILED)
+
+    def test_a_failure_that_wrapped_a_lost_peer_is_listed_after_the_ranks_own_causes(self):
+        # (rank 0's wrapped consequence was listed first, and its traceback raised)
+        wrapped = Outcome(0, Kind.FAILED, "AssertionError", "all_reduce failed: peer went away",
+                          "Traceback...\nAssertionError: all_reduce failed\n", wrapped="all_reduce")
+        own = Outcome(1, Kind.ERRORED, "ValueError", "REAL CAUSE", "Traceback...\nValueError: REAL CAUSE\n")
+        with self.assertRaises(RankError) as caught:
+            raise_for_outcomes("test_x", 2, 30, [wrapped, own])
+        text = str(caught.exception)
+        self.assertIn("rank 1/2 raised ValueError; rank 0/2 raised AssertionError", text)
+        self.assertLess(text.index("REAL CAUSE"), text.index("all_reduce failed"))
 
     def test_a_peer_lost_error_is_a_consequence_of_another_communication_error(self):
         own = comm(1, "Tensors must be contiguous")
@@ -319,13 +331,13 @@ class CommSiteTest(unittest.TestCase):
         exc = self.wrapped(LOST)
         self.assertEqual(comm_site(exc), "")  # raised by the test
         o = outcome_from_exception(0, exc)
-        self.assertEqual((o.kind, o.comm), (Kind.FAILED, "all_reduce"))
-        # An error of the call that is no lost peer stays the test's own failure.
-        self.assertEqual(outcome_from_exception(0, self.wrapped("Tensors must be contiguous")).comm, "")
+        self.assertEqual((o.kind, o.comm, o.wrapped), (Kind.FAILED, "", "all_reduce"))
+        # An error of the call that is no lost peer is not one.
+        self.assertEqual(outcome_from_exception(0, self.wrapped("Tensors must be contiguous")).wrapped, "")
         # A cycle of contexts ends.
         a, b, top = RuntimeError("a"), RuntimeError("b"), AssertionError("x")
         a.__context__, b.__context__, top.__context__ = b, a, a
-        self.assertEqual(outcome_from_exception(0, top).comm, "")
+        self.assertEqual(outcome_from_exception(0, top).wrapped, "")
 
     def test_an_assertion_is_never_communication(self):
         exc = self.caught(lambda: dist.all_reduce(torch.ones(1)))

@@ -33,6 +33,17 @@ __unittest = True
 
 __all__ = ["NEVER_ENTERED", "NOT_STARTED", "POLL_INTERVAL", "WAITED_TO_START", "StartUp", "join"]
 
+#: A live rank that never entered the collective in which a peer's wait ran
+#: out (the group's own timeout, before the test's): it is the cause, and
+#: the peer's timeout its consequence. It was "stopped by disttest after the
+#: failure above", and the waiting rank blamed.
+NEVER_ENTERED = ("{{who}} never entered {what}, in which rank {rank}/{world} waited for it until the call's "
+                 "own timeout ran out: {{who}} hung elsewhere")
+#: What an error says when a wait ran out (gloo's and nccl's words).
+_WAIT_RAN_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
+#: At most this many live ranks are asked one by one whether they entered
+#: the collective a wait ran out in (each may be a hung one).
+MAX_ASKED_ALONE = 64
 POLL_INTERVAL = 0.01
 #: The join loop waits this many times as long as its last desync check
 #: took before the next one.
@@ -51,14 +62,6 @@ FAIL_GRACE = 0.5
 NOT_STARTED = ("{who} had not started {test!r} {limit}s after it was launched (disttest: its interpreter's "
                "start-up, which the test's own limit does not count)")
 #: A rank that had started, stopped because a peer never did.
-#: A live rank that never entered the collective in which a peer's wait ran
-#: out (the group's own timeout, before the test's): it is the cause, and
-#: the peer's timeout its consequence. It was "stopped by disttest after the
-#: failure above", and the waiting rank blamed.
-NEVER_ENTERED = ("{{who}} never entered {what}, in which rank {rank}/{world} waited for it until the call's "
-                 "own timeout ran out: {{who}} hung elsewhere")
-#: What an error says when a wait ran out (gloo's, nccl's, the store's words).
-_WAIT_RAN_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
 WAITED_TO_START = "{who} stopped by disttest: {peers} had not started the test {limit}s after launch"
 
 
@@ -226,14 +229,22 @@ def _alongside(launcher: Launcher, found: list[tuple[int, InFlight]], live: list
 def _hung_peers(launcher: Launcher, outcomes: dict[int, Outcome], live: list[int],
                 world: int) -> tuple[dict[int, Kind], dict[int, str]]:
     """Of the ``live`` ranks, those that never entered the collective in
-    which a rank's wait ran out (:data:`NEVER_ENTERED`): timed out, each the
-    cause."""
+    which a rank's wait ran out (:data:`NEVER_ENTERED`): timed out, each a
+    cause. Not where another rank ended with a cause of its own (it, not a
+    live rank, may be whom the wait was for)."""
     ran_out = [r for r, o in outcomes.items()
-               if o.kind is Kind.ERRORED and o.comm and _WAIT_RAN_OUT.search(o.message)]
+               if ((o.kind is Kind.ERRORED and o.comm) or o.wrapped) and _WAIT_RAN_OUT.search(o.message)]
+    own = [r for r, o in outcomes.items()
+           if r not in ran_out and o.kind.is_cause and not (o.kind is Kind.ERRORED and o.comm)]
     kinds: dict[int, Kind] = {}
     details: dict[int, str] = {}
-    if ran_out and live:
-        for peer, flight in launcher.desync(ran_out, live, ended=True):
+    if not ran_out or not live or own:
+        return kinds, details
+    # One question a peer: the board names one absent peer a waiting rank
+    # (a few live ranks at a failure; past that, one question for all).
+    asked = [[p] for p in live] if len(live) <= MAX_ASKED_ALONE else [live]
+    for peers in asked:
+        for peer, flight in launcher.desync(ran_out, peers, ended=True):
             if peer in live and peer not in kinds:
                 kinds[peer] = Kind.TIMED_OUT
                 details[peer] = NEVER_ENTERED.format(what=flight.describe(), rank=flight.rank, world=world)
@@ -277,11 +288,13 @@ def _confirmed(found: list[tuple[int, InFlight]], suspects: dict[tuple[int, str,
 
 def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVAL,
          expected_end: Callable[[int], bool] | None = None, start_up: StartUp | None = None,
-         test: str = "") -> list[Outcome]:
+         test: str = "", expected_exit: Callable[[Outcome], bool] | None = None) -> list[Outcome]:
     """Wait for all ranks of ``launcher``; return one outcome per rank.
 
     ``expected_end(rank)``: whether a rank's end was an injected death
-    (disttest.faults): it does not make the loop stop the others.
+    (disttest.faults); ``expected_exit(outcome)``: whether it was an exit
+    the test expects (upstream's ``special_return_code_checks``): neither
+    makes the loop stop the others, whose own verdicts still count.
     ``start_up``: the ranks' start-up, not counted in ``timeout``; ``test``
     names the test in what a start-up that ran out says."""
     world = launcher.world_size
@@ -311,7 +324,8 @@ def join(launcher: Launcher, timeout: float, poll_interval: float = POLL_INTERVA
         if errored or judged_facts != len(outcomes):
             judged = _judged(launcher, outcomes, world)
             judged_facts = len(outcomes)
-            cause = any(o.kind.is_cause and not (expected_end and expected_end(o.rank)) for o in judged.values())
+            cause = any(o.kind.is_cause and not (expected_end and expected_end(o.rank))
+                        and not (expected_exit and expected_exit(o)) for o in judged.values())
         if len(outcomes) == world:
             break
         if grace_end is None and cause:

@@ -6,7 +6,6 @@ standard library and :mod:`disttest.support.skips` (for the exit-code mapping).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import enum
 import functools
@@ -125,6 +124,11 @@ class Outcome:
     #: came out of ("DTensor.full_tensor", "all_reduce"), "" when it came
     #: from the test's own code (see :func:`comm_site`).
     comm: str = ""
+    #: For a failure or an error of the test's own code: the torch.distributed
+    #: call whose lost peer it was raised while handling (see
+    #: :func:`wrapped_peer_loss`). A fact for the report's order only: such a
+    #: rank stays a cause (its assertion may be the test's real check).
+    wrapped: str = ""
     #: Why this pool worker can run no further test although it is alive
     #: ("the test destroyed the default process group"); "" when it can.
     #: The parent then gives the class a fresh pool (not a breakage).
@@ -251,8 +255,11 @@ def _locals(frame: FrameType) -> dict[str, Shown] | None:
     return shown
 
 
-#: An exception group's own (Python 3.11 on): its members are shown under it.
-_GROUPS: tuple[type, ...] = tuple(t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
+def _is_group(exc: BaseException) -> bool:
+    """An exception group: Python 3.11's, or the ``exceptiongroup`` backport's
+    on 3.10 (by name: that package need not be installed)."""
+    return any(c.__name__ == "BaseExceptionGroup" for c in type(exc).__mro__) and isinstance(
+        getattr(exc, "exceptions", None), (tuple, list))
 
 
 def _format(exc: BaseException, _seen: set[int] | None = None) -> str:
@@ -276,7 +283,7 @@ def _format(exc: BaseException, _seen: set[int] | None = None) -> str:
     # (no header for one never raised, a group's member, as traceback's)
     header = "Traceback (most recent call last):\n" if summary else ""
     text = chained + header + "".join(summary.format()) + "".join(traceback.format_exception_only(type(exc), exc))
-    if _GROUPS and isinstance(exc, _GROUPS):
+    if _is_group(exc):
         members = exc.exceptions  # type: ignore[attr-defined]
         for i, member in enumerate(members, 1):
             body = _format(member, seen) if id(member) not in seen else f"{type(member).__qualname__} (shown above)\n"
@@ -326,10 +333,7 @@ _ALSO_CHARS = 500
 def _also(phase: str, exc: BaseException) -> str:
     """``phase: Type: message`` of an error raised after the rank's first
     (its message cut to :data:`_ALSO_CHARS`; it was the type alone)."""
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 (an exception whose __str__ raises)
-        message = ""
+    message = safe_str(exc)
     if len(message) > _ALSO_CHARS:
         message = message[:_ALSO_CHARS] + "..."
     return f"{phase}: {type(exc).__qualname__}" + (f": {message}" if message else "")
@@ -439,15 +443,17 @@ def _classify(rank: int, exc: BaseException | None) -> Outcome:
         _keep_whole(text)
     comm = comm_site(exc) if kind is Kind.ERRORED else ""
     return Outcome(rank, kind, name, cap(message), cap(text), tb_data=_tb_data(exc),
-                   comm=comm or wrapped_peer_loss(exc))
+                   comm=comm, wrapped="" if comm else wrapped_peer_loss(exc))
 
 
 def wrapped_peer_loss(exc: BaseException) -> str:
     """The torch.distributed call of an error that ``exc`` was raised while
     handling (or from) which said a peer went away or a wait ran out, or "":
     a test that catches a collective's failure and fails with words of its
-    own (``self.fail(f"all_reduce failed: {e}")``) reports a consequence,
-    not a cause of its own."""
+    own (``self.fail(f"all_reduce failed: {e}")``). Such a rank is listed
+    after the ranks whose causes are their own; it is never judged a
+    consequence: its check may be the test's real one (a survivor's of an
+    injected fault, a rank's while its peer's exit is expected)."""
     seen = {id(exc)}
     inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     while inner is not None and id(inner) not in seen:

@@ -391,8 +391,9 @@ def report_parts(test: str, world_size: int, timeout: float | None, outcomes: Se
         else:
             continue
         groups.setdefault(key, []).append(o)
-    # Causes first, then the ranks disttest stopped because of them.
-    ordered = sorted(_alike(groups), key=lambda g: not g[0][0].kind.is_cause)
+    # Causes first (those that failed handling a lost peer last among them:
+    # outcome.wrapped_peer_loss), then the ranks disttest stopped because of them.
+    ordered = sorted(_alike(groups), key=lambda g: (not g[0][0].kind.is_cause, bool(g[0][0].wrapped)))
     # The header merges groups that read the same (ranks that all timed out).
     heads: dict[str, list[int]] = {}
     for g, _ in ordered:
@@ -473,7 +474,7 @@ def user_traceback(outcomes: Sequence[Outcome], where: Callable[..., Any] | None
     traceback; else, for a rank with no exception (it hung, crashed, or
     waited in a collective its peer never entered), the user's frames of its
     stack; else the test method ``where``; else None."""
-    causes = [o for o in outcomes if o.kind.is_cause]
+    causes = sorted((o for o in outcomes if o.kind.is_cause), key=lambda o: bool(o.wrapped))
     data = next((o.tb_data for o in causes if o.tb_data), None)
     if data is None:
         data = next(filter(None, (_stack_tb_data(o.stacks) for o in causes if o.stacks)), None)

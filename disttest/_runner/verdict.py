@@ -130,17 +130,15 @@ def explain(outcomes: Mapping[int, Outcome], world: int, desyncs: Mapping[int, t
     - what is left stays a cause.
     """
     out = dict(outcomes)
-    if not any(o.kind is Kind.ERRORED or (o.kind is Kind.FAILED and o.comm) for o in out.values()):
+    if not any(o.kind is Kind.ERRORED for o in out.values()):
         return out  # (what follows judges errors only: the join loop asks at every new fact)
     for r, (peer, flight) in desyncs.items():
         if out[r].kind is Kind.ERRORED:
             out[r] = reclassified(out[r], Kind.DESYNC, DESYNC_DETAIL.format(peer=peer, world=world,
                                                                               what=flight.describe()))
-    # (a failure is communication only where it wrapped a lost peer: outcome.wrapped_peer_loss)
-    comm = sorted(r for r, o in out.items() if (o.kind is Kind.ERRORED and (o.comm or r in flights))
-                  or (o.kind is Kind.FAILED and o.comm))
+    comm = sorted(r for r, o in out.items() if o.kind is Kind.ERRORED and (o.comm or r in flights))
     own = sorted(r for r, o in out.items() if r not in comm and (o.kind.is_cause or o.kind is Kind.SKIPPED))
-    lost = [r for r in comm if PEER_LOST.search(out[r].message) or out[r].kind is Kind.FAILED]
+    lost = [r for r in comm if PEER_LOST.search(out[r].message)]
     causes, effects = own, comm
     if not own:
         causes = [r for r in comm if r not in lost]

@@ -256,13 +256,14 @@ class MultiProcessTestCase(RankDispatch):
         # NB: once: under an outer limit it shrinks as time passes, and the
         # report names the limit the join kept.
         self._joined_limit = self._test_timeout()
-        self._outcomes = self._join_ranks(self._launcher, self._joined_limit)
+        self._outcomes = self._join_ranks(self._launcher, self._joined_limit, fn)
         crashed = self._crashed(self._outcomes, fn)
         if crashed and zygote.from_copy(self._launcher):
             self._again_in_a_fresh_server(crashed, fn)
         self._check_return_codes(fn, time.monotonic() - start)
 
-    def _join_ranks(self, launcher: ProcessLauncher, limit: float) -> list[Outcome]:
+    def _join_ranks(self, launcher: ProcessLauncher, limit: float,
+                    fn: Callable[[], Any] | None = None) -> list[Outcome]:
         """The ranks' outcomes. Ranks started by ``spawn`` (a new
         interpreter each): ``limit`` counted from when the last rank started
         its test; under an outer limit (pytest-timeout's), the start-up
@@ -270,10 +271,19 @@ class MultiProcessTestCase(RankDispatch):
         had. A forked rank starts in milliseconds: the limit counts from now
         (a hang before its test is the test's, with its stack)."""
         test = self._current_test_name()
+        # A rank's exit the test expects (upstream's special_return_code_checks,
+        # skip_return_code_checks) does not stop its peers: they run on to
+        # their own verdicts, as upstream waits for every process (they were
+        # stopped half a second later, and the test passed whatever they did).
+        def expected_exit(o: Outcome) -> bool:
+            return self._expected_exit(o, fn)
+
         if not isinstance(launcher, SpawnLauncher):
-            return join(launcher, limit, expected_end=self._injection.expected_end, test=test)
+            return join(launcher, limit, expected_end=self._injection.expected_end, test=test,
+                        expected_exit=expected_exit)
         start_up = StartUp(launcher.started, max(limit, START_UP_LIMIT), settings.outer_cap())
-        outcomes = join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up, test=test)
+        outcomes = join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up, test=test,
+                        expected_exit=expected_exit)
         if start_up.given is not None and start_up.given < limit:
             self._joined_limit = start_up.given
         return outcomes
@@ -282,11 +292,16 @@ class MultiProcessTestCase(RankDispatch):
         """The ranks that crashed (a fatal signal, not an injected death nor
         one test ``fn`` expects: upstream's ``special_return_code_checks``)."""
         injected = self._injection.expected_end
-        code = self.special_return_code_checks.get(fn)
-        lenient = fn is not None and fn in self.skip_return_code_checks
         return [o for o in outcomes if o.kind is Kind.CRASHED and o.exit is not None
                 and o.exit.signal in _CRASH_SIGNALS and not (injected and injected(o.rank))
-                and not expected_end(o, () if code is None else (code,), lenient)]
+                and not self._expected_exit(o, fn)]
+
+    def _expected_exit(self, o: Outcome, fn: Callable[[], Any] | None) -> bool:
+        """Whether rank outcome ``o`` is an exit test ``fn`` expects
+        (upstream's ``special_return_code_checks``, ``skip_return_code_checks``)."""
+        code = self.special_return_code_checks.get(fn)
+        lenient = fn is not None and fn in self.skip_return_code_checks
+        return expected_end(o, () if code is None else (code,), lenient)
 
     def _again_in_a_fresh_server(self, crashed: list[Outcome], fn: Callable[[], Any]) -> None:
         """Ranks forked by a copy of the test process crashed: run the test
@@ -312,7 +327,7 @@ class MultiProcessTestCase(RankDispatch):
         again = self._launcher
         assert again is not None  # (started, or it raised)
         first_limit, self._joined_limit = self._joined_limit, self._test_timeout()
-        self._outcomes = self._join_ranks(again, self._joined_limit)
+        self._outcomes = self._join_ranks(again, self._joined_limit, fn)
         if self._crashed(self._outcomes, fn):
             zygote.trust_copies_again(reason)
             self._outcomes, self._joined_limit = first_outcomes, first_limit
