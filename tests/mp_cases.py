@@ -92,13 +92,18 @@ class Hangs(Base):
 class GroupTimeout(Base):
     timeout = 20
 
-    def test_group_times_out_for_a_hung_peer(self):
+    def hang_on(self, hung: set[int]) -> None:
+        """A group whose calls time out after 2 s; the ``hung`` ranks hang
+        outside it while the others all_reduce."""
         store = dist.FileStore(self.file_name, self.world_size)
         dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=2))
-        if self.rank == 1:
+        if self.rank in hung:
             stuck_in_a_helper()
         dist.all_reduce(torch.ones(2))
+
+    def test_group_times_out_for_a_hung_peer(self):
+        self.hang_on({1})
 
 
 class GroupTimeoutTwoHung(GroupTimeout):
@@ -107,12 +112,7 @@ class GroupTimeoutTwoHung(GroupTimeout):
         return 3
 
     def test_group_times_out_for_two_hung_peers(self):
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size,
-                                timeout=datetime.timedelta(seconds=2))
-        if self.rank != 0:
-            stuck_in_a_helper()
-        dist.all_reduce(torch.ones(2))
+        self.hang_on({1, 2})
 
 
 class DifferentCalls(Base):

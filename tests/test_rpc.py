@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import unittest
@@ -13,6 +14,15 @@ from runner_cases import live_ranks
 
 import disttest
 from disttest import WaitTimeout
+
+
+@contextlib.contextmanager
+def an_agent(*, timeout: float, **rpc_sync):
+    """RPC as if an agent ran with ``timeout`` as its RPC timeout; ``rpc_sync``: how its calls behave (mock's)."""
+    with mock.patch("torch.distributed.rpc.rpc_sync", **rpc_sync), \
+            mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=timeout), \
+            mock.patch("disttest._compat.rpc_agent_running", return_value=True):
+        yield
 
 
 def run(cls, name):
@@ -138,9 +148,7 @@ class HelpersTest(unittest.TestCase):
             self.assertEqual(str(ctx.exception), MISSING_HOOK.format(fixture="RpcAgentTestFixture", hook=hook))
 
     def test_node_failure_wait_is_bounded(self):
-        with mock.patch("torch.distributed.rpc.rpc_sync", return_value=None), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0), \
-                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
+        with an_agent(return_value=None, timeout=60.0):
             start = time.monotonic()
             with self.assertRaises(WaitTimeout) as ctx:
                 disttest.wait_until_node_failure(1, timeout=0.5)
@@ -161,9 +169,7 @@ class HelpersTest(unittest.TestCase):
             if len(timeouts) == 3:
                 raise RuntimeError("Connection reset by peer")
 
-        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=slow_peer), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=10.0), \
-                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
+        with an_agent(side_effect=slow_peer, timeout=10.0):
             self.assertEqual(disttest.wait_until_node_failure(1, timeout=30), "Connection reset by peer")
         self.assertEqual(timeouts, [-1.0] * 3)
 
@@ -172,9 +178,7 @@ class HelpersTest(unittest.TestCase):
             time.sleep(timeout)
             raise RuntimeError(f"RPC ran for more than set timeout ({timeout * 1000:.0f} ms)")
 
-        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=hangs), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0), \
-                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
+        with an_agent(side_effect=hangs, timeout=60.0):
             start = time.monotonic()
             with self.assertRaises(WaitTimeout) as ctx:
                 disttest.wait_until_node_failure(1, timeout=0.3)
@@ -190,9 +194,7 @@ class HelpersTest(unittest.TestCase):
 
     def test_node_failure_returns_the_matching_error(self):
         errors = [RuntimeError("other"), RuntimeError("Connection reset by peer")]
-        with mock.patch("torch.distributed.rpc.rpc_sync", side_effect=errors), \
-                mock.patch("torch.distributed.rpc.get_rpc_timeout", return_value=60.0), \
-                mock.patch("disttest._compat.rpc_agent_running", return_value=True):
+        with an_agent(side_effect=errors, timeout=60.0):
             self.assertEqual(disttest.wait_until_node_failure(2, "reset", timeout=5), "Connection reset by peer")
 
     def test_flush_wait_is_bounded_and_says_what_it_saw(self):
