@@ -271,7 +271,53 @@ class ComparisonsTest(unittest.TestCase, Cases):
         self.assertFalse(torch.are_deterministic_algorithms_enabled())
 
 
+ACCEPTED_IN_RANKS = '''
+import unittest
+
+import disttest
+
+
+class Expect(disttest.MultiProcessTestCase):
+    world_size = 3
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_it(self):
+        self.assertExpectedInline("new output", """old output""")
+
+
+if __name__ == "__main__":
+    unittest.main()
+'''
+
+
 class ExpectedTest(unittest.TestCase, Cases):
+    def test_accepting_in_rank_processes_rewrites_the_file_once(self):
+        # (every rank rewrote it: ranks 1 and 2 failed "Failed to substitute
+        # string", their own copies of the source holding the old text)
+        import subprocess
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "test_accepted_in_ranks.py")
+            with open(path, "w") as f:
+                f.write(ACCEPTED_IN_RANKS)
+            env = dict(os.environ, EXPECTTEST_ACCEPT="1",
+                       PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), os.getcwd()) if p))
+            proc = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120, env=env,
+                                  cwd=tmp)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            with open(path) as f:
+                source = f.read()
+            self.assertIn('self.assertExpectedInline("new output", """new output""")', source)
+            self.assertEqual(source.count("new output"), 2)
+            # Without the variable, the rewritten test passes on every rank.
+            env.pop("EXPECTTEST_ACCEPT")
+            proc = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120, env=env,
+                                  cwd=tmp)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+
     def test_text_helpers_match_upstream(self):
         text = "a\n  # comment\n\n   \nb # not a comment\n"
         for name in ("remove_comment_lines", "remove_empty_lines", "_remove_ansi_escape"):
