@@ -296,12 +296,16 @@ class MultiProcessTestCase(RankDispatch):
                 and o.exit.signal in _CRASH_SIGNALS and not (injected and injected(o.rank))
                 and not self._expected_exit(o, fn)]
 
-    def _expected_exit(self, o: Outcome, fn: Callable[[], Any] | None) -> bool:
-        """Whether rank outcome ``o`` is an exit test ``fn`` expects
-        (upstream's ``special_return_code_checks``, ``skip_return_code_checks``)."""
+    def _exit_rules(self, fn: Callable[[], Any] | None) -> tuple[tuple[int, ...], bool]:
+        """The exit codes test ``fn`` expects (upstream's
+        ``special_return_code_checks``), and whether any exit is expected
+        (``skip_return_code_checks``)."""
         code = self.special_return_code_checks.get(fn)
-        lenient = fn is not None and fn in self.skip_return_code_checks
-        return expected_end(o, () if code is None else (code,), lenient)
+        return (() if code is None else (code,)), fn is not None and fn in self.skip_return_code_checks
+
+    def _expected_exit(self, o: Outcome, fn: Callable[[], Any] | None) -> bool:
+        """Whether rank outcome ``o`` is an exit test ``fn`` expects."""
+        return expected_end(o, *self._exit_rules(fn))
 
     def _again_in_a_fresh_server(self, crashed: list[Outcome], fn: Callable[[], Any]) -> None:
         """Ranks forked by a copy of the test process crashed: run the test
@@ -349,9 +353,8 @@ class MultiProcessTestCase(RankDispatch):
         injection = getattr(self, "_injection", None)
         if injection is not None:
             outcomes = injection.judge(outcomes)
-        expected = self.special_return_code_checks.get(fn)
-        verdict = judge(outcomes, expected_exit_codes=() if expected is None else (expected,),
-                        lenient_exits=fn in self.skip_return_code_checks)
+        codes, lenient = self._exit_rules(fn)
+        verdict = judge(outcomes, expected_exit_codes=codes, lenient_exits=lenient)
         keep = self._launcher.keep_logs if self._launcher is not None else None
         limit = getattr(self, "_joined_limit", None) or self._test_timeout()
         raise_for(verdict, self._current_test_name(), len(outcomes), limit, keep, where=fn)
