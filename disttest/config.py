@@ -33,6 +33,7 @@ __all__ = [
     "get_timeout",
     "mark_world_size",
     "marked_world_size",
+    "parse_flag",
     "parse_timeout",
     "parse_world_size",
 ]
@@ -78,10 +79,26 @@ def as_number(kind: Callable[[Any], N], value: object, bad: ConfigError) -> N:
     is a bool or ``kind`` cannot read it: the number check of every setting."""
     if isinstance(value, bool):
         raise bad
+    if isinstance(value, str) and not (value.isascii() and "_" not in value):
+        raise bad  # (int() and float() also read "1_0" as 10 and other scripts' digits)
     try:
         return kind(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: float(10**400)
         raise bad from None
+
+
+#: The words a yes/no setting may take (case and surrounding blanks do not count).
+FLAG_WORDS = {"": False, "0": False, "false": False, "no": False, "off": False,
+              "1": True, "true": True, "yes": True, "on": True}
+
+
+def parse_flag(raw: str | None, where: str) -> bool:
+    """A yes/no setting's text (unset or blank: no); anything else raises
+    :class:`ConfigError` naming ``raw`` and ``where``."""
+    value = FLAG_WORDS.get((raw or "").strip().lower())
+    if value is None:
+        raise ConfigError("flag", raw, where, "expected 1/0, true/false, yes/no or on/off")
+    return value
 
 
 def parse_timeout(value: object, where: str, text: bool = False) -> float:
@@ -192,10 +209,13 @@ def default_timeout(environ: Mapping[str, str] | None = None) -> float:
 def get_timeout(test_id: str, environ: Mapping[str, str] | None = None) -> float:
     """The timeout in seconds for the test with unittest id ``test_id``.
 
-    ``TIMEOUT_OVERRIDE`` (keyed by method name) wins over the default.
+    ``TIMEOUT_OVERRIDE`` (keyed by method name) wins over the default, as
+    upstream's, but not over ``DISTTEST_TIMEOUT`` (``--disttest-timeout``):
+    a limit asked for every test is not lifted for some without a word.
     """
+    env = os.environ if environ is None else environ
     name = test_id.rsplit(".", 1)[-1]
-    if name in TIMEOUT_OVERRIDE:
+    if name in TIMEOUT_OVERRIDE and not env.get(TIMEOUT_ENV_VARS[0], "").strip():
         return parse_timeout(TIMEOUT_OVERRIDE[name], f"TIMEOUT_OVERRIDE[{name!r}]")
     return default_timeout(environ)
 

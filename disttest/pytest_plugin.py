@@ -129,6 +129,7 @@ def pytest_configure(config: Any) -> None:
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
         os.environ["DISTTEST_TIMEOUT"] = str(seconds)
+        config._disttest_set_by = {"DISTTEST_TIMEOUT": "--disttest-timeout"}
     mode = config.getoption("disttest_mode")
     if mode is not None:
         os.environ[MODE_ENV] = mode
@@ -155,6 +156,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
+    _faults_pytest.unconfigure(config)
     settings.note_test_streams(None, None)
     janitor.uninstall_signals()  # (pytest.main() returns: SIGTERM as it was)
     undo = getattr(config, "_disttest_controller_undo", None)
@@ -165,6 +167,19 @@ def pytest_unconfigure(config: Any) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    _faults_pytest.session_finish(session)
+
+
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's)
+def pytest_testnodedown(node: Any) -> None:
+    _faults_pytest.node_down(node)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _faults_pytest.terminal_summary(terminalreporter)
 
 
 #: When the item's protocol began (pytest-timeout's clock).
@@ -447,7 +462,7 @@ def _summary_only(exc: RankReport, test: Any) -> RankReport:
 
 
 def pytest_report_header(config: Any) -> str:
-    return _pytest_support.header_line()
+    return _pytest_support.header_line(set_by=getattr(config, "_disttest_set_by", None))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -14,6 +14,7 @@ from disttest.config import (
     ConfigError,
     default_timeout,
     get_timeout,
+    parse_flag,
     parse_timeout,
     parse_world_size,
 )
@@ -32,6 +33,36 @@ class TimeoutTest(unittest.TestCase):
     def test_override_by_method_name(self):
         self.assertEqual(get_timeout("pkg.mod.Cls.test_ddp_uneven_inputs", {}), 400)
         self.assertEqual(get_timeout("pkg.mod.Cls.test_other", {"DISTTEST_TIMEOUT": "9"}), 9)
+        # As upstream's: it wins over upstream's variable ...
+        self.assertEqual(get_timeout("Cls.test_ddp_uneven_inputs", {"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "9"}), 400)
+        # ... but a limit asked of every test (DISTTEST_TIMEOUT, --disttest-timeout)
+        # is not lifted to 400 s for two names without a word.
+        self.assertEqual(get_timeout("Cls.test_ddp_uneven_inputs", {"DISTTEST_TIMEOUT": "1"}), 1)
+        self.assertEqual(get_timeout("Cls.test_DistributedDataParallel", {"DISTTEST_TIMEOUT": "2.5"}), 2.5)
+
+    def test_numbers_from_text_are_ascii_without_underscores(self):
+        # float() and int() read "1_0" as 10 and other scripts' digits: a
+        # world size refused them, a timeout and a chaos seed did not.
+        from disttest.faults import parse_seed
+
+        for bad in ("1_0", "٣", "١٠"):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(ConfigError, "from environment variable DISTTEST_TIMEOUT"):
+                    default_timeout({"DISTTEST_TIMEOUT": bad})
+                with self.assertRaisesRegex(ConfigError, "from --disttest-chaos"):
+                    parse_seed(bad, "--disttest-chaos")
+        self.assertEqual(default_timeout({"DISTTEST_TIMEOUT": " 1e1 "}), 10)
+        self.assertEqual(parse_seed("+3", "--disttest-chaos"), 3)
+
+    def test_flags(self):
+        for raw, value in (("", False), (None, False), (" OFF ", False), ("no", False), ("0", False),
+                           ("false", False), ("1", True), ("Yes", True), ("on", True), ("TRUE", True)):
+            with self.subTest(raw=raw):
+                self.assertIs(parse_flag(raw, "environment variable X"), value)
+        for bad in ("2", "y", "enabled"):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(ConfigError, f"Invalid flag '{bad}' from environment variable X"):
+                    parse_flag(bad, "environment variable X")
 
     def test_bad_values_name_variable_and_value(self):
         for name in ("DISTTEST_TIMEOUT", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"):

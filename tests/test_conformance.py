@@ -261,6 +261,13 @@ class CliArgumentsTest(unittest.TestCase):
             *([(("--backend", "mpi", "--world-size", "2"), "--backend 'mpi': c10d knows it, but this torch")]
               if not dist.is_mpi_available() else []),
             (("--backend", "threaded", "--world-size", "2", "-k", "nothing*"), "-k 'nothing*' matches no case"),
+            (("--backend", "threaded", "--world-size", "2", "-k", "no*", "-k", "none*"),
+             "-k 'no*' -k 'none*' matches no case"),
+            # (argparse kept the last: nccl alone ran)
+            (("--backend", "gloo", "--world-size", "2", "--backend", "nccl"),
+             "--backend given twice ('gloo' and 'nccl') (disttest): give it once"),
+            (("--backend", "gloo", "--world-size", "2", "--timeout", "5", "--timeout", "9"),
+             "--timeout given twice ('5' and '9')"),
             (("--backend", "threaded", "--world-size", "2", "--unsupported", "PREMUL_SUM,all_to_al"),
              "--unsupported 'all_to_al': 'all_to_al' is no tag of any case"),
             (("--backend", "gloo", "--world-size", "2", "--device", "bogus"), "--device 'bogus': not a torch device"),
@@ -322,6 +329,11 @@ class RunApiTest(unittest.TestCase):
         self.assertEqual(result.counts(), {"passed": 2, "failed": 0, "unsupported": 0, "skipped": 0},
                          [r.message for r in result.cases])
         # Without a wildcard, a part of the name, as unittest's -k (it matched only a whole name).
+        # Several patterns: a case matching any runs (as unittest's -k given twice).
+        both = run("gloo", 2, pattern=["test_barrier", "broadcast__float32_src0"])
+        self.assertEqual(sorted(r.case.name for r in both.cases),
+                         sorted(c.name for c in CASES if c.name.startswith("test_barrier")
+                                or "broadcast__float32_src0" in c.name))
         self.assertEqual([r.case.name for r in run("gloo", 2, pattern="broadcast__float32_src").cases],
                          [r.case.name for r in result.cases])
 

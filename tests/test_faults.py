@@ -33,6 +33,7 @@ from disttest.faults import (
     chaos_seed,
     declared_faults,
     env_faults,
+    judge,
     parse_fault_spec,
     test_faults,
 )
@@ -41,6 +42,9 @@ from disttest.faults.judge import (
     ALL_DIED,
     INJECTED,
     NOT_IN_WORLD,
+    SUITE_NEVER_FIRED,
+    SUITE_NO_CALL,
+    SUITE_NO_RANK,
     check_world,
     injected_lines,
     judge_injected,
@@ -402,6 +406,11 @@ class HookTest(unittest.TestCase):
 class RunnerFaultsTest(unittest.TestCase):
     """Each action under each runner it applies to."""
 
+    def setUp(self):
+        # A count of suite-wide faults of its own: a fault of these tests that
+        # never fired would fail the pytest run that runs them.
+        self.addCleanup(judge.suite_summary_by("tests"))
+
     def tearDown(self):
         deadline = time.monotonic() + 5
         while live_ranks() and time.monotonic() < deadline:
@@ -681,6 +690,13 @@ class RunnerFaultsTest(unittest.TestCase):
                 for runner, result, _ in self.each("test_plain"):
                     with self.subTest(runner=runner.__name__, spec=spec):
                         self.assert_passed(result)
+            cases.PoolFaults.tearDownClass()  # (its ranks read DISTTEST_FAULT as the pool starts)
+        # ... and the run's end says which fired in no test (the delay fired on rank 0).
+        self.assertEqual(judge.unfired_suite_faults(), [SUITE_NEVER_FIRED.format(
+            fault="rank 1 kill at all_reduce #5 (from DISTTEST_FAULT)", tests=3, s="s", why=SUITE_NO_CALL)])
+        self.assertEqual(judge.suite_tally(), {
+            "rank 0|2 delay 0.01s at collective #1 (from DISTTEST_FAULT)": [3, 3, 3],
+            "rank 1 kill at all_reduce #5 (from DISTTEST_FAULT)": [3, 3, 0]})
 
     def test_whole_suite_fault_from_the_environment(self):
         with mock.patch.dict(os.environ, {FAULT_ENV: "rank=1,action=raise,at=all_reduce,nth=2"}):
@@ -995,6 +1011,80 @@ class PytestOptionsTest(unittest.TestCase):
         # (an error, as in processes: InjectedFault is not an assertion)
         self.assertIn("'test_function_declares_a_fault' errored (disttest): rank 0/2 raised InjectedFault", out)
         self.assertIn("rank 0 raised InjectedFault at barrier #1", out)
+
+    def test_a_suite_wide_fault_that_fires_in_no_test_fails_the_run(self):
+        # It passed, and the run said nothing of the fault (also under pytest-xdist).
+        for extra in ((), ("-n", "2")):
+            with self.subTest(extra=extra):
+                proc = pytest_run("--disttest-fault", "rank=7,action=raise", "-k", "test_all_reduce", *extra)
+                out = proc.stdout + proc.stderr
+                self.assertEqual(proc.returncode, 1, out)
+                self.assertIn("1 passed", out)
+                self.assertIn("disttest: suite-wide faults", out)
+                self.assertIn(SUITE_NEVER_FIRED.format(fault="rank 7 raise at collective #1 (from DISTTEST_FAULT)",
+                                                       tests=1, s="", why=SUITE_NO_RANK), out)
+        # One that fired somewhere is not named.
+        proc = pytest_run("--disttest-fault", "rank=1,action=delay,seconds=0.01", "-k", "test_all_reduce")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertNotIn("suite-wide", proc.stdout + proc.stderr)
+
+    def test_a_suite_wide_fault_that_fires_in_no_test_under_unittest(self):
+        source = textwrap.dedent("""
+            import torch, torch.distributed as dist
+            import disttest
+
+            class T(disttest.MultiThreadedTestCase):
+                world_size = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_threads()
+
+                def test_a(self):
+                    dist.all_reduce(torch.ones(2))
+
+            if __name__ == "__main__":
+                disttest.run_tests()
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_t.py"), "w") as f:
+                f.write(source)
+            env = dict(os.environ, **{FAULT_ENV: "rank=0,action=raise,at=broadcast"})
+            expected = "disttest: " + SUITE_NEVER_FIRED.format(
+                fault="rank 0 raise at broadcast #1 (from DISTTEST_FAULT)", tests=1, s="", why=SUITE_NO_CALL)
+            for command, status in (([sys.executable, "-m", "unittest", "test_t"], 0),  # said as it exits
+                                    ([sys.executable, "test_t.py"], 1)):  # run_tests: the run fails
+                with self.subTest(command=command[1:]):
+                    proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+                    self.assertEqual(proc.returncode, status, proc.stdout + proc.stderr)
+                    self.assertEqual(proc.stderr.count(expected), 1, proc.stderr)
+
+    def test_the_fault_option_given_twice_declares_both(self):
+        # The second replaced the first without a word.
+        from disttest.faults.pytest_options import configure
+
+        config = mock.Mock(spec=["getoption"])
+        given = {"disttest_fault": ["rank=1,action=raise", "rank=0,action=kill,at=barrier"]}
+        config.getoption.side_effect = given.get
+        env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+        with mock.patch.dict(os.environ, env, clear=True):
+            configure(config)
+            self.addCleanup(config._disttest_suite_undo)
+            self.assertEqual([f.what() for f in env_faults()],
+                             ["rank 1 raise at collective #1", "rank 0 kill at barrier #1"])
+
+    def test_an_option_agrees_with_its_variable_as_read_not_as_written(self):
+        from disttest.faults.pytest_options import configure
+
+        for name, value, environ in (("disttest_chaos", "7", {CHAOS_ENV: "07"}),
+                                     ("disttest_fault", ["rank=1, action=raise"], {FAULT_ENV: "rank=1,action=raise "})):
+            with self.subTest(name=name):
+                config = mock.Mock(spec=["getoption"])
+                config.getoption.side_effect = {name: value}.get
+                env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, CHAOS_ENV)}
+                with mock.patch.dict(os.environ, {**env, **environ}, clear=True):
+                    configure(config)  # (was a usage error: "also set, to '07'")
+                    config._disttest_suite_undo()
 
     def test_bad_values_are_usage_errors(self):
         for args, message in [

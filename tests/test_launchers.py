@@ -149,6 +149,11 @@ class DetectTest(unittest.TestCase):
         self.assertEqual(detect(env).master_addr, "a")
         self.assertEqual(detect(env).master_port, DEFAULT_MASTER_PORT)
         self.assertEqual(detect(dict(env, MASTER_ADDR="m", MASTER_PORT="99")).master_addr, "m")
+        for bad in ("\u0663\u0660\u0660\u0660\u0660", "2_9500", "0x10", "-1", "70000"):  # (int() read the first two)
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(ConfigError, f"Invalid master port {bad!r} from environment variable "
+                                                         "MASTER_PORT"):
+                    detect(dict(env, MASTER_PORT=bad))
         given = detect(dict(env, MASTER_ADDR="m"), master_addr="g", master_port=4321)
         self.assertEqual((given.master_addr, given.master_port), ("g", 4321))
 

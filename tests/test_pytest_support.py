@@ -274,7 +274,7 @@ class FunctionTestsTest(unittest.TestCase):
 
     def test_report_header(self):
         self.assertIn(f"disttest: torch {torch.__version__}, start method ", self.out)
-        self.assertIn("timeout 60s (DISTTEST_TIMEOUT)", self.out)
+        self.assertIn("timeout 60s (--disttest-timeout)", self.out)  # (it said DISTTEST_TIMEOUT)
 
 
 class ProcessesStartMethodTest(unittest.TestCase):
@@ -347,6 +347,9 @@ class HeaderTest(unittest.TestCase):
         line = header_line({"DISTTEST_START_METHOD": "spawn", "DISTTEST_TIMEOUT": "12"})
         self.assertEqual(line, f"disttest: torch {torch.__version__}, start method spawn, timeout 12s (DISTTEST_TIMEOUT)")
         self.assertTrue(header_line({}).endswith("timeout 300s (default)"))
+        # Set by the option: the option is its source (the header said DISTTEST_TIMEOUT).
+        self.assertTrue(header_line({"DISTTEST_TIMEOUT": "12"}, {"DISTTEST_TIMEOUT": "--disttest-timeout"})
+                        .endswith("timeout 12s (--disttest-timeout)"))
         self.assertIn("invalid: Invalid timeout 'soon' from environment variable DISTTEST_TIMEOUT",
                       header_line({"DISTTEST_TIMEOUT": "soon"}))
 

@@ -612,8 +612,15 @@ class DeclaredOptionsTest(unittest.TestCase):
 
     def test_bad_run_variables(self):
         for runner in cases.RUNNERS:
+            # Each runner refuses them all, also those it does not read (a run of
+            # thread tests went green with a misspelt start method).
             for env, text in ((("DISTTEST_KEEP_LOGS", "maybe"), "Invalid flag 'maybe'"),
-                              (("DISTTEST_OUTPUT", "bogus"), "Invalid output mode 'bogus'")):
+                              (("DISTTEST_OUTPUT", "bogus"), "Invalid output mode 'bogus'"),
+                              (("DISTTEST_TB_LOCALS", "false!"), "Invalid flag 'false!'"),
+                              (("DISTTEST_START_METHOD", "bogus"), "Invalid start method 'bogus'"),
+                              (("DISTTEST_FORK_SERVER", "bogus"), "Invalid fork server 'bogus'"),
+                              (("DISTTEST_RANK_SCHEDULING", "bogus"), "Invalid rank scheduling 'bogus'"),
+                              (("DISTTEST_THREAD_SCHEDULING", "bogus"), "Invalid thread scheduling 'bogus'")):
                 with self.subTest(runner=runner.__name__, env=env):
                     error = self.only_error(runner, {}, dict([env]))
                     self.assertIn(f"{text} from environment variable {env[0]} (disttest)", error)

@@ -260,6 +260,12 @@ class BaseTest(TestCase):
             st.with_comms(init_rpc="yes")
         with self.assertRaisesRegex(ConfigError, r"with_comms\(backend=\.\.\.\)"):
             st.with_comms(backend=4)
+        # A name it does not take: refused here, where it is written (it was
+        # refused in every rank, after RPC had started, as init_pg's).
+        for bad in ("glooo", "GLOO", "ucc"):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(RuntimeError, f"Invalid backend {bad!r} from with_comms\\(backend=\\.\\.\\.\\)"):
+                    st.with_comms(backend=bad)
 
     def test_with_comms_order(self):
         calls = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import unittest
 from unittest import mock
 
@@ -226,6 +227,45 @@ class GpuCountTest(unittest.TestCase):
                 self.assertIn(f"Invalid GPU count {bad!r} from {where} (disttest): expected an int >= 0",
                               str(ctx.exception))
         disttest.skip_if_lt_x_gpu(0)  # none needed: runs everywhere
+
+    def test_backend_names_as_c10d_reads_them(self):
+        # " gloo" and "gloo,gloo" passed the name check and then skipped every
+        # test as "not available"; c10d refuses both.
+        from disttest.support.skips import backend_skip_reason, check_backend_name
+
+        for bad in (" gloo", "gloo ", "gloo,gloo", "cpu:gloo,cuda", "cpu: gloo", ":gloo", "", "cpu:gloo:x"):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(ConfigError, f"Invalid backend {bad!r} from P.backend_str\\(\\)"):
+                    check_backend_name(bad, "P.backend_str()")
+        for good in ("gloo", "GLOO", "cpu:gloo", "cpu:gloo,cuda:nccl"):
+            check_backend_name(good, "P.backend_str()")
+        self.assertIsNone(backend_skip_reason("cpu:gloo"))
+        if backend_skip_reason("nccl") is not None:  # (this host: no nccl, or no GPU)
+            self.assertRegex(backend_skip_reason("cpu:gloo,cuda:nccl"),
+                             r"^Backend 'nccl' \(of 'cpu:gloo,cuda:nccl'\) is not available")
+
+    def test_a_name_these_decorators_cannot_use_is_refused(self):
+        from disttest.bases.backend import (
+            require_backend_is_available,
+            require_exact_world_size,
+            require_world_size,
+        )
+
+        for make, bad, where in ((require_world_size, "2", "require_world_size(world_size=...)"),
+                                 (require_world_size, 0, "require_world_size(world_size=...)"),
+                                 (require_exact_world_size, 2.0, "require_exact_world_size(world_size=...)")):
+            with self.subTest(make=make.__name__, bad=bad):
+                with self.assertRaisesRegex(ConfigError, f"Invalid world size {bad!r} from {re.escape(where)}"):
+                    make(bad)
+        # (a typo skipped the test every time, as upstream's does)
+        with self.assertRaisesRegex(ConfigError, r"Invalid backends \['nccll'\] from "
+                                                 r"requires_accelerator_dist_backend\(backends=...\)"):
+            disttest.requires_accelerator_dist_backend(["nccll"])
+        decorated = require_backend_is_available(["gloo", "glo"])(lambda *a: None)
+        with mock.patch.dict(os.environ, {"BACKEND": "gloo", "WORLD_SIZE": "2"}):
+            with self.assertRaisesRegex(ConfigError, r"Invalid backend 'glo' from require_backend_is_available"):
+                decorated(None)
+            require_backend_is_available("gloo")(lambda *a: None)(None)  # (one name, not its letters)
 
     def test_one_backend_name_is_one_name(self):
         from disttest.support import skips

@@ -4,9 +4,11 @@ rebuilding stub's own."""
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 import unittest
+from unittest import mock
 
 from disttest._runner import tb_data
 from disttest._runner.outcome import outcome_from_exception
@@ -143,3 +145,12 @@ class LocalsTest(unittest.TestCase):
         self.assertLess(read[0], 1_000)  # (the whole repr read all 100,000, for each of two uses)
         self.assertLess(len(got.traceback), 5_000)
         self.assertEqual(outcome._asked, [False])  # (put back)
+
+    def test_the_variable_is_read_as_a_flag(self):
+        # "false", "no" and "off" turned locals on (anything but "0" did).
+        from disttest._runner import outcome
+
+        for raw, shown in (("false", False), ("off", False), ("no", False), ("0", False), ("", False),
+                           ("1", True), ("yes", True), ("bogus", False)):  # (a bad one is refused as a run starts)
+            with self.subTest(raw=raw), mock.patch.dict(os.environ, {"DISTTEST_TB_LOCALS": raw}):
+                self.assertIs(outcome.showing_locals(), shown)

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
+from disttest._runner import settings
+from disttest._runner.settings import TB_LOCALS_ENV
 from disttest._runner.tb_data import POSITIONS, Shown, positions
+from disttest.config import ConfigError, parse_flag
 from disttest.support.skips import skip_for_exit_code
 
 __unittest = True
@@ -199,10 +202,6 @@ def _walk(tb: TracebackType | None) -> Iterator[TracebackType]:
         tb = tb.tb_next
 
 
-#: Set (to 1) by ``run_tests --showlocals`` and pytest's ``--showlocals``: a
-#: rank's traceback shows each frame's locals (the report is made from the
-#: rank's text; the test process has none of its frames).
-TB_LOCALS_ENV = "DISTTEST_TB_LOCALS"
 _LOCAL_CHARS = 300  # of each local's repr
 
 
@@ -227,7 +226,12 @@ def ask_locals(on: bool) -> Callable[[], None]:
 
 def showing_locals() -> bool:
     """Whether a rank's tracebacks show each frame's locals now."""
-    return _asked[0] or os.environ.get(TB_LOCALS_ENV, "").strip() not in ("", "0")
+    if _asked[0]:
+        return True
+    try:
+        return parse_flag(os.environ.get(TB_LOCALS_ENV), TB_LOCALS_ENV)
+    except ConfigError:  # (refused as the run starts: settings.check_run_variables)
+        return False
 
 
 @functools.cache
@@ -537,9 +541,6 @@ def comm_site(exc: BaseException) -> str:
 
 def _keeping_logs() -> bool:
     """DISTTEST_KEEP_LOGS is on (a bad value is refused where the run reads it, not here)."""
-    from disttest._runner import settings
-    from disttest.config import ConfigError
-
     try:
         return settings.keep_logs()
     except ConfigError:

@@ -60,6 +60,7 @@ from disttest.config import (
     ConfigError,
     get_timeout,
     marked_world_size,
+    parse_flag,
     parse_timeout,
     parse_world_size,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "OUTPUT_MODES",
     "START_METHODS",
     "START_METHOD_ENV",
+    "TB_LOCALS_ENV",
     "THREAD_SCHEDULINGS",
     "THREAD_SCHEDULING_ENV",
     "check_run_variables",
@@ -110,6 +112,10 @@ READS_MARKER = "__disttest_reads_world_size_marker__"
 OUTPUT_ENV = "DISTTEST_OUTPUT"
 OUTPUT_MODES = ("tail", "stream")
 KEEP_LOGS_ENV = "DISTTEST_KEEP_LOGS"
+#: Set (to 1) by ``run_tests --showlocals`` and pytest's ``--showlocals``: a
+#: rank's traceback shows each frame's locals (the report is made from the
+#: rank's text; the test process has none of its frames).
+TB_LOCALS_ENV = "DISTTEST_TB_LOCALS"
 START_METHODS = ("zygote", "fork", "spawn")
 START_METHOD_ENV = "DISTTEST_START_METHOD"
 FORK_SERVER_ENV = "DISTTEST_FORK_SERVER"
@@ -411,22 +417,26 @@ def output_mode_applies(which: int, stream: Any) -> bool:
 
 
 def check_run_variables() -> None:
-    """Refuse a bad ``DISTTEST_OUTPUT`` or ``DISTTEST_KEEP_LOGS`` as a run
-    starts: they are read when a rank prints or a test fails, where a
-    ConfigError would hide the test's own result."""
+    """Refuse a bad disttest variable as a run starts, whichever runner
+    reads it: ``DISTTEST_OUTPUT``, ``DISTTEST_KEEP_LOGS`` and
+    ``DISTTEST_TB_LOCALS`` are read when a rank prints or a test fails, where
+    a ConfigError would hide the test's own result; the start method, fork
+    server and schedulings only by some runners, so that a run of the others
+    went green with a misspelt one."""
     output_mode()
     keep_logs()
+    parse_flag(os.environ.get(TB_LOCALS_ENV), f"environment variable {TB_LOCALS_ENV}")
+    for what, env, choices in (("start method", START_METHOD_ENV, START_METHODS),
+                               ("fork server", FORK_SERVER_ENV, FORK_SERVERS),
+                               ("rank scheduling", SCHEDULING_ENV, SCHEDULINGS),
+                               ("thread scheduling", THREAD_SCHEDULING_ENV, THREAD_SCHEDULINGS)):
+        if os.environ.get(env, "").strip():
+            pick(what, os.environ[env], f"environment variable {env}", choices)
 
 
 def keep_logs() -> bool:
     """Whether a failing test's rank logs are kept (``DISTTEST_KEEP_LOGS``)."""
-    raw = os.environ.get(KEEP_LOGS_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError("flag", os.environ[KEEP_LOGS_ENV], f"environment variable {KEEP_LOGS_ENV}",
-                      "expected 1/0, true/false, yes/no or on/off")
+    return parse_flag(os.environ.get(KEEP_LOGS_ENV), f"environment variable {KEEP_LOGS_ENV}")
 
 
 def rank_scheduling(cls: type) -> str:

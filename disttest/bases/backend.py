@@ -31,7 +31,14 @@ from disttest._typing import F
 from disttest.config import ConfigError, parse_world_size
 from disttest.runners.multiprocess import MultiProcessTestCase
 from disttest.support.barrier import Barrier
-from disttest.support.skips import TEST_SKIPS, DistTestCases, TestSkip, _skip_when, nccl_skip_reason
+from disttest.support.skips import (
+    TEST_SKIPS,
+    DistTestCases,
+    TestSkip,
+    _skip_when,
+    check_backend_name,
+    nccl_skip_reason,
+)
 from disttest.support.stores import LOOPBACK
 from disttest.support.tempdirs import FILE_SCHEMA, cleanup_temp_dir, initialize_temp_directories
 
@@ -124,11 +131,18 @@ def backend_available(backend: str) -> bool:
 
 
 def require_backend_is_available(backends: Sequence[str]) -> Callable[[F], F]:
-    """Skip unless ``BACKEND`` is one of ``backends`` and this host has it."""
-    allowed = {str(b) for b in backends}
+    """Skip unless ``BACKEND`` is one of ``backends`` and this host has it.
+
+    A name in ``backends`` that torch does not know (nor has registered by
+    the time the test runs) is a ``ConfigError`` when the test runs, where
+    upstream's skips the test, as it would every time.
+    """
+    allowed = {str(backends)} if isinstance(backends, str) else {str(b) for b in backends}  # (a name, not its letters)
 
     def check(args: Sequence[Any]) -> TestSkip | None:
         backend = backend_from_env()
+        for name in sorted(allowed):  # (checked as the test runs: a plugin's backend is registered by then)
+            check_backend_name(name, "require_backend_is_available(backends=...)")
         if backend not in allowed:
             return TestSkip(86, f"Test requires backend {backend} to be one of {sorted(allowed)}")
         if not backend_available(backend):
@@ -139,7 +153,9 @@ def require_backend_is_available(backends: Sequence[str]) -> Callable[[F], F]:
 
 
 def require_world_size(world_size: int) -> Callable[[F], F]:
-    """Skip unless ``WORLD_SIZE`` is at least ``world_size``."""
+    """Skip unless ``WORLD_SIZE`` is at least ``world_size`` (an int >= 1,
+    else a ``ConfigError`` where it is applied)."""
+    world_size = parse_world_size(world_size, "require_world_size(world_size=...)")
 
     def check(args: Sequence[Any]) -> TestSkip | None:
         if world_size_from_env() < world_size:
@@ -150,7 +166,9 @@ def require_world_size(world_size: int) -> Callable[[F], F]:
 
 
 def require_exact_world_size(world_size: int) -> Callable[[F], F]:
-    """Skip unless ``WORLD_SIZE`` is exactly ``world_size``."""
+    """Skip unless ``WORLD_SIZE`` is exactly ``world_size`` (an int >= 1,
+    else a ``ConfigError`` where it is applied)."""
+    world_size = parse_world_size(world_size, "require_exact_world_size(world_size=...)")
 
     def check(args: Sequence[Any]) -> TestSkip | None:
         if world_size_from_env() != world_size:

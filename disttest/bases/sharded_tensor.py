@@ -462,8 +462,9 @@ def with_comms(func: Callable[..., Any] | None = None, init_rpc: bool = True,
     """
     if not isinstance(init_rpc, bool):
         raise ConfigError("init_rpc", init_rpc, "with_comms(init_rpc=...)", "expected True or False")
-    if backend is not None and (not isinstance(backend, str) or not backend):
-        raise ConfigError("backend", backend, "with_comms(backend=...)", "expected a backend name or None")
+    if backend is not None and backend not in SUPPORTED_BACKENDS:  # (refused here, not in every rank)
+        raise BackendNotSupported("backend", backend, "with_comms(backend=...)",
+                                  f"expected one of {list(SUPPORTED_BACKENDS)} or None")
     if func is None:
         return functools.partial(with_comms, init_rpc=init_rpc, backend=backend)
     if not callable(func):

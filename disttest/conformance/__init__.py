@@ -206,18 +206,22 @@ class _Recording(unittest.TestResult):
 
 
 def run(backend: str, world_size: int, imports: Sequence[str] = (), timeout: float = 60,
-        pattern: str | None = None, unsupported: Declaration | None = None,
+        pattern: str | Sequence[str] | None = None, unsupported: Declaration | None = None,
         lenient: bool = False, device: str | None = None, device_from: str = "device") -> ConformanceResult:
-    """Run the suite on ``backend``; every case's result, in order."""
+    """Run the suite on ``backend``; every case's result, in order.
+
+    ``pattern``: one or several (a case matching any runs), as unittest's
+    ``-k``: fnmatch with a wildcard, else a part of the case's name.
+    """
     import fnmatch
 
     backend = backend.strip().lower()
 
     cls = conformance_class(backend, world_size, imports, timeout, unsupported, lenient, device, device_from)
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern or ())
     # (unittest's -k rule: a pattern without a wildcard matches as a substring)
-    if pattern and not any(ch in pattern for ch in "*?["):
-        pattern = f"*{pattern}*"
-    cases = [c for c in CASES if not pattern or fnmatch.fnmatchcase(c.name, pattern)]
+    patterns = [p if any(ch in p for ch in "*?[") else f"*{p}*" for p in patterns if p]
+    cases = [c for c in CASES if not patterns or any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
     recording = _Recording()
     start = time.monotonic()
     suite = unittest.TestSuite(cls(c.name) for c in cases)

@@ -12,14 +12,18 @@ from disttest.conformance import CASES, Declaration, run
 
 __unittest = True
 
+#: An option that takes one value, given twice.
+GIVEN_TWICE = "{option} given twice ({first!r} and {second!r}) (disttest): give it once"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m disttest.conformance",
         description="Check, case by case, that a torch.distributed backend keeps gloo's and NCCL's "
                     "collective semantics.")
-    parser.add_argument("--backend", required=True, help="c10d backend name (gloo, threaded, fake, yours)")
-    parser.add_argument("--world-size", required=True, help="number of ranks (3 runs every case)")
+    parser.add_argument("--backend", required=True, action=_Once,
+                        help="c10d backend name (gloo, threaded, fake, yours)")
+    parser.add_argument("--world-size", required=True, action=_Once, help="number of ranks (3 runs every case)")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="module that registers the backend (repeatable); its CONFORMANCE_UNSUPPORTED "
                              "declares what the backend lacks")
@@ -29,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
                              "a+b for cases with both")
     parser.add_argument("--lenient", action="store_true",
                         help="count any 'not supported' error as unsupported (the old, fooled rule)")
-    parser.add_argument("--json", dest="json_path", metavar="FILE", help="write every case's result to FILE")
-    parser.add_argument("--device", help="where the cases' tensors live: cpu, cuda (default: cuda for nccl, "
-                                         "else cpu); results are compared on the CPU")
-    parser.add_argument("--timeout", default="60", help="seconds per case (default 60)")
-    parser.add_argument("-k", dest="pattern", help="only cases whose name matches this pattern (as unittest's -k: "
-                                                   "fnmatch with a wildcard, else a part of the name)")
+    parser.add_argument("--json", dest="json_path", action=_Once, metavar="FILE",
+                        help="write every case's result to FILE")
+    parser.add_argument("--device", action=_Once, help="where the cases' tensors live: cpu, cuda (default: cuda "
+                                                       "for nccl, else cpu); results are compared on the CPU")
+    parser.add_argument("--timeout", default="60", action=_Once, help="seconds per case (default 60)")
+    parser.add_argument("-k", dest="pattern", action="append", default=[],
+                        help="only cases whose name matches this pattern (as unittest's -k: fnmatch with a "
+                             "wildcard, else a part of the name; repeatable, a case matching any runs)")
     args = parser.parse_args(argv)
     try:
         world_size = parse_world_size(args.world_size, "--world-size", text=True)
@@ -67,13 +73,27 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     if not result.cases:
-        parser.error(f"-k {args.pattern!r} matches no case (disttest): the cases' names start with test_, "
+        given = " ".join(f"-k {p!r}" for p in args.pattern)
+        parser.error(f"{given} matches no case (disttest): the cases' names start with test_, "
                      "such as test_all_reduce__float32_SUM")
     print(result.table())
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
             f.write(result.as_json())
     return 0 if result.ok else 1
+
+
+class _Once(argparse.Action):
+    """An option that takes one value: given twice, a usage error (argparse
+    keeps the last, so ``--backend gloo --backend nccl`` ran nccl alone)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        given = namespace.__dict__.setdefault("_given_once", {})
+        if self.dest in given:
+            parser.error(GIVEN_TWICE.format(option=option_string, first=given[self.dest], second=values))
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
 
 
 def _unwritable(path: str) -> str | None:

@@ -18,9 +18,12 @@ applies :func:`judge_injected`, a pure function:
 
 from __future__ import annotations
 
+import atexit
 import copy
+import os
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from disttest._runner.outcome import Kind, Outcome
 from disttest._runner.report import CHAOS_MARK, DELAYED_MARK, INJECTED, NEVER_MARK, injected_lines
@@ -29,10 +32,16 @@ from disttest.faults import CHAOS_ENV, DEATHS, Fault, chaos_seed, test_faults
 
 __unittest = True
 
-__all__ = ["ALL_DIED", "INJECTED", "NEVER_FIRED", "NOT_IN_WORLD", "NOT_SURVIVED", "Injection", "check_world",
-           "injected_lines", "judge_injected"]
+__all__ = ["ALL_DIED", "INJECTED", "NEVER_FIRED", "NOT_IN_WORLD", "NOT_SURVIVED", "SUITE_NEVER_FIRED", "Injection",
+           "check_world", "injected_lines", "judge_injected", "merge_suite_tally", "note_suite_faults",
+           "say_unfired", "suite_summary_by", "suite_tally", "unfired_suite_faults"]
 
 NEVER_FIRED = "injected fault never fired: {fault}{why}"
+#: A suite-wide fault that fired in no test of the run (said at its end;
+#: a pytest run fails, as a fault declared on a test that never fires does).
+SUITE_NEVER_FIRED = "suite-wide fault fired in no test: {fault}; {tests} disttest test{s} ran, {why}"
+SUITE_NO_RANK = "no test's world had its rank"
+SUITE_NO_CALL = "no test's rank reached its call"
 #: Every rank died by an injected fault: the test's checks never ran.
 ALL_DIED = ("every rank was ended by an injected fault before the test finished ({faults}), so nothing "
             "of the test was checked; if that is the point, declare the deaths with ends_test=True")
@@ -176,4 +185,84 @@ class Injection:
             return list(outcomes)
         from disttest.faults.rank import read_fired
 
-        return judge_injected(outcomes, self.faults, read_fired(self.source, len(outcomes)))
+        fired = read_fired(self.source, len(outcomes))
+        note_suite_faults(self.faults, len(outcomes), fired)
+        return judge_injected(outcomes, self.faults, fired)
+
+
+#: Each suite-wide fault (``DISTTEST_FAULT``) of this process's judged tests,
+#: by its description: [tests judged, tests whose world had one of its
+#: ranks, tests where it fired].
+_SUITE: dict[str, list[int]] = {}
+
+
+#: Who says the unfired ones at the run's end: "exit" (this process, as it
+#: exits: a plain unittest run), "pytest" (the plugin's summary, which also
+#: fails the run), "run_tests" (it exits with status 1), or "" (said).
+_SAYS = ["exit"]
+
+
+def note_suite_faults(faults: Sequence[Fault], world: int, fired: dict[int, list[dict[str, Any]]]) -> None:
+    """Count, for the run's summary, whether each suite-wide fault fired in a test."""
+    acted = {r.get("fault") for records in fired.values() for r in records}
+    for index, fault in enumerate(faults):
+        if fault.suite_wide:
+            if not _SUITE and _SAYS[0] == "exit":
+                atexit.register(_say_at_exit, os.getpid())
+            tally = _SUITE.setdefault(fault.describe(), [0, 0, 0])
+            tally[0] += 1
+            tally[1] += any(rank < world for rank in fault.ranks)
+            tally[2] += index in acted
+
+
+def suite_tally() -> dict[str, list[int]]:
+    """This process's counts (a pytest-xdist worker sends them to the controller)."""
+    return {key: list(counts) for key, counts in _SUITE.items()}
+
+
+def merge_suite_tally(other: dict[str, list[int]]) -> None:
+    """Add another process's counts (a pytest-xdist worker's) to this one's."""
+    for key, counts in other.items():
+        tally = _SUITE.setdefault(key, [0, 0, 0])
+        for i, n in enumerate(counts[:3]):
+            tally[i] += int(n)
+
+
+def suite_summary_by(who: str) -> Callable[[], None]:
+    """Make ``who`` ("pytest", "run_tests") say the unfired suite-wide faults
+    at the run's end, starting a new count; return the undo."""
+    before, counts = _SAYS[0], dict(_SUITE)
+    _SAYS[0] = who
+    _SUITE.clear()
+
+    def undo() -> None:
+        _SAYS[0] = before
+        _SUITE.clear()
+        _SUITE.update(counts)
+
+    return undo
+
+
+def say_unfired(stream: TextIO) -> bool:
+    """Write the unfired suite-wide faults to ``stream``, once; whether any."""
+    lines = unfired_suite_faults()
+    _SAYS[0] = ""
+    for line in lines:
+        stream.write(f"disttest: {line}\n")
+    return bool(lines)
+
+
+def _say_at_exit(pid: int) -> None:
+    if _SAYS[0] == "exit" and os.getpid() == pid:  # (not in a process forked from this one)
+        say_unfired(sys.__stderr__ or sys.stderr)
+
+
+def unfired_suite_faults() -> list[str]:
+    """The suite-wide faults that fired in none of the tests judged, each
+    said as :data:`SUITE_NEVER_FIRED` (empty when every one fired somewhere)."""
+    lines = []
+    for fault, (tests, had_rank, fired) in sorted(_SUITE.items()):
+        if not fired:
+            why = SUITE_NO_RANK if not had_rank else SUITE_NO_CALL
+            lines.append(SUITE_NEVER_FIRED.format(fault=fault, tests=tests, s="" if tests == 1 else "s", why=why))
+    return lines

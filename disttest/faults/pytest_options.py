@@ -12,17 +12,20 @@ A bad value is a usage error naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from disttest.config import ConfigError
-from disttest.faults import CHAOS_ENV, FAULT_ENV, parse_fault_spec, parse_seed
+from disttest.faults import CHAOS_ENV, FAULT_ENV, judge, parse_fault_spec, parse_seed
 
 __unittest = True
 
-__all__ = ["REPEAT_SECTION", "SKIPPED_SEEDS", "TIMEOUT_COVERS", "addoption", "configure", "runtest_protocol"]
+__all__ = ["REPEAT_SECTION", "SKIPPED_SEEDS", "TIMEOUT_COVERS", "addoption", "configure", "node_down",
+           "runtest_protocol", "session_finish", "terminal_summary", "unconfigure"]
 
 REPEAT_SECTION = "disttest chaos"
 FAILING_SEEDS = "failing seeds: {seeds} of 1..{n} (reproduce one with {env}={first})"
@@ -45,9 +48,9 @@ OPTION_AND_ENV = "{env} is also set, to {current!r}: give one or make them agree
 
 
 def addoption(group: Any) -> None:
-    group.addoption("--disttest-fault", dest="disttest_fault", default=None, metavar="SPEC",
+    group.addoption("--disttest-fault", dest="disttest_fault", action="append", default=None, metavar="SPEC",
                     help="inject a fault into every disttest test, e.g. "
-                         "rank=1,action=kill,at=all_reduce,nth=3 (sets DISTTEST_FAULT)")
+                         "rank=1,action=kill,at=all_reduce,nth=3 (repeatable; sets DISTTEST_FAULT)")
     group.addoption("--disttest-chaos", dest="disttest_chaos", default=None, metavar="SEED",
                     help="delay each rank's collectives by seeded random amounts (sets DISTTEST_CHAOS)")
     group.addoption("--disttest-repeat", dest="disttest_repeat", default=None, metavar="N",
@@ -58,14 +61,17 @@ def configure(config: Any) -> None:
     import pytest
 
     try:
-        spec = config.getoption("disttest_fault")
+        specs = config.getoption("disttest_fault")
+        # (given twice, both act: the second replaced the first without a word)
+        spec = None if specs is None else ";".join(specs) if isinstance(specs, list) else specs
         if spec is not None:
             parse_fault_spec(spec, "--disttest-fault")
-            _agrees("fault", spec, FAULT_ENV, "--disttest-fault")
+            _agrees("fault", spec, FAULT_ENV, "--disttest-fault",
+                    lambda text: [dataclasses.replace(f, where="") for f in parse_fault_spec(text)])
         seed = config.getoption("disttest_chaos")
         if seed is not None:
             seed = str(parse_seed(seed, "--disttest-chaos"))
-            _agrees("chaos seed", seed, CHAOS_ENV, "--disttest-chaos")
+            _agrees("chaos seed", seed, CHAOS_ENV, "--disttest-chaos", lambda text: parse_seed(text, CHAOS_ENV))
         repeat = config.getoption("disttest_repeat")
         if repeat is not None:
             try:
@@ -86,14 +92,58 @@ def configure(config: Any) -> None:
             os.environ[CHAOS_ENV] = seed
     except ConfigError as e:
         raise pytest.UsageError(str(e)) from None
+    config._disttest_suite_undo = judge.suite_summary_by("pytest")
 
 
-def _agrees(what: str, value: str, env: str, option: str) -> None:
-    """An option and its environment variable, both set, must say the same."""
+def unconfigure(config: Any) -> None:
+    undo = getattr(config, "_disttest_suite_undo", None)
+    if undo is not None:
+        undo()
+
+
+#: A pytest-xdist worker's counts of suite-wide faults, sent to the controller.
+_TALLY_KEY = "disttest_suite_faults"
+
+
+def session_finish(session: Any) -> None:
+    """A suite-wide fault that fired in no test fails the run (as one declared
+    on a test that never fires fails that test); a worker sends its counts."""
+    import pytest
+
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_TALLY_KEY] = judge.suite_tally()
+    elif judge.unfired_suite_faults() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def node_down(node: Any) -> None:
+    """pytest-xdist's controller: add a worker's counts to the run's."""
+    judge.merge_suite_tally(getattr(node, "workeroutput", {}).get(_TALLY_KEY, {}))
+
+
+def terminal_summary(reporter: Any) -> None:
+    if getattr(reporter.config, "workerinput", None) is not None:
+        return
+    lines = judge.unfired_suite_faults()
+    if lines:
+        reporter.section("disttest: suite-wide faults", sep="=", red=True, bold=True)
+        for line in lines:
+            reporter.line(line, red=True)
+
+
+def _agrees(what: str, value: str, env: str, option: str, read: Callable[[str], object]) -> None:
+    """An option and its environment variable, both set, must say the same
+    (as ``read`` reads them: ``07`` is the seed 7, blanks in a spec do not count)."""
     current = os.environ.get(env, "").strip()
-    if current and current != value.strip():
-        raise ConfigError(what, value, option,
-                          OPTION_AND_ENV.format(env=env, current=current))
+    if not current:
+        return
+    try:
+        same = read(current) == read(value)
+    except ConfigError:
+        same = False  # (the variable's own error: named below with the option's value)
+    if not same:
+        raise ConfigError(what, value, option, OPTION_AND_ENV.format(env=env, current=current))
 
 
 def runtest_protocol(item: Any, nextitem: Any) -> bool | None:

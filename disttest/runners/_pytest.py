@@ -88,15 +88,20 @@ GPU_NONE_VISIBLE = "CUDA is not available (torch {version} sees no GPU{visible})
 GPU_TOO_FEW = "needs {count} GPUs, this process sees {found} (torch {version}{visible}) (disttest)"
 
 
-def header_line(environ: Mapping[str, str] | None = None) -> str:
-    """One line for pytest's report header: torch, start method, timeout."""
+def header_line(environ: Mapping[str, str] | None = None, set_by: Mapping[str, str] | None = None) -> str:
+    """One line for pytest's report header: torch, start method, timeout.
+
+    ``set_by``: the option that set a variable (``--disttest-timeout`` sets
+    ``DISTTEST_TIMEOUT``), named as the value's source in its place.
+    """
     import torch
 
     env = os.environ if environ is None else environ
     method = env.get("DISTTEST_START_METHOD") or "class default (zygote; pool: fork)"
     try:
         seconds = default_timeout(env)
-        source = next((f" ({name})" for name in ("DISTTEST_TIMEOUT", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT")
+        source = next((f" ({(set_by or {}).get(name, name)})"
+                       for name in ("DISTTEST_TIMEOUT", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT")
                        if (env.get(name) or "").strip()), " (default)")
         timeout = f"{seconds}s{source}"
     except ConfigError as e:

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from disttest._runner.outcome import TB_LOCALS_ENV
+from disttest.faults import judge
 from disttest.runners.case import set_rng_seed
 from disttest.support import janitor
 
@@ -272,7 +273,13 @@ def run_tests(argv: Sequence[str] | None = None) -> None:
         folder = os.path.join(flags.save_xml, _report_name(program))
         os.makedirs(folder, exist_ok=True)
         runner = xmlrunner.XMLTestRunner(output=folder, verbosity=2 if verbose else 1)
+    judge.suite_summary_by("run_tests")  # (said below, and the run fails)
     for _ in range(flags.repeat - 1):
         if not unittest.main(module=main, argv=unittest_argv, exit=False, testRunner=runner).result.wasSuccessful():
             raise SystemExit(1)
-    unittest.main(module=main, argv=unittest_argv, testRunner=runner)
+    result = unittest.main(module=main, argv=unittest_argv, exit=False, testRunner=runner).result
+    if judge.say_unfired(sys.stderr):  # a suite-wide fault that fired in no test
+        raise SystemExit(1)
+    if sys.version_info >= (3, 12) and result.testsRun == 0 and not result.skipped:
+        raise SystemExit(5)  # (as unittest.main exits: no tests ran)
+    raise SystemExit(not result.wasSuccessful())

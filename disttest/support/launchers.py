@@ -87,12 +87,10 @@ def _int(env: Mapping[str, str], name: str, what: str, minimum: int) -> int:
 
 def _port(raw: object, where: str) -> int:
     why = "expected a TCP port, 1 to 65535"
-    if isinstance(raw, bool):
+    digits = str(raw).strip()
+    if isinstance(raw, bool) or not (digits.isascii() and digits.isdigit()):  # (int() reads "1_0", "٣")
         raise ConfigError("master port", raw, where, why)
-    try:
-        port = int(str(raw).strip())
-    except ValueError:
-        raise ConfigError("master port", raw, where, why) from None
+    port = int(digits)
     if not 0 < port < 65536:
         raise ConfigError("master port", raw, where, why)
     return port

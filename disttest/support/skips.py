@@ -389,12 +389,25 @@ def check_backend_name(backend: object, where: str) -> None:
         return
     known = {*(b.lower() for b in dist.Backend.backend_list), *OTHER_BACKENDS,
              *(str(p).lower() for p in getattr(dist.Backend, "_plugins", {}))}
-    names = [part.rpartition(":")[2].strip().lower() for part in backend.split(",")] \
-        if isinstance(backend, str) else []
-    if not names or not all(names) or any(n not in known for n in names):
+    names = backend_names(backend) if isinstance(backend, str) else None
+    if not names or any(n not in known for n in names):
         raise ConfigError("backend", backend, where, f"expected one of {sorted(known - {'undefined'})} "
                           "(a backend registered with torch.distributed.Backend.register_backend counts), "
                           "optionally per device ('cpu:gloo,cuda:nccl')")
+
+
+def backend_names(backend: str) -> list[str] | None:
+    """The backend names in ``backend`` as c10d reads it (``"gloo"``,
+    ``"cpu:gloo,cuda:nccl"``), lowercased; None where c10d would refuse its
+    form (a blank, a pair without its device, ``"gloo,gloo"``)."""
+    if not backend or any(ch.isspace() for ch in backend):
+        return None
+    if ":" not in backend and "," not in backend:
+        return [backend.lower()]
+    pairs = [part.split(":") for part in backend.lower().split(",")]
+    if any(len(pair) != 2 or not all(pair) for pair in pairs):
+        return None
+    return [name for _device, name in pairs]
 
 
 def backend_skip_reason(backend: str | None) -> str | None:
@@ -405,12 +418,14 @@ def backend_skip_reason(backend: str | None) -> str | None:
     """
     if backend is None:
         return None
-    name = str(backend).lower()
-    if name == "nccl":
-        reason = nccl_skip_reason()
-        return None if reason is None else f"Backend 'nccl' is not available: {reason}"
-    if not dist.is_backend_available(name):
-        return f"Backend {backend!r} is not available (disttest)"
+    for name in backend_names(str(backend)) or [str(backend)]:
+        of = "" if name == str(backend).lower() else f" (of {backend!r})"
+        if name == "nccl":
+            reason = nccl_skip_reason()
+            if reason is not None:
+                return f"Backend 'nccl'{of} is not available: {reason}"
+        elif not dist.is_backend_available(name):
+            return f"Backend {name!r}{of} is not available (disttest)"
     return None
 
 
@@ -480,7 +495,11 @@ def requires_nccl_version(version: tuple[int, ...], msg: str) -> Callable[[F], F
 def requires_accelerator_dist_backend(
     backends: Sequence[str] | None = None,
 ) -> Callable[[F], F]:
-    """Skip unless one of ``backends`` (default: nccl, xccl, hccl) is usable."""
+    """Skip unless one of ``backends`` (default: nccl, xccl, hccl) is usable.
+
+    Another name is a ``ConfigError`` where it is applied (upstream's skips
+    the test, every time).
+    """
     if isinstance(backends, str):
         backends = [backends]  # one name, not its letters
     names = list(ACCELERATOR_DIST_BACKENDS if backends is None else backends)
@@ -489,6 +508,10 @@ def requires_accelerator_dist_backend(
         "xccl": lambda: bool(getattr(dist, "is_xccl_available", lambda: False)()) and has_accelerator(),
         "hccl": lambda: hasattr(torch, "hpu") and has_accelerator(),
     }
+    unknown = [b for b in names if b not in probes]
+    if unknown or not names:
+        raise ConfigError("backends", backends, "requires_accelerator_dist_backend(backends=...)",
+                          f"expected some of {sorted(probes)}, the accelerator backends it can probe")
     ok = dist.is_available() and any(probes.get(b, lambda: False)() for b in names)
     return skip_but_pass_in_sandcastle_if(
         not ok, f"No accelerator communication backend available among {names}"
