@@ -153,3 +153,72 @@ class TinyTimeout(disttest.MultiProcessTestCase):
 
     def test_sleep(self):
         time.sleep(1)
+
+
+class KillsItsServer(disttest.MultiProcessTestCase):
+    """Rank 1 kills the fork server that forked it; rank 0 has started a
+    process of its own (environment and session) first."""
+
+    world_size = 2
+    timeout = 30
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def test_kill_the_server(self):
+        if self.rank == 0:
+            child = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                     start_new_session=True)
+            with open(os.path.join(os.environ["DISTTEST_PIDS_DIR"], "child"), "w") as f:
+                f.write(str(child.pid))
+            time.sleep(300)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(os.environ["DISTTEST_PIDS_DIR"], "child")):
+            assert time.monotonic() < deadline, "rank 0 did not start its child"
+            time.sleep(0.01)
+        os.kill(os.getppid(), 9)  # (the fork server: this rank's parent)
+        time.sleep(300)
+
+
+class HangsWithSharedFiles(disttest.MultiProcessTestCase):
+    """Rank processes that leave shared memory and semaphores in /dev/shm
+    (each through multiprocessing's resource tracker, which removes them
+    once its rank has ended), then hang until disttest's limit stops them."""
+
+    world_size = 2
+    timeout = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def test_hang(self):
+        import multiprocessing
+        from multiprocessing import shared_memory
+
+        queue = multiprocessing.get_context("spawn").Queue()  # (a semaphore, and the tracker)
+        queue.put(1)
+        queue.get()
+        shared_memory.SharedMemory(create=True, size=4096, name=f"{os.environ['DISTTEST_SHM_PREFIX']}{self.rank}")
+        note_pids(self.rank)
+        time.sleep(300)
+
+
+class HangsInARankFile(disttest.MultiThreadedTestCase):
+    """Thread ranks that share a rank_temp_file, one hanging in its body
+    past the test's limit."""
+
+    world_size = 2
+    timeout = 1
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()
+
+    def test_hang(self):
+        with disttest.rank_temp_file() as name:
+            assert os.path.exists(name)
+            if self.rank == 0:
+                time.sleep(30)
+            dist.barrier()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import disttest
 from disttest import TEST_SKIPS
-from disttest._runner import zygote
+from disttest._runner import proctree, zygote
 from disttest.support import janitor
 
 
@@ -36,8 +36,10 @@ def live_ranks() -> list[object]:
     # multiprocessing's resource tracker (started by the spawn start method)
     # lives as long as this process by design.
     helpers.add(getattr(resource_tracker._resource_tracker, "_pid", None))
+    # A rank's own tracker ends by itself a moment after the rank (it cleans up first).
     procs = [p for p in me.children(recursive=True)
-             if p.pid not in helpers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+             if p.pid not in helpers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+             and not proctree.is_resource_tracker(p.pid)]
     threads = [t for t in threading.enumerate() if " rank " in t.name and t.is_alive()]
     return [*procs, *threads]
 

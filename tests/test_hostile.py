@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import unittest
+import unittest.mock
 
 import psutil
 
@@ -46,9 +47,10 @@ class InterruptTest(unittest.TestCase):
     at once, and leaves no file in TMPDIR and no process behind."""
 
     def interrupt(self, cls: str, sig: int | None, pytest: bool = False, args: tuple[str, ...] = (),
-                  test: str = "test_wait", within: float = 10) -> None:
+                  test: str = "test_wait", within: float = 10, group: bool = False) -> None:
         """``sig`` None: nothing is sent; the test process ends by itself,
-        ``within`` seconds of its ranks' start."""
+        ``within`` seconds of its ranks' start. ``group``: ``sig`` goes to the
+        test process's whole process group, as a terminal's Ctrl-C does."""
         root = tempfile.mkdtemp(prefix="disttest-hostile-")
         self.addCleanup(shutil.rmtree, root, True)
         tmp, pids_dir = os.path.join(root, "tmp"), os.path.join(root, "pids")
@@ -62,7 +64,8 @@ class InterruptTest(unittest.TestCase):
             cmd = [sys.executable, "-m", "unittest", f"hostile_cases.{cls}.{test}"]
         with open(os.path.join(root, "out"), "w+") as out:
             with _deliverable(sig):
-                proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(cmd, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=group)
             try:
                 deadline = time.monotonic() + 60
                 while len(os.listdir(pids_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -71,7 +74,9 @@ class InterruptTest(unittest.TestCase):
                     self.assertIsNone(proc.poll(), "the test process ended before being interrupted")
                 self.assertGreaterEqual(len(os.listdir(pids_dir)), 2, "the ranks did not start")
                 time.sleep(0.2)  # the ranks wait in the all_reduce
-                if sig is not None:
+                if sig is not None and group:
+                    os.killpg(proc.pid, sig)
+                elif sig is not None:
                     proc.send_signal(sig)
                 start = time.monotonic()
                 proc.wait(timeout=within + 10)
@@ -80,6 +85,9 @@ class InterruptTest(unittest.TestCase):
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+                if group:  # (what the test leaves in its group, should it fail)
+                    with contextlib.suppress(OSError):
+                        os.killpg(proc.pid, signal.SIGKILL)
             out.seek(0)
             output = out.read()
         self.assertLess(elapsed, within, output)
@@ -130,6 +138,17 @@ class InterruptTest(unittest.TestCase):
         # (Fresh processes: the fork server, their subreaper, kills it.)
         self.interrupt("PoolWaits", signal.SIGKILL, test="test_wait_own_environment")
 
+    def test_ctrl_c_of_the_terminal_with_a_child_of_its_own_environment(self):
+        # SIGINT to the whole group reached the fork server too, which ended at
+        # once; its ranks died by their parent-death signal and the child a
+        # rank started with an environment of its own went to init for good.
+        # The server now has a group of its own and cleans up after the test.
+        self.interrupt("ProcessWaits", signal.SIGINT, test="test_wait_own_environment", group=True)
+
+    def test_sigkill_of_the_whole_group_with_a_child_of_its_own_environment(self):
+        # (a CI job cancelled: its process group killed)
+        self.interrupt("ProcessWaits", signal.SIGKILL, test="test_wait_own_environment", group=True)
+
     def test_sigkill_threads(self):
         # What a rank thread started (in a session of its own) was left to
         # init: the ranks' environment, the test process's, lacked the token
@@ -150,6 +169,66 @@ class InterruptTest(unittest.TestCase):
 
     def test_sigterm_under_pytest(self):
         self.interrupt("PoolWaits", signal.SIGTERM, pytest=True)
+
+
+def run_alone(test: str, environ: dict[str, str]) -> str:
+    """``python -m unittest hostile_cases.TEST`` in a process of its own; its output."""
+    env = dict(os.environ, PYTHONPATH=TESTS, **environ)
+    proc = subprocess.run([sys.executable, "-m", "unittest", f"hostile_cases.{test}"], cwd=TESTS, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return proc.stdout + proc.stderr
+
+
+class LeftBehindTest(unittest.TestCase):
+    """What a rank leaves (a process, a file) goes with its test."""
+
+    def test_a_killed_fork_server_leaves_no_process_of_its_ranks(self):
+        # The ranks died with the server, and what rank 0 had started (an
+        # environment and a session of its own) went to init, for good.
+        import hostile_cases
+
+        pids_dir = tempfile.mkdtemp(prefix="disttest-pids-")
+        self.addCleanup(shutil.rmtree, pids_dir, True)
+        with unittest.mock.patch.dict(os.environ, {"DISTTEST_PIDS_DIR": pids_dir, "DISTTEST_START_METHOD": "zygote"}):
+            result = run(hostile_cases.KillsItsServer, "test_kill_the_server")
+        self.assertEqual(len(result.errors), 1, result.failures)
+        self.assertIn("died with the fork server", result.errors[0][1])
+        with open(os.path.join(pids_dir, "child")) as f:
+            child = int(f.read())
+        self.assertFalse(_running(child), "the child of a rank of the killed server outlived the test")
+
+    def test_a_ranks_shared_memory_and_semaphores_go_with_it(self):
+        # disttest killed the ranks' resource trackers with them (SIGKILL),
+        # which left in /dev/shm what they would have removed.
+        if not os.path.isdir("/dev/shm"):
+            self.skipTest("no /dev/shm on this system")
+        prefix = f"disttest-shm-{os.getpid()}-"
+        pids_dir = tempfile.mkdtemp(prefix="disttest-pids-")
+        self.addCleanup(shutil.rmtree, pids_dir, True)
+        before = set(os.listdir("/dev/shm"))
+        output = run_alone("HangsWithSharedFiles.test_hang", {"DISTTEST_SHM_PREFIX": prefix,
+                                                              "DISTTEST_PIDS_DIR": pids_dir})
+        self.assertIn("timed out after 2s", output)
+        self.assertEqual(len(os.listdir(pids_dir)), 2, output)  # (both ranks made theirs)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = sorted(set(os.listdir("/dev/shm")) - before)
+            if not left:
+                break
+            time.sleep(0.1)
+        for name in left:  # (this test's own, should it fail)
+            if name.startswith(prefix):
+                os.unlink(os.path.join("/dev/shm", name))
+        self.assertEqual([n for n in left if n.startswith(prefix) or n.startswith("sem.mp-")], [], output)
+
+    def test_a_rank_file_of_thread_ranks_goes_with_the_test_process(self):
+        # A thread rank that hung in its body never reached the removal:
+        # the file stayed in the system's temp folder for good.
+        tmp = tempfile.mkdtemp(prefix="disttest-hostile-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        output = run_alone("HangsInARankFile.test_hang", {"TMPDIR": tmp})
+        self.assertIn("timed out after 1s", output)
+        self.assertEqual(os.listdir(tmp), [], output)
 
 
 def run(cls: type[unittest.TestCase], name: str) -> unittest.TestResult:

@@ -241,7 +241,9 @@ class ProcessLauncher:
             return
         try:
             proc = psutil.Process(pid)
-            tree = [*proc.children(recursive=True), proc]
+            # (not its resource tracker: it ends by itself once the rest of the
+            # tree has, removing what the rank left in /dev/shm)
+            tree = [*(p for p in proc.children(recursive=True) if not proctree.is_resource_tracker(p.pid)), proc]
         except psutil.Error:
             return
         for p in tree:
@@ -274,9 +276,9 @@ class ProcessLauncher:
         self.board.close()
 
     def _adopt_orphans(self) -> None:
-        """For ranks that are children of the test process (fork, spawn):
-        until :meth:`close`, the test process adopts what a rank leaves
-        when it dies without killing it (a crash), to kill it then."""
+        """Until :meth:`close`, the test process adopts what a rank leaves
+        when it dies without killing it (a crash; a rank of the fork server
+        when the server is killed), to kill it then."""
         self._before: set[int] | None = proctree.children()
         self._was_subreaper = _subreaper()
         proctree.set_child_subreaper()
@@ -298,14 +300,18 @@ class ProcessLauncher:
             return
         self._before = None
         keep = before | set(self.pids.values()) | _helpers()
-        procs = []
+        procs: list[psutil.Process] = []
+        trackers: list[psutil.Process] = []
         for pid in proctree.children() - keep:
             with contextlib.suppress(psutil.Error):
-                procs.append(psutil.Process(pid))
-        for p in procs:
+                (trackers if proctree.is_resource_tracker(pid) else procs).append(psutil.Process(pid))
+        # A rank's resource tracker ends by itself once its rank has, having
+        # removed what the rank left in /dev/shm: a moment, then killed.
+        _, late = psutil.wait_procs(trackers, timeout=proctree.TRACKER_GRACE) if trackers else ([], [])
+        for p in [*procs, *late]:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        psutil.wait_procs(procs, timeout=1.0)
+        psutil.wait_procs([*procs, *late], timeout=1.0)
         if not self._was_subreaper and sys.platform.startswith("linux"):
             proctree.libc().prctl(proctree.PR_SET_CHILD_SUBREAPER, 0)
 

@@ -11,7 +11,7 @@ import ctypes
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 __unittest = True
 
@@ -52,9 +52,32 @@ def libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
+#: How multiprocessing starts its resource tracker (``python -c '...'``).
+_TRACKER_CODE = "from multiprocessing.resource_tracker import main"
+#: How long an orphaned resource tracker may take to clean up and end.
+TRACKER_GRACE = 3.0
+
+
+def is_resource_tracker(cmdline: Sequence[str] | int) -> bool:
+    """Whether a process (its command line, or its pid) is multiprocessing's
+    resource tracker. NB: never killed outright: it ends by itself once the
+    process it serves has ended (its pipe closes), after removing the shared
+    memory and semaphores that process left; SIGKILLed, it leaves them in
+    /dev/shm for good. Nothing else can hold its pipe once its process and
+    that one's children are gone."""
+    if isinstance(cmdline, int):
+        try:
+            with open(f"/proc/{cmdline}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            return False
+    return any(_TRACKER_CODE in part for part in cmdline)
+
+
 def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
-    """Kill every running descendant process of this one (but ``keep``);
-    return each as "pid N: command line" (a test leaves no process behind)."""
+    """Kill every running descendant process of this one (but ``keep``, and
+    resource trackers: see :func:`is_resource_tracker`); return each as
+    "pid N: command line" (a test leaves no process behind)."""
     if _childless():
         return []
     kids = _direct_children()
@@ -66,17 +89,21 @@ def kill_descendants(keep: frozenset[int] = frozenset()) -> list[str]:
         procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     except psutil.Error:
         return []
-    killed = []
+    killed, spared = [], set()
     for p in procs:
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue  # ended already; reaped below
-            what = " ".join(p.cmdline()) or p.name()
+            cmdline = p.cmdline()
+            if is_resource_tracker(cmdline):
+                spared.add(p.pid)
+                continue
+            what = " ".join(cmdline) or p.name()
             p.kill()
         except psutil.Error:
             continue
         killed.append(f"pid {p.pid}: {what[:120]}")
-    psutil.wait_procs(procs, timeout=1.0)  # reap those that are our children
+    psutil.wait_procs([p for p in procs if p.pid not in spared], timeout=1.0)  # reap those that are our children
     return killed
 
 

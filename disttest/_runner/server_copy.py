@@ -67,6 +67,10 @@ def serve_as_copy(read_fd: int, write_fd: int, parent_pid: int, inherited: tuple
     server, and never return into the test process's code (nor run its exit
     handlers)."""
     try:
+        # A process group of its own, as a fresh server's (see zygote's client):
+        # a Ctrl-C or a kill of the test's group must leave it to clean up.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
         for fd in inherited:
             os.close(fd)
         # As a fresh server's: no terminal input, a fresh interpreter's

@@ -61,6 +61,7 @@ import time
 import traceback
 import warnings
 from multiprocessing.connection import Connection
+from typing import Any
 
 from disttest import _compat
 from disttest._runner import cuda_fork, fork_threads, proctree, settings
@@ -160,7 +161,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     outbox.send(ServerReady(os.getpid()))
     while True:
         ready, _, _ = select.select([inbox.fileno(), wake_r], [], [], 0.5)
-        if wake_r in ready:
+        if wake_r in ready or _trackers:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
             _kill_orphans(children)
@@ -224,10 +225,25 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     os._exit(0)
 
 
+#: Orphaned resource trackers (a rank's, once it ended) and when each was
+#: first seen: given :data:`~.proctree.TRACKER_GRACE` to clean up and end.
+_trackers: dict[int, float] = {}
+
+
 def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
     """Kill our children that are not ranks: the descendants of a rank that
-    ended without killing them (it crashed), handed to us as subreaper."""
+    ended without killing them (it crashed), handed to us as subreaper; a
+    resource tracker only if it has not ended within its grace."""
+    now = time.monotonic()
     for pid in proctree.children() - children.keys():
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:  # (ended: reaped)
+                _trackers.pop(pid, None)
+                continue
+        if (pid in _trackers or proctree.is_resource_tracker(pid)) and \
+                now - _trackers.setdefault(pid, now) < proctree.TRACKER_GRACE:
+            continue
+        _trackers.pop(pid, None)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -286,9 +302,17 @@ class _Client:
             )
             # NB: the ranks get the test process's environment back (RankSpec.environ).
             env = {cuda_fork.NVML_CHECK_ENV: "1", **os.environ}
+            # NB: a process group of its own. A terminal's Ctrl-C, or a CI job's
+            # kill of the test's group, reached this server too: it ended at
+            # once, its ranks died by their parent-death signal, and what they
+            # had started went to init for good. Out of the group, it outlives
+            # the test process (its parent-death signal, the pipe's end) and
+            # kills every descendant first (it is their subreaper).
+            group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                                     else {"start_new_session": True})
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code], pass_fds=(child_r, child_w), close_fds=True,
-                stdin=subprocess.DEVNULL, env=env,
+                stdin=subprocess.DEVNULL, env=env, **group,
             )
         os.close(child_r)
         os.close(child_w)
@@ -523,6 +547,28 @@ class ZygoteLauncher(ProcessLauncher):
         if self._error is not None:
             client.runs.pop(self._run_id, None)
             raise ZygoteUnavailable(f"the fork server could not load the test:\n{self._error}")
+        # As for ranks of the test process: should the server die (killed), the
+        # ranks die with it and what they started comes here, to be killed as
+        # the test ends; should the test process die too, the reaper kills
+        # the ranks' groups (what they started with an environment of its own).
+        self._adopt_orphans()
+        self._hold_groups()
+
+    def _end_orphaned_ranks(self) -> None:
+        """The server died: its ranks die by their parent-death signal a
+        moment later, ours meanwhile (this process is their subreaper); here
+        they are killed and reaped first, so that what they started (theirs
+        until then) is this process's to kill as the launcher closes."""
+        import psutil
+
+        procs = []
+        for pid in self.pids.values():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.ppid() == os.getpid():  # (not a process that took a dead rank's number)
+                    p.kill()
+                    procs.append(p)
+        psutil.wait_procs(procs, timeout=launcher_mod.REAP_WAIT)
 
     def _ask(self, client: _Client) -> None:
         """Send the test to ``client``'s server, under a run id of that
@@ -576,8 +622,10 @@ class ZygoteLauncher(ProcessLauncher):
                 self._exits.setdefault(r, lost)
 
     def close(self) -> None:
-        super().close()
         client = getattr(self, "_client", None)
+        if client is not None and self.pids and not client.alive():
+            self._end_orphaned_ranks()
+        super().close()
         if client is None:
             return  # no server was reached (a bad DISTTEST_FORK_SERVER, a start that failed)
         client.runs.pop(self._run_id, None)

@@ -115,32 +115,37 @@ for line in sys.stdin.buffer:
     path = line[1:].rstrip(b"\\n").decode("utf-8", "surrogateescape")
     (held.add if line[:1] == b"+" else held.discard)(path)
 # "#<pgid>": a process group a rank leads ("/..." the folders to remove)
-groups = [int(p[1:]) for p in held if p[:1] == "#" and p[1:].isdigit()]
+groups = {int(p[1:]) for p in held if p[:1] == "#" and p[1:].isdigit()}
 held = {p for p in held if p[:1] != "#"}
 mark = b"%s=%s\\0" % (sys.argv[1].encode(), sys.argv[2].encode())
+# multiprocessing's resource tracker is spared: it ends by itself once the
+# processes it serves are gone, removing what they left in /dev/shm
+# (killed, it leaves that for good).
+tracker = b"from multiprocessing.resource_tracker import main"
 deadline, calm = time.monotonic() + 3, 0
 while True:
-    # Until nothing carries the token and the folders stay gone: a rank that
-    # is still dying (its parent-death signal) may write into its folder.
+    # Until nothing carries the token or is in a held group, and the folders
+    # stay gone: a rank that is still dying (its parent-death signal) may
+    # write into its folder.
     found = 0
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
+            with open("/proc/%s/stat" % pid, "rb") as f:
+                state, _, group = f.read().rsplit(b")", 1)[1].split()[:3]
+            if state == b"Z":
+                continue  # (ended; its parent reaps it)
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if tracker in f.read():
+                    continue
             with open("/proc/%s/environ" % pid, "rb") as f:
-                if mark in b"\\0" + f.read():
-                    os.kill(int(pid), signal.SIGKILL)
-                    found += 1
-        except OSError:
+                ours = mark in b"\\0" + f.read() or int(group) in groups
+            if ours:
+                os.kill(int(pid), signal.SIGKILL)
+                found += 1
+        except (OSError, ValueError, IndexError):
             pass
-    alive = []
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except OSError:  # nothing left in it
-            continue
-        alive.append(group)
-    groups, found = alive, found + len(alive)
     for path in held:
         shutil.rmtree(path, ignore_errors=True)
     calm = calm + 1 if not found and not any(os.path.lexists(p) for p in held) else 0

@@ -117,8 +117,15 @@ def rank_temp_file() -> Iterator[str]:
     rank process the file is in the test's run folder (unless ``TEMP_DIR``
     names one), so it goes with the test also when rank 0 dies in the body.
     """
+    folder, held = _rank_file_folder(), None
     if dist.get_rank() == 0:
-        fd, name = tempfile.mkstemp(prefix="disttest-rank-", dir=_rank_file_folder())
+        if folder is None:
+            # No run folder (rank threads): a folder of its own, which the
+            # janitor removes should the test process end first (a rank thread
+            # that hangs in the body never reaches the finally below).
+            folder = tempfile.mkdtemp(prefix="disttest-rank-")
+            held = janitor.register(functools.partial(shutil.rmtree, folder, ignore_errors=True), paths=(folder,))
+        fd, name = tempfile.mkstemp(prefix="disttest-rank-", dir=folder)
         os.close(fd)
         names: list[str | None] = [name]
     else:
@@ -136,3 +143,6 @@ def rank_temp_file() -> Iterator[str]:
         if dist.get_rank() == 0:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(shared)
+            if held is not None and folder is not None:
+                janitor.unregister(held)
+                shutil.rmtree(folder, ignore_errors=True)
