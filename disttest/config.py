@@ -199,11 +199,11 @@ def default_timeout(environ: Mapping[str, str] | None = None) -> float:
     """The default per-test timeout: ``DISTTEST_TIMEOUT``, else upstream's
     ``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``, else 300 seconds."""
     env = os.environ if environ is None else environ
-    for name in TIMEOUT_ENV_VARS:
-        raw = env.get(name)
-        if raw is not None and raw.strip() != "":
-            return parse_timeout(raw, f"environment variable {name}", text=True)
-    return TIMEOUT_FALLBACK
+    # Each one set is read (a bad upstream variable under a good DISTTEST_TIMEOUT
+    # went unnoticed); the first wins.
+    given = [parse_timeout(env[name], f"environment variable {name}", text=True)
+             for name in TIMEOUT_ENV_VARS if (env.get(name) or "").strip()]
+    return given[0] if given else TIMEOUT_FALLBACK
 
 
 def get_timeout(test_id: str, environ: Mapping[str, str] | None = None) -> float:

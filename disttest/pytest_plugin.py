@@ -87,11 +87,12 @@ def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("disttest", "distributed tests (disttest)")
     group.addoption("--disttest-timeout", dest="disttest_timeout", default=None, metavar="SECONDS",
                     help="default per-test limit of disttest's runners (sets DISTTEST_TIMEOUT)")
-    group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=FORCED_MODES,
+    # (case does not count, as in the variables: --disttest-mode=THREADS)
+    group.addoption("--disttest-mode", dest="disttest_mode", default=None, choices=FORCED_MODES, type=str.lower,
                     help="run the classes disttest.run_in (or run_simulated) makes in this mode only "
                          "(sets DISTTEST_MODE)")
     group.addoption("--disttest-output", dest="disttest_output", default=None,
-                    choices=settings.OUTPUT_MODES,
+                    choices=settings.OUTPUT_MODES, type=str.lower,
                     help="stream: pass on every rank's output as it comes, prefixed [rank N] "
                          "(the default under pytest: captured per test, live with -s); "
                          "tail: only a failing rank's output, in its report (sets DISTTEST_OUTPUT)")

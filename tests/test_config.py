@@ -27,6 +27,9 @@ class TimeoutTest(unittest.TestCase):
     def test_disttest_variable_wins_over_upstream_one(self):
         env = {"DISTTEST_TIMEOUT": "12", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "40"}
         self.assertEqual(default_timeout(env), 12)
+        # ... but a bad one under it is still named (it went unnoticed).
+        with self.assertRaisesRegex(ConfigError, "'abc' from environment variable DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"):
+            default_timeout({"DISTTEST_TIMEOUT": "12", "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "abc"})
         self.assertEqual(default_timeout({"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "40"}), 40)
         self.assertEqual(default_timeout({"DISTTEST_TIMEOUT": "2.5"}), 2.5)
 

@@ -268,6 +268,8 @@ class CliArgumentsTest(unittest.TestCase):
              "--backend given twice ('gloo' and 'nccl') (disttest): give it once"),
             (("--backend", "gloo", "--world-size", "2", "--timeout", "5", "--timeout", "9"),
              "--timeout given twice ('5' and '9')"),
+            (("--backend", "threaded", "--world-size", "2", "--unsupported", " , "),
+             "--unsupported ' , ': no tag in it"),  # (it declared nothing, and ran on)
             (("--backend", "threaded", "--world-size", "2", "--unsupported", "PREMUL_SUM,all_to_al"),
              "--unsupported 'all_to_al': 'all_to_al' is no tag of any case"),
             (("--backend", "gloo", "--world-size", "2", "--device", "bogus"), "--device 'bogus': not a torch device"),

@@ -40,9 +40,10 @@ class ModesTest(unittest.TestCase):
         self.assertIn("test_all_reduce (modes_cases.Collectives_threads.test_all_reduce) ... ok", proc.stderr)
 
     def test_simulated_forced_skips_every_run_in_class_under_pytest(self):
-        # The plugin's option takes the mode of run_simulated's classes too.
+        # The plugin's option takes the mode of run_simulated's classes too;
+        # case does not count, as in DISTTEST_MODE (it was a usage error).
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                               "--disttest-mode=simulated", "modes_cases.py"], cwd=HERE,
+                               "--disttest-mode=Simulated", "modes_cases.py"], cwd=HERE,
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("6 skipped", proc.stdout)

@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     declared = Declaration()
     for tokens in args.unsupported:
+        if not any(t.strip() for t in tokens.split(",")):  # (",": no tag, a shell variable left empty)
+            parser.error(f"--unsupported {tokens!r}: no tag in it (disttest)")
         declared.extend(tokens, "--unsupported")
     known = set().union(*(c.all_tags for c in CASES))
     for token in declared.reasons:
