@@ -235,7 +235,10 @@ def _kill_orphans(children: dict[int, tuple[int, int]]) -> None:
     ended without killing them (it crashed), handed to us as subreaper; a
     resource tracker only if it has not ended within its grace."""
     now = time.monotonic()
-    for pid in proctree.children() - children.keys():
+    orphans = proctree.children() - children.keys()
+    for pid in _trackers.keys() - orphans:
+        del _trackers[pid]  # (ended, and reaped with the ranks)
+    for pid in orphans:
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0]:  # (ended: reaped)
                 _trackers.pop(pid, None)
