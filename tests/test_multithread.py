@@ -1157,3 +1157,36 @@ class CoexistenceTest(unittest.TestCase):
         )
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         self.assertIn("OK", proc.stderr, proc.stderr[-3000:])
+
+
+RELEASED_SUITE = """
+import torch, torch.distributed as dist
+import disttest
+
+class T(disttest.MultiThreadedTestCase):
+    world_size = 8
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_threads()
+
+    def test_one_fails(self):
+        if self.rank == 0:
+            raise ValueError("rank 0 fails")
+        dist.all_reduce(torch.ones(1))
+"""
+
+
+class CapturedLogTest(unittest.TestCase):
+    def test_ranks_released_by_disttest_log_nothing_into_pytests_capture(self):
+        # c10d logs each collective's exception (DEBUG): one record per rank
+        # disttest released, 1023 lines a test at 1024 ranks under pytest.
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_released.py"), "w") as f:
+                f.write(RELEASED_SUITE)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "test_released.py"], cwd=tmp, capture_output=True, text=True, timeout=300)
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("rank 0 fails", out)
+        self.assertNotIn("released by disttest", out)

@@ -90,6 +90,23 @@ class WideWorldTest(unittest.TestCase):
     def test_a_failing_rank_of_1024_is_the_one_cause(self):
         self.check("test_one_rank_fails", "rank 700/1024 raised AssertionError", "rank 700 disagrees")
 
+    def test_a_world_of_threads_beyond_the_cap_is_refused_before_any_starts(self):
+        # 8192 rank threads gave no verdict in minutes, and the process
+        # ignored SIGTERM (thousands of threads contending for the GIL).
+        from disttest.runners.multithread import MAX_THREAD_WORLD_SIZE, THREAD_WORLD_TOO_BIG
+
+        class Huge(Wide):
+            world_size = MAX_THREAD_WORLD_SIZE + 1
+
+        before = threading.active_count()
+        start = time.monotonic()
+        result = run(Huge("test_collectives"))
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(threading.active_count(), before)
+        self.assertEqual(len(result.errors), 1, result.failures)
+        self.assertIn(f"Invalid world size 4097 from Huge.world_size (disttest): "
+                      f"{THREAD_WORLD_TOO_BIG.format(most=4096)}", result.errors[0][1])
+
 
 class Collected(disttest.MultiThreadedTestCase):
     __test__ = False

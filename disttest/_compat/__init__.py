@@ -48,6 +48,7 @@ from disttest._compat.backends import (
 )
 from disttest._compat.c10d import (
     adopt_thread_world_state,
+    c10d_logger,
     c10d_world,
     default_group,
     default_store,
@@ -183,6 +184,7 @@ __all__ = [
     "accelerator_type",
     "activation_checkpoint",
     "backend_creator",
+    "c10d_logger",
     "c10d_world",
     "checkpoint_extension",
     "clear_cublas_workspaces",

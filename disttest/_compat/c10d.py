@@ -11,6 +11,7 @@ __unittest = True
 
 __all__ = [
     "adopt_thread_world_state",
+    "c10d_logger",
     "c10d_world",
     "default_group",
     "default_store",
@@ -40,6 +41,16 @@ def group_name(group: object) -> str:
 
         name = distributed_c10d._get_process_group_name(group)  # type: ignore[arg-type]
     return str(name)
+
+
+def c10d_logger() -> Any:
+    """The logger c10d's collectives log their exceptions to (at DEBUG, a
+    dict per call: ``c10d_logger._c10d_logger``), or None."""
+    try:
+        from torch.distributed import c10d_logger
+    except ImportError:
+        return None
+    return getattr(c10d_logger, "_c10d_logger", None)
 
 
 def default_group() -> Any:
