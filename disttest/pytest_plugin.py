@@ -400,6 +400,10 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     result = yield
     report = result.get_result()
     excinfo = call.excinfo
+    if call.when == "call":
+        # A rerun (pytest-rerunfailures) keeps the item's properties: an earlier
+        # run's failing ranks are not this run's.
+        item.user_properties[:] = [p for p in item.user_properties if not str(p[0]).startswith(_PROPERTY)]
     if call.when != "call" or excinfo is None:
         return
     if not isinstance(excinfo.value, RankReport):
@@ -429,6 +433,10 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         item.user_properties.append((f"disttest_rank_{o.rank}", o.kind.value))
         if o.output_tail.strip():
             item.user_properties.append((f"disttest_rank_{o.rank}_output", o.output_tail[-TAIL_CHARS:]))
+
+
+#: What the names of disttest's properties of a test (JUnit XML) start with.
+_PROPERTY = "disttest_"
 
 
 def _raised_by_the_harness(exc: BaseException) -> bool:

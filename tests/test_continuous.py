@@ -197,10 +197,12 @@ class GroupLimitTest(unittest.TestCase):
                 pass
 
         given = {}
+        # (upstream's variable: the per-name override wins over it, not over DISTTEST_TIMEOUT)
+        env = {k: v for k, v in os.environ.items() if k != "DISTTEST_TIMEOUT"}
         with mock.patch.object(continuous.dist, "init_process_group", lambda **kw: given.update(kw)), \
                 mock.patch.object(continuous._compat, "default_group", lambda: None), \
                 mock.patch.object(continuous.settings, "outer_cap", lambda: None), \
-                mock.patch.dict(os.environ, {"DISTTEST_TIMEOUT": "5"}):  # (no pytest-timeout share)
+                mock.patch.dict(os.environ, {**env, "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "5"}, clear=True):
             Limits._init_pg(0, 1, os.devnull)
             self.assertEqual(given["timeout"], timedelta(seconds=400 + continuous.PG_TIMEOUT_MARGIN))
             del Limits.test_ddp_uneven_inputs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -564,6 +565,19 @@ class RankOutputTest(unittest.TestCase):
         self.assertEqual(props["disttest_failing_ranks"], "1")
         self.assertEqual(props["disttest_rank_1"], "failed")
         self.assertIn("a note from rank 1", props["disttest_rank_1_output"])
+
+    def test_a_rerun_drops_the_properties_of_the_run_before(self):
+        # pytest-rerunfailures runs the item again, properties kept: a passing
+        # rerun still named the ranks that failed the run before.
+        from disttest import pytest_plugin
+
+        item = mock.Mock(user_properties=[("disttest_failing_ranks", "1"), ("disttest_rank_1", "failed"),
+                                          ("mine", "kept")])
+        hook = pytest_plugin.pytest_runtest_makereport(item, mock.Mock(when="call", excinfo=None))
+        next(hook)
+        with contextlib.suppress(StopIteration):
+            hook.send(mock.Mock())
+        self.assertEqual(item.user_properties, [("mine", "kept")])
 
     def test_dash_s_streams_every_rank_live(self):
         proc = pytest_run("-s", "-k", "talk")

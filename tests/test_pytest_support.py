@@ -342,6 +342,75 @@ class LoadingTest(unittest.TestCase):
         self.assertIn("--disttest-timeout", proc.stderr)
 
 
+class ImportModeTest(unittest.TestCase):
+    def test_spawned_ranks_import_a_package_test_under_importlib_mode(self):
+        # pytest's --import-mode=importlib names the module tests.test_small
+        # without putting its package's folder on sys.path: every spawned
+        # rank failed with "No module named 'tests'".
+        with tempfile.TemporaryDirectory() as tmp:
+            package = os.path.join(tmp, "proj", "tests")
+            os.makedirs(package)
+            os.mkdir(os.path.join(tmp, "elsewhere"))
+            for name, text in (("__init__.py", ""), ("helper.py", "VALUE = 3\n"), ("test_small.py", textwrap.dedent("""
+                    import disttest
+                    from .helper import VALUE
+
+                    class Small(disttest.MultiProcessTestCase):
+                        world_size = 2
+                        start_method = "spawn"
+
+                        def setUp(self):
+                            super().setUp()
+                            self._spawn_processes()
+
+                        def test_ok(self):
+                            assert VALUE == 3
+                    """))):
+                with open(os.path.join(package, name), "w") as f:
+                    f.write(text)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "--import-mode=importlib", os.path.join("..", "proj", "tests", "test_small.py")],
+                                  cwd=os.path.join(tmp, "elsewhere"), capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("1 passed", proc.stdout)
+
+
+class WarningsAsErrorsTest(unittest.TestCase):
+    def test_a_start_warning_raised_as_an_error_leaves_no_ranks_unowned(self):
+        # Under -W error the fall-back warning was raised before the test took
+        # its launcher: its socket was never closed (ResourceWarning, an
+        # ExceptionGroup as pytest ended).
+        source = textwrap.dedent("""
+            import threading, time
+            import torch
+            import disttest
+
+            threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+            torch.set_num_threads(2)
+            torch.ones(300, 300) @ torch.ones(300, 300)  # OpenMP's pool: no fork server for this module
+
+            class T(disttest.MultiProcessTestCase):
+                world_size = 2
+                rank_threads = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_processes()
+
+                def test_a(self):
+                    pass
+        """)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "test_thr_import.py"), "w") as f:
+                f.write(source)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error",
+                                   "test_thr_import.py"], cwd=tmp, capture_output=True, text=True, timeout=300)
+        out = proc.stdout + proc.stderr
+        self.assertIn("its ranks start with 'spawn' instead of 'zygote'", out)  # (the warning, as the test's error)
+        self.assertIn("1 failed", out)
+        self.assertNotIn("unclosed", out)
+
+
 class HeaderTest(unittest.TestCase):
     def test_header_names_torch_method_and_timeout(self):
         line = header_line({"DISTTEST_START_METHOD": "spawn", "DISTTEST_TIMEOUT": "12"})

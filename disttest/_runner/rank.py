@@ -166,11 +166,35 @@ def resolve_class(spec: RankSpec) -> type:
             sys.modules["__mp_main__"] = module
             loader_spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(spec.module)
+        try:
+            module = importlib.import_module(spec.module)
+        except ModuleNotFoundError as e:
+            root = _package_root(spec.module, spec.module_file)
+            if root is None or not e.name or not (spec.module + ".").startswith(e.name + "."):
+                raise
+            # pytest's --import-mode=importlib names the module from its path
+            # without putting the folder above it on sys.path: a spawned rank
+            # (a fresh interpreter) could not import it by that name.
+            sys.path.append(root)
+            module = importlib.import_module(spec.module)
     obj: Any = module
     for part in spec.qualname.split("."):
         obj = getattr(obj, part)
     return cast(type, obj)
+
+
+def _package_root(name: str, file: str | None) -> str | None:
+    """The folder from which module ``name`` imports as the file ``file``
+    (``tests.test_x`` at ``/a/tests/test_x.py``: ``/a``), or None."""
+    if not file:
+        return None
+    stem = os.path.splitext(os.path.abspath(file))[0]
+    if os.path.basename(stem) == "__init__":
+        stem = os.path.dirname(stem)
+    tail = os.path.join(*name.split("."))
+    if not stem.endswith(os.sep + tail):
+        return None
+    return stem[: -len(tail) - 1] or os.sep
 
 
 def record_test_outcome(outcome: Outcome) -> None:

@@ -266,13 +266,13 @@ class MultiProcContinousTest(TestCase):
             # (RuntimeError: the system refused a rank's process, thread_pool.START_LIMIT)
             cls._pool_failed = POOL_FAILED.format(cls=cls.__name__, cause=e)
             raise PoolUnavailable(cls._pool_failed) from None
-        if note is not None:
-            warn_at(cls, note)
         cls._pool = pool
         _live_pools.add(pool)
         # NB: also where a subclass's tearDownClass does not call super()'s
         # (the pool stayed until the interpreter exited). Closing is idempotent.
         cls.addClassCleanup(cls._release_pool)
+        if note is not None:  # (after: a warning raised as an error leaves the pool owned)
+            warn_at(cls, note)
         skips = [o for o in pool.init_outcomes.values() if o.skip_reason]
         if skips:
             cls._pool_skip = skips[0].skip_reason

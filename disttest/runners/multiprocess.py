@@ -233,10 +233,12 @@ class MultiProcessTestCase(RankDispatch):
             threads = settings.threads_for(method, cls, rank_threads)
             launcher = _LAUNCHERS[method](dataclasses.replace(spec, threads=threads))
             self._start(launcher, cls)
-        if note is not None:
-            warn_at(getattr(self, self._testMethodName, None), note)
+        # Owned first: a warning raised as an error (-W error) must leave the
+        # ranks to this test's cleanup (their launcher's socket was left open).
         self._launcher = launcher
         self.processes = launcher.processes()
+        if note is not None:
+            warn_at(getattr(self, self._testMethodName, None), note)
 
     @staticmethod
     def _start(launcher: ProcessLauncher, cls: type) -> None:
