@@ -145,8 +145,11 @@ class MultiThreadedTestCaseTest(unittest.TestCase):
                     warnings.simplefilter("error")
 
         kept = {"DISTTEST_RANK_CHANGED": "as before", "DISTTEST_RANK_GONE": "here"}
-        with mock.patch.dict(os.environ, kept):
-            self.assertTrue(run(Case("test_changes")).wasSuccessful())
+        # (from torch 2.14 on, the matmul precision it sets is also a failure of
+        # the test, as upstream's TestCase says: here, what is put back counts)
+        with mock.patch.dict(os.environ, {**kept, "PYTORCH_DISABLE_FP32_PRECISION_LEAK_CHECK": "1"}):
+            result = run(Case("test_changes"))
+            self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
             self.assertEqual({name: os.environ.get(name) for name in kept}, kept)
         after = state()
         self.assertEqual(after[:-2], before[:-2])

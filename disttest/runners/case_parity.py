@@ -167,7 +167,7 @@ class CaseParityMixin(SparseTensorsMixin, ExpectedOutputMixin, _Base):
         self._prev_torch_function_mode_stack_len = _compat.function_mode_depth()
         self._prev_torch_function_state = _compat.function_state()
         if _compat.torch_at_least(CHECKS_FROM) and os.environ.get("PYTORCH_DISABLE_FP32_PRECISION_LEAK_CHECK") != "1":
-            self._prev_fp32_precision = _compat.fp32_precision()
+            self._disttest_fp32_precision = _compat.fp32_precision()  # (not upstream's name: its tuple)
 
     def tearDown(self) -> None:
         """Hook method for the end of a test: put back what upstream's puts
@@ -217,7 +217,7 @@ class CaseParityMixin(SparseTensorsMixin, ExpectedOutputMixin, _Base):
         """Put back the fp32 precision settings ``setUp`` saw (torch 2.14 on,
         as upstream's: none where a subclass's setUp did not call this one's);
         the message of what was changed (upstream's words)."""
-        before = getattr(self, "_prev_fp32_precision", None)
+        before = getattr(self, "_disttest_fp32_precision", None)
         if before is None:
             return []
         now = _compat.fp32_precision()
