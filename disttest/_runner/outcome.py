@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
-from disttest._runner import settings
-from disttest._runner.settings import TB_LOCALS_ENV
+from disttest._runner.settings import KEEP_LOGS_ENV, TB_LOCALS_ENV
 from disttest._runner.tb_data import POSITIONS, Shown, positions
 from disttest.config import ConfigError, parse_flag
 from disttest.support.skips import skip_for_exit_code
@@ -226,11 +225,15 @@ def ask_locals(on: bool) -> Callable[[], None]:
 
 def showing_locals() -> bool:
     """Whether a rank's tracebacks show each frame's locals now."""
-    if _asked[0]:
-        return True
+    return _asked[0] or _flag_on(TB_LOCALS_ENV)
+
+
+def _flag_on(env: str) -> bool:
+    """Whether yes/no variable ``env`` says yes; a bad value is refused where
+    the run starts (``settings.check_run_variables``), not here."""
     try:
-        return parse_flag(os.environ.get(TB_LOCALS_ENV), TB_LOCALS_ENV)
-    except ConfigError:  # (refused as the run starts: settings.check_run_variables)
+        return parse_flag(os.environ.get(env), env)
+    except ConfigError:
         return False
 
 
@@ -539,21 +542,13 @@ def comm_site(exc: BaseException) -> str:
     return ""
 
 
-def _keeping_logs() -> bool:
-    """DISTTEST_KEEP_LOGS is on (a bad value is refused where the run reads it, not here)."""
-    try:
-        return settings.keep_logs()
-    except ConfigError:
-        return False
-
-
 def _keep_whole(text: str) -> None:
     """Write an over-long traceback whole to this rank's stderr (its log in
     a rank process), for DISTTEST_KEEP_LOGS. Not from a rank thread: its
     stderr is the test process's (a megabyte on the user's terminal)."""
     import sys
 
-    if threading.current_thread() is not threading.main_thread() or not _keeping_logs():
+    if threading.current_thread() is not threading.main_thread() or not _flag_on(KEEP_LOGS_ENV):
         return  # (a megabyte a rank on pytest's captured output, for nothing)
     try:
         sys.__stderr__.write(text)  # type: ignore[union-attr]

@@ -272,21 +272,15 @@ class MultiProcessTestCase(RankDispatch):
         counts against its share too, and the report names what the test
         had. A forked rank starts in milliseconds: the limit counts from now
         (a hang before its test is the test's, with its stack)."""
-        test = self._current_test_name()
+        start_up = (StartUp(launcher.started, max(limit, START_UP_LIMIT), settings.outer_cap())
+                    if isinstance(launcher, SpawnLauncher) else None)
         # A rank's exit the test expects (upstream's special_return_code_checks,
         # skip_return_code_checks) does not stop its peers: they run on to
         # their own verdicts, as upstream waits for every process (they were
         # stopped half a second later, and the test passed whatever they did).
-        def expected_exit(o: Outcome) -> bool:
-            return self._expected_exit(o, fn)
-
-        if not isinstance(launcher, SpawnLauncher):
-            return join(launcher, limit, expected_end=self._injection.expected_end, test=test,
-                        expected_exit=expected_exit)
-        start_up = StartUp(launcher.started, max(limit, START_UP_LIMIT), settings.outer_cap())
-        outcomes = join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up, test=test,
-                        expected_exit=expected_exit)
-        if start_up.given is not None and start_up.given < limit:
+        outcomes = join(launcher, limit, expected_end=self._injection.expected_end, start_up=start_up,
+                        test=self._current_test_name(), expected_exit=lambda o: self._expected_exit(o, fn))
+        if start_up is not None and start_up.given is not None and start_up.given < limit:
             self._joined_limit = start_up.given
         return outcomes
 
