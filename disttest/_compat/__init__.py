@@ -135,6 +135,9 @@ from disttest._compat.local_speedups import (
 )
 from disttest._compat.local_speedups import _closed_form_coordinate as _closed_form_coordinate
 from disttest._compat.local_speedups import _compile_unflatten as _compile_unflatten
+from disttest._compat.local_speedups import (
+    _coordinates_cached_by_value as _coordinates_cached_by_value,
+)
 from disttest._compat.local_speedups import _one_pass_tensor_meta as _one_pass_tensor_meta
 from disttest._compat.rpc import (
     load_faulty_rpc_agent,

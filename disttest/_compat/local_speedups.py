@@ -50,7 +50,8 @@ SIMULATED_RANK = "(disttest: {op} raised on simulated rank {rank} of {n})"
 UNKNOWN_SPEEDUP = "unknown local-tensor speedup {name!r}; expected some of {known} (disttest)"
 
 # sha256 (first 16 hex digits) of the dedented source of the upstream code
-# each part replaces or relies on, per known version of it (torch 2.13).
+# each part replaces or relies on, per known version of it (torch 2.13, and
+# 2.14 where it differs).
 _SPEEDUP_SOURCES: dict[str, tuple[str, ...]] = {
     "coordinates": ("_LocalDeviceMesh.get_coordinate",),
     "rng": ("_for_each_rank_run_func", "_map_to_rank_local_val"),
@@ -60,8 +61,12 @@ _SPEEDUP_SOURCES: dict[str, tuple[str, ...]] = {
     "dispatch": ("LocalTensorMode.__torch_dispatch__", "_check_for_subclass_arg"),
     "metadata": ("_for_each_rank_run_func", "_map_to_rank_local_val"),
 }
+# How each known get_coordinate keys the mode's cache: by the mesh's id()
+# (2.13), or by what the coordinates are computed from (2.14: the number of
+# dimensions, the flattened rank map and the layout).
+_COORDINATES_CACHED_BY_VALUE = {"7bb3de11b3803ce7": False, "bf8fa3848729b2a6": True}
 _SPEEDUP_FINGERPRINTS: dict[str, frozenset[str]] = {
-    "coordinates": frozenset({"7bb3de11b3803ce7"}),
+    "coordinates": frozenset(_COORDINATES_CACHED_BY_VALUE),
     "rng": frozenset({"06a826708f789205"}),
     "args": frozenset({"06a826708f789205"}),
     "meta": frozenset({"04821731ed723a67"}),
@@ -100,12 +105,21 @@ def local_tensor_speedups_available() -> tuple[str, ...]:
                  if _fingerprint(lt, _SPEEDUP_SOURCES[p]) in _compat._SPEEDUP_FINGERPRINTS[p])
 
 
-def _closed_form_coordinate(mesh: Any) -> Any:
+def _coordinates_cached_by_value() -> bool:
+    """Whether the installed torch's get_coordinate keys its cache by value
+    (False where it is not a known version: by id(), as 2.13)."""
+    lt = _local_tensor()
+    return _COORDINATES_CACHED_BY_VALUE.get(_fingerprint(lt, _SPEEDUP_SOURCES["coordinates"]) or "", False)
+
+
+def _closed_form_coordinate(mesh: Any, by_value: bool | None = None) -> Any:
     """``_LocalDeviceMesh.get_coordinate`` in O(world). Upstream recomputes
     the layout's rank tensor under the mode once per rank, each of its ops
     running once per rank (O(world^2)); here it is computed once with the mode
-    off, and one pass over its values places every rank. Same cache, lock,
-    values (in the same order) and errors; the cached meshes kept alive."""
+    off, and one pass over its values places every rank. Same cache (keyed
+    as the installed torch keys it: ``by_value``, looked up when None), lock,
+    values (in the same order) and errors; a mesh cached by its id() kept
+    alive."""
     import math
 
     import torch
@@ -114,13 +128,15 @@ def _closed_form_coordinate(mesh: Any) -> Any:
     lm = lt.enabled_local_tensor_mode()
     if lm is None:
         raise AssertionError("Unexpectedly not in LocalTensorMode")
-    mesh_id = id(mesh)
+    if by_value is None:
+        by_value = _coordinates_cached_by_value()
+    key = (mesh.ndim, mesh._flatten_rank_map, mesh._layout) if by_value else id(mesh)
     cache = lm._coordinate_cache
-    if mesh_id in cache:
-        return cache[mesh_id]
+    if key in cache:
+        return cache[key]
     with lm._coordinate_cache_lock:
-        if mesh_id in cache:
-            return cache[mesh_id]
+        if key in cache:
+            return cache[key]
         with lm.disable():
             # a clone, as upstream: inference mode forbids using the map itself
             rank_tensor = mesh._layout.remap_to_tensor(mesh._rank_map.clone())
@@ -137,11 +153,12 @@ def _closed_form_coordinate(mesh: Any) -> Any:
             for dim in range(len(shape) - 1, -1, -1):
                 pos, coords[dim][rank] = divmod(pos, shape[dim])
         out = [torch.SymInt(lt.LocalIntNode(c)) for c in coords]  # type: ignore[no-untyped-call]  # torch: unannotated
-        cache[mesh_id] = out
-        # NB: the cache is keyed by id(); upstream lets a cached mesh die, and
+        cache[key] = out
+        # NB: torch 2.13 keys the cache by id() and lets a cached mesh die, and
         # a mesh made later at its address (a temporary submesh: mesh["a", "b"])
         # gets its coordinates. A cached mesh lives as long as the mode here.
-        lm.__dict__.setdefault("_disttest_cached_meshes", []).append(mesh)
+        if not by_value:
+            lm.__dict__.setdefault("_disttest_cached_meshes", []).append(mesh)
         return out
 
 
@@ -456,7 +473,12 @@ def install_local_tensor_speedups(parts: Any = LOCAL_TENSOR_SPEEDUPS) -> Callabl
 
     try:  # (all or nothing: an interrupt part-way left torch patched for the rest of the process)
         if "coordinates" in usable:
-            replace(lt._LocalDeviceMesh, "get_coordinate", staticmethod(_closed_form_coordinate))
+            by_value = _coordinates_cached_by_value()
+
+            def get_coordinate(mesh: Any) -> Any:  # a function: the mode sets it on DeviceMesh as a method
+                return _closed_form_coordinate(mesh, by_value)
+
+            replace(lt._LocalDeviceMesh, "get_coordinate", staticmethod(get_coordinate))
         if usable & {"rng", "args", "metadata"}:
             replace(lt, "_for_each_rank_run_func",
                     _fast_for_each_rank(lt._for_each_rank_run_func, "rng" in usable, "args" in usable,
