@@ -287,6 +287,74 @@ class ForkServerTest(unittest.TestCase):
 
 
 
+def named_native_thread(name: bytes) -> threading.Event:
+    """Start a thread the threading module does not see (as torch's are),
+    named ``name`` for the kernel; it ends when the returned event is set."""
+    import ctypes
+
+    stop, named = threading.Event(), threading.Event()
+
+    def body() -> None:
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+        named.set()
+        stop.wait(30)
+
+    _thread.start_new_thread(body, ())
+    named.wait(10)
+    return stop
+
+
+class AutogradThreadsTest(unittest.TestCase):
+    """Once torch's autograd engine has started its device threads in the
+    test process, a process forked from it can run no backward pass ("Unable
+    to handle autograd's threading in combination with fork-based
+    multiprocessing"): ranks come from the fresh fork server instead."""
+
+    def test_the_test_process_is_not_forked_once_autograd_started_its_threads(self):
+        import cuda_fork_cases
+
+        from disttest._runner import cuda_fork, fork_threads
+
+        with mock.patch.object(fork_threads, "_autograd_seen", None):
+            self.assertFalse(fork_threads.autograd_started())
+            stop = named_native_thread(b"pt_autograd_0")
+            try:
+                self.assertTrue(fork_threads.autograd_started())
+                with mock.patch.dict(os.environ, {"DISTTEST_FORK_SERVER": "copy"}):
+                    self.assertFalse(zygote.copy_safe(1))
+                # disttest's own fork (the pool's default) goes to the fork server
+                with mock.patch("threading.active_count", return_value=1):
+                    method, where, _ = cuda_fork_cases.Pooled._start_choice()
+                self.assertEqual(method, "zygote")
+                self.assertIn(fork_threads.AUTOGRAD_STARTED, where)
+                self.assertEqual(cuda_fork.choose("fork", cuda_fork_cases.Pooled, "t", "Pooled.start_method", True)[0],
+                                 "zygote")
+            finally:
+                stop.set()
+        # (a thread of another name is not autograd's)
+        with mock.patch.object(fork_threads, "_autograd_seen", None):
+            stop = named_native_thread(b"pt_other_0")
+            try:
+                self.assertFalse(fork_threads.autograd_started())
+            finally:
+                stop.set()
+
+    def test_ranks_run_a_backward_pass_after_fsdp2_ran_one_in_the_test_process(self):
+        # torch 2.14's FSDP2 starts autograd's device threads on CPU; 2.13's does not
+        from disttest import _compat
+
+        if not _compat.torch_at_least("2.14"):
+            self.skipTest("this torch's FSDP2 starts no autograd device thread on CPU")
+        env = {k: v for k, v in os.environ.items() if k not in ("DISTTEST_FORK_SERVER", "DISTTEST_START_METHOD")}
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "autograd_fork_cases"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+        if "autograd device threads: 0" in proc.stderr:
+            self.skipTest("this torch's FSDP2 started no autograd device thread on CPU")
+        self.assertIn("autograd device threads:", proc.stderr)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+        self.assertIn("Ran 2 tests", proc.stderr)
+
+
 class ThreadsAtImportTest(unittest.TestCase):
     """A fork server whose import of the test's module started OpenMP's pool
     does not fork ranks that keep OpenMP's threads: they would hang at their

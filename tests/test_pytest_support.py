@@ -346,11 +346,21 @@ class ImportModeTest(unittest.TestCase):
     def test_spawned_ranks_import_a_package_test_under_importlib_mode(self):
         # pytest's --import-mode=importlib names the module tests.test_small
         # without putting its package's folder on sys.path: every spawned
-        # rank failed with "No module named 'tests'".
+        # rank failed with "No module named 'tests'"; and, where the folder
+        # pytest runs in has a tests package of its own (on sys.path first),
+        # with "No module named 'tests.test_small'".
+        for other_tests in (False, True):
+            with self.subTest(other_tests=other_tests):
+                self.run_package_test_under_importlib_mode(other_tests)
+
+    def run_package_test_under_importlib_mode(self, other_tests: bool) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             package = os.path.join(tmp, "proj", "tests")
             os.makedirs(package)
             os.mkdir(os.path.join(tmp, "elsewhere"))
+            if other_tests:
+                os.mkdir(os.path.join(tmp, "elsewhere", "tests"))
+                open(os.path.join(tmp, "elsewhere", "tests", "__init__.py"), "w").close()
             for name, text in (("__init__.py", ""), ("helper.py", "VALUE = 3\n"), ("test_small.py", textwrap.dedent("""
                     import disttest
                     from .helper import VALUE

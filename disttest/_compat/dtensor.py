@@ -19,6 +19,7 @@ __all__ = [
     "set_dtensor_spec",
     "shard_order_entry",
     "sharding_propagator",
+    "strategy_tables",
     "use_shard_order_spec",
 ]
 
@@ -82,6 +83,18 @@ def sharding_propagator() -> Any:
     from torch.distributed.tensor import DTensor
 
     return DTensor._op_dispatcher.sharding_propagator
+
+
+def strategy_tables() -> list[dict[Any, Any]]:
+    """The sharding propagator's tables that say how an op shards: its
+    strategy functions and their schema info, and, where torch has them
+    (2.14), its single-mesh-dim strategies and theirs, which it looks up
+    first (``op_single_dim_strategy_funcs``,
+    ``op_to_schema_info_for_single_dim_strategy``)."""
+    propagator = sharding_propagator()
+    names = ("op_strategy_funcs", "op_to_schema_info", "op_single_dim_strategy_funcs",
+             "op_to_schema_info_for_single_dim_strategy")
+    return [getattr(propagator, name) for name in names if hasattr(propagator, name)]
 
 
 def register_op_strategy(op: Any, strategy_func: Any, schema_info: Any = None) -> None:

@@ -175,13 +175,15 @@ def choose(method: str, cls: type, test: str, source: str, importable: bool,
                 return "spawn", fell_back(cls, test, method, source, PARENT_INITIALISED)
             return method, FORKED_ANYWAY.format(test=test, reason=PARENT_INITIALISED, cls=cls.__qualname__)
         if importable and server and chosen_by_disttest(cls, source) and (
-                not no_cuda_device() or fork_threads.parent_refusal(getattr(cls, "rank_threads", 1))):
+                not no_cuda_device() or fork_threads.parent_refusal(getattr(cls, "rank_threads", 1))
+                or fork_threads.autograd_started()):
             # The test process has most likely poisoned fork already
             # (torch.cuda.is_available() does); the fork server has not.
             # (Asked without the driver: where NVML cannot count, a device
             # is assumed, since counting through the driver would poison fork.)
             # Or it runs OpenMP's pool, which ranks that keep OpenMP's threads
-            # would find broken; the fork server does not.
+            # would find broken; the fork server does not. Or autograd's
+            # device threads, after which a fork can run no backward pass.
             # (named so: a fallback's warning said "instead of 'zygote' (from
             # Pool.start_method)", whose value is 'fork')
             method, source = "zygote", f"disttest's fork server in place of {source} 'fork'"

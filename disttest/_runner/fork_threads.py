@@ -24,6 +24,11 @@ runs, and numpy work at import would look like a new pool. Where threads
 beyond the server's own run, it makes a throwaway fork and judges only the
 threads still there after it.
 
+torch's autograd engine, once it has started its device threads in a
+process, marks every later fork of it unable to run a backward pass
+(:func:`autograd_started`): the fork server is then not a copy of the test
+process, and ranks that disttest would fork from it go to the fresh server.
+
 The test process forks ranks itself with ``fork`` (the pool's default, a
 class defined inside a function, a fork server that could not start). Where
 it runs native threads that survive a fork (:func:`parent_refusal`), ranks
@@ -43,9 +48,9 @@ from disttest._runner.messages import UNSAFE_THREADS, UNSAFE_THREADS_EARLIER
 __unittest = True
 
 __all__ = [
-    "FELL_BACK_THREADS", "FORKED_SERIAL", "PARENT_THREADS", "SERVER_THREADS", "SERVER_THREADS_EARLIER",
-    "SERVER_THREADS_LEARNED", "fell_back", "keeps_openmp", "known_refusal", "learned", "parent_refusal", "refusal",
-    "thread_ids",
+    "AUTOGRAD_STARTED", "AUTOGRAD_THREAD", "FELL_BACK_THREADS", "FORKED_SERIAL", "PARENT_THREADS", "SERVER_THREADS",
+    "SERVER_THREADS_EARLIER", "SERVER_THREADS_LEARNED", "autograd_started", "fell_back", "keeps_openmp",
+    "known_refusal", "learned", "parent_refusal", "refusal", "thread_ids",
 ]
 
 SERVER_THREADS = ("importing {module} started {count} thread(s) in the fork server (OpenMP's pool, after a parallel op "
@@ -152,6 +157,50 @@ def parent_refusal(threads: int | None) -> str | None:
             extra = len(_surviving_a_fork()) - _python_threads()
         _parent_answer = (key, PARENT_THREADS.format(count=extra) if extra > 0 else None)
     return _parent_answer[1]
+
+
+#: The name torch gives each device thread of its autograd engine.
+AUTOGRAD_THREAD = "pt_autograd_"
+#: Why the test process must not fork ranks (or a fork server) itself.
+AUTOGRAD_STARTED = "the test process has started torch's autograd device threads"
+# (pid, thread ids whose names were read, whether one was autograd's): a
+# process stays marked once the engine started them, so each thread is read once.
+_autograd_seen: tuple[int, set[str], bool] | None = None
+
+
+def autograd_started() -> bool:
+    """Whether torch's autograd engine started its device threads in this
+    process (a backward pass where torch sees a device: torch 2.14's FSDP2
+    does so on CPU). From then on torch marks every process forked from this
+    one, and a backward pass there raises "Unable to handle autograd's
+    threading in combination with fork-based multiprocessing"; a fresh
+    interpreter (the fresh fork server, ``spawn``) is unmarked. False
+    without /proc."""
+    global _autograd_seen
+    ids = thread_ids()
+    if ids is None:
+        return False
+    pid = os.getpid()
+    if _autograd_seen is None or _autograd_seen[0] != pid:
+        _autograd_seen = (pid, set(), False)
+    _, read, started = _autograd_seen
+    if not started:
+        for tid in ids - read:
+            read.add(tid)
+            if _thread_name(tid).startswith(AUTOGRAD_THREAD):
+                started = True
+                break
+        _autograd_seen = (pid, read, started)
+    return started
+
+
+def _thread_name(tid: str) -> str:
+    """The name of this process's thread ``tid`` ("" once it has ended)."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def forked_serial(cls: type, threads: int | None, reason: str) -> str:

@@ -176,7 +176,21 @@ def resolve_class(spec: RankSpec) -> type:
             # without putting the folder above it on sys.path: a spawned rank
             # (a fresh interpreter) could not import it by that name.
             sys.path.append(root)
-            module = importlib.import_module(spec.module)
+            try:
+                module = importlib.import_module(spec.module)
+            except ModuleNotFoundError:
+                # a package of the same name found first (another folder's
+                # tests/): the test's own, from its folder
+                sys.path.insert(0, sys.path.pop())
+                inside = os.path.join(root, "")
+                parts = spec.module.split(".")
+                for n in range(len(parts) - 1, 0, -1):
+                    name = ".".join(parts[:n])
+                    package = sys.modules.get(name)
+                    if package is not None and not any(
+                            os.path.abspath(p).startswith(inside) for p in getattr(package, "__path__", ())):
+                        del sys.modules[name]
+                module = importlib.import_module(spec.module)
     obj: Any = module
     for part in spec.qualname.split("."):
         obj = getattr(obj, part)

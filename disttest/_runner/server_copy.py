@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing import resource_tracker
 
-from disttest._runner import cuda_fork, rank_look, settings, thread_pool
+from disttest._runner import cuda_fork, fork_threads, rank_look, settings, thread_pool
 
 __unittest = True
 
@@ -132,6 +132,8 @@ def copy_safe(threads: int | None) -> bool:
         return False
     # NB: asked without a driver call (cuInit would poison fork itself).
     if cuda_fork.cuda_initialised() or not cuda_fork.no_cuda_device():
+        return False
+    if fork_threads.autograd_started():  # its ranks could run no backward pass
         return False
     # (pytest-xdist's receiver, started with _thread and blocked reading its
     # pipe, is not seen, as for the pool's fork of the test process)

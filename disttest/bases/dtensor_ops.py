@@ -304,18 +304,19 @@ def op_strategy_context(op_overload: Any, strategy_func: Callable[..., Any],
     sharding-propagation caches.
 
     The strategy table is one per process: in rank threads, every thread
-    sees the swap.
+    sees the swap. NB: torch 2.14 looks up an op's single-mesh-dim strategy
+    before its strategy function, so upstream's context is not used for such
+    an op (``sum``, most ops there); this one sets that aside for the block
+    as well.
     """
-    propagator = _compat.sharding_propagator()
-    funcs, schemas = propagator.op_strategy_funcs, propagator.op_to_schema_info
-    old_func = funcs.pop(op_overload, None)
-    old_schema = schemas.pop(op_overload, None)
+    missing = object()
+    saved = [(table, table.pop(op_overload, missing)) for table in _compat.strategy_tables()]
     try:
         _compat.register_op_strategy(op_overload, strategy_func, schema_info)
         yield
     finally:
-        for table, old in ((funcs, old_func), (schemas, old_schema)):
-            if old is None:
+        for table, old in saved:
+            if old is missing:
                 table.pop(op_overload, None)
             else:
                 table[op_overload] = old

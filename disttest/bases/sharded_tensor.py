@@ -65,6 +65,7 @@ __all__ = [
     "ShardedTensorTestBase",
     "SimpleMegatronLM",
     "_chunk_sharding_specs_list_for_test",
+    "acc",
     "clone_module_parameter",
     "device_type",
     "gen_binary_op_func",
@@ -82,6 +83,10 @@ DEFAULT_GPU_NUM = 4
 #: The host's accelerator type, else ``"cpu"`` (read at import): where torch
 #: 2.14's ``_test_st_common`` and ``_test_ops_common`` place their specs' ranks.
 device_type: str = accelerator_type() or "cpu"
+#: The host's accelerator as a device, or None (torch 2.14's modules leave
+#: it behind from computing ``device_type``; None where a build's accelerator
+#: has no device here, where upstream names the build's).
+acc: torch.device | None = None if device_type == "cpu" else torch.device(device_type)
 #: Backends ``init_pg`` accepts (upstream's list).
 SUPPORTED_BACKENDS = ("nccl", "gloo", "mpi", "hccl", "xccl")
 
