@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from disttest._compat import torch_at_least
 from disttest.conformance import UNSUPPORTED
 from disttest.pg.threaded import completed_work
 
@@ -129,3 +130,8 @@ for _backend, _create in (
 CONFORMANCE_UNSUPPORTED = {
     "lazybarrier": {**UNSUPPORTED["gloo"], "monitored_barrier": "c10d runs it on gloo by name only"},
 }
+if torch_at_least("2.14"):
+    # (torch 2.14 coalesces the batch through the group's backend for the
+    # device, which a ProcessGroup subclass has none of)
+    CONFORMANCE_UNSUPPORTED["lazybarrier"]["batch_isend_irecv"] = (
+        "torch 2.14: 'No backend type associated with device type cpu' for a ProcessGroup subclass")
