@@ -44,7 +44,7 @@ from disttest.config import (
     parse_timeout,
     parse_world_size,
 )
-from disttest.faults import CHAOS_ENV, FAULT_ENV, SPAWNS, chaos_seed, env_faults
+from disttest.faults import CHAOS_ENV, FAULT_ENV, FAULT_OPTION_ENV, SPAWNS, chaos_seed, env_faults
 from disttest.faults import pytest_options as _faults_pytest
 from disttest.runners import _pytest as _pytest_support
 from disttest.runners.modes import FORCED_MODES, MODE_ENV, forced_mode
@@ -104,8 +104,8 @@ def pytest_addoption(parser: Any) -> None:
 
 #: The variables the plugin sets from its options (for its rank processes);
 #: put back as they were when pytest unconfigures (``pytest.main`` returns).
-PLUGIN_ENV = ("DISTTEST_TIMEOUT", MODE_ENV, settings.OUTPUT_ENV, settings.KEEP_LOGS_ENV, FAULT_ENV, CHAOS_ENV,
-              TB_LOCALS_ENV)
+PLUGIN_ENV = ("DISTTEST_TIMEOUT", MODE_ENV, settings.OUTPUT_ENV, settings.KEEP_LOGS_ENV, FAULT_ENV, FAULT_OPTION_ENV,
+              CHAOS_ENV, TB_LOCALS_ENV)
 
 
 def pytest_configure(config: Any) -> None:

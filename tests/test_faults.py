@@ -992,6 +992,19 @@ class PytestOptionsTest(unittest.TestCase):
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 1, out)
         self.assertIn("rank 1 raised InjectedFault at all_reduce #2", out)
+        # (it said "from DISTTEST_FAULT", the variable the option sets for the ranks)
+        self.assertIn("declared rank 1 raise at all_reduce #2 (from --disttest-fault)", out)
+        self.assertNotIn("from DISTTEST_FAULT", out)
+
+    def test_faults_the_option_set_are_said_to_come_from_it(self):
+        from disttest.faults import FAULT_OPTION, FAULT_OPTION_ENV
+
+        spec = "rank=1,action=kill"
+        (fault,) = env_faults({FAULT_ENV: spec, FAULT_OPTION_ENV: spec})
+        self.assertEqual((fault.where, fault.suite_wide), (FAULT_OPTION, True))
+        # the variable changed since the option set it: its own
+        (fault,) = env_faults({FAULT_ENV: spec, FAULT_OPTION_ENV: "rank=0,action=kill"})
+        self.assertEqual((fault.where, fault.suite_wide), (FAULT_ENV, True))
 
     def test_fault_option_and_decorator_act_on_plain_functions_in_either_mode(self):
         # Issue 24: a threads-mode function passed with the fault dropped, and a
@@ -1021,7 +1034,7 @@ class PytestOptionsTest(unittest.TestCase):
                 self.assertEqual(proc.returncode, 1, out)
                 self.assertIn("1 passed", out)
                 self.assertIn("disttest: suite-wide faults", out)
-                self.assertIn(SUITE_NEVER_FIRED.format(fault="rank 7 raise at collective #1 (from DISTTEST_FAULT)",
+                self.assertIn(SUITE_NEVER_FIRED.format(fault="rank 7 raise at collective #1 (from --disttest-fault)",
                                                        tests=1, s="", why=SUITE_NO_RANK), out)
         # One that fired somewhere is not named.
         proc = pytest_run("--disttest-fault", "rank=1,action=delay,seconds=0.01", "-k", "test_all_reduce")

@@ -41,6 +41,8 @@ __all__ = [
     "CHAOS_ENV",
     "DEATHS",
     "FAULT_ENV",
+    "FAULT_OPTION",
+    "FAULT_OPTION_ENV",
     "HIDDEN",
     "NOT_IN_A_RANK",
     "OPS",
@@ -58,6 +60,12 @@ __all__ = [
 
 #: The environment variable of the whole-suite faults (:func:`~disttest.faults.env_faults`).
 FAULT_ENV = "DISTTEST_FAULT"
+#: The pytest option of the whole-suite faults: it sets ``FAULT_ENV`` (which
+#: every rank reads) and ``FAULT_OPTION_ENV`` to the same spec.
+FAULT_OPTION = "--disttest-fault"
+#: Holds the spec ``FAULT_OPTION`` gave, so that its faults are said to come
+#: from the option, not from the variable it set.
+FAULT_OPTION_ENV = "DISTTEST_FAULT_FROM_OPTION"
 #: The environment variable of the schedule-fuzzing seed (:func:`~disttest.faults.chaos_seed`).
 CHAOS_ENV = "DISTTEST_CHAOS"
 DECORATOR = "@inject_fault"
@@ -149,7 +157,7 @@ class Fault:
     def suite_wide(self) -> bool:
         """Declared for every test (``DISTTEST_FAULT``), not on this one: it
         acts where a test reaches its call and its rank exists."""
-        return self.where == FAULT_ENV
+        return self.where in (FAULT_ENV, FAULT_OPTION)
 
     def describe(self, rank: int | None = None) -> str:
         """``rank 1 kill at all_reduce #3 (from @inject_fault)``."""
@@ -361,10 +369,13 @@ def parse_fault_spec(text: str, where: str = FAULT_ENV) -> tuple[Fault, ...]:
 
 
 def env_faults(environ: Mapping[str, str] | None = None) -> tuple[Fault, ...]:
-    """The whole-suite faults of ``DISTTEST_FAULT`` (none if unset)."""
+    """The whole-suite faults of ``DISTTEST_FAULT`` (none if unset), said to
+    come from ``--disttest-fault`` where that option set them."""
     environ = os.environ if environ is None else environ
     text = environ.get(FAULT_ENV, "")
-    return parse_fault_spec(text, FAULT_ENV) if text.strip() else ()
+    if not text.strip():
+        return ()
+    return parse_fault_spec(text, FAULT_OPTION if environ.get(FAULT_OPTION_ENV) == text else FAULT_ENV)
 
 
 def chaos_seed(environ: Mapping[str, str] | None = None) -> int | None:

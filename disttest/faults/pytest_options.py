@@ -20,7 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from disttest.config import ConfigError
-from disttest.faults import CHAOS_ENV, FAULT_ENV, judge, parse_fault_spec, parse_seed
+from disttest.faults import (
+    CHAOS_ENV,
+    FAULT_ENV,
+    FAULT_OPTION,
+    FAULT_OPTION_ENV,
+    judge,
+    parse_fault_spec,
+    parse_seed,
+)
 
 __unittest = True
 
@@ -65,8 +73,8 @@ def configure(config: Any) -> None:
         # (given twice, both act: the second replaced the first without a word)
         spec = None if specs is None else ";".join(specs) if isinstance(specs, list) else specs
         if spec is not None:
-            parse_fault_spec(spec, "--disttest-fault")
-            _agrees("fault", spec, FAULT_ENV, "--disttest-fault",
+            parse_fault_spec(spec, FAULT_OPTION)
+            _agrees("fault", spec, FAULT_ENV, FAULT_OPTION,
                     lambda text: [dataclasses.replace(f, where="") for f in parse_fault_spec(text)])
         seed = config.getoption("disttest_chaos")
         if seed is not None:
@@ -86,8 +94,9 @@ def configure(config: Any) -> None:
             if given is not None:
                 raise ConfigError("repeat count", repeat, "--disttest-repeat", REPEAT_WITH_SEED.format(given=given))
             config._disttest_repeat = n
+        # (the plugin puts them back as they were when pytest unconfigures)
         if spec is not None:
-            os.environ[FAULT_ENV] = spec
+            os.environ[FAULT_ENV] = os.environ[FAULT_OPTION_ENV] = spec
         if seed is not None:
             os.environ[CHAOS_ENV] = seed
     except ConfigError as e:
