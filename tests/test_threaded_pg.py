@@ -400,6 +400,71 @@ class AsyncAndGroupsTest(unittest.TestCase):
         self.assertEqual(got, [("threaded", 3)] * 3)
 
 
+class NewGroupOrderTest(unittest.TestCase):
+    """c10d names a group by the order of new_group calls: ranks that call
+    it in different orders hold groups of one name with different ranks.
+    Real groups then meet the wrong peers or hang; the threaded group paired
+    the ranks that came first, and a test passed or failed on a wrong sum."""
+
+    @staticmethod
+    def outcome(fn):
+        def body(rank, n):
+            try:
+                return fn(rank)
+            except CollectiveMismatch as e:
+                return str(e)
+
+        return body
+
+    def test_groups_made_in_another_order_by_some_ranks_are_named(self):
+        def fn(rank):
+            order = [[0, 1], [1, 2]] if rank == 0 else [[1, 2], [0, 1]]
+            groups = {tuple(r): dist.new_group(r) for r in order}
+            mine = (0, 1) if rank < 2 else (1, 2)
+            t = torch.tensor([float(10 ** rank)])
+            dist.all_reduce(t, group=groups[mine])
+            return t.item()
+
+        got = on_ranks(self, 3, self.outcome(fn))
+        # rank 1 makes group 1 as its rank 0, as rank 0 did, and its new_group fails
+        self.assertIn("new_group: rank 1 made group 1 as its rank 0, as rank 0 did (disttest): rank 0 made it with "
+                      "ranks 0, 1; rank 1 with ranks 1, 2; c10d names a group by the order of new_group calls",
+                      got[1])
+        # rank 0's all_reduce met rank 2's (their sum was 101.0): each says so
+        for rank in (0, 2):
+            self.assertIn("all_reduce #1 on group 1 joined ranks that made that group with different ranks "
+                          "(disttest): rank 0 made it with ranks 0, 1; rank 2 made it with ranks 1, 2", got[rank])
+
+    def test_groups_swapped_by_half_the_ranks_are_named_as_they_are_made(self):
+        # Each half pairs up among itself (every sum looked right).
+        def fn(rank):
+            order = [[0, 1], [2, 3]] if rank < 2 else [[2, 3], [0, 1]]
+            groups = {tuple(r): dist.new_group(r) for r in order}
+            return dist.get_world_size(groups[(0, 1) if rank < 2 else (2, 3)])
+
+        got = on_ranks(self, 4, self.outcome(fn))
+        self.assertEqual(got[:2], [2, 2])
+        self.assertIn("new_group: rank 2 made group 1 as its rank 0, as rank 0 did", got[2])
+        self.assertIn("new_group: rank 3 made group 1 as its rank 1, as rank 1 did", got[3])
+
+    def test_names_used_again_after_the_world_is_made_again(self):
+        # destroy_process_group starts c10d's names afresh: group 1 is new
+        def fn(rank):
+            first = dist.new_group([0, 1])
+            if rank < 2:
+                dist.all_reduce(torch.ones(1), group=first)
+            store = dist.distributed_c10d._get_default_store()
+            dist.destroy_process_group()
+            dist.init_process_group("threaded", rank=rank, world_size=3, store=store)
+            second = dist.new_group([1, 2])
+            t = torch.ones(1)
+            if rank > 0:
+                dist.all_reduce(t, group=second)
+            return t.item()
+
+        self.assertEqual(on_ranks(self, 3, self.outcome(fn)), [1.0, 2.0, 2.0])
+
+
 class ArgumentErrorsTest(unittest.TestCase):
     def errors_on_every_rank(self, n, fn, error, fragment):
         def body(rank, n):

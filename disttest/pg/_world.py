@@ -36,6 +36,16 @@ __unittest = True
 
 ABORTED = "{op} on group {group} was released by disttest: {reason}"
 MISMATCH = "collective #{seq} on group {group} does not match across ranks (disttest): {calls}"
+#: Why ranks that made the group of one name with different ranks fail.
+NEW_GROUP_ORDER = ("c10d names a group by the order of new_group calls, so every rank must call new_group in the "
+                   "same order with the same ranks, members or not")
+#: Ranks that made the group of one name with different ranks met in it.
+MEMBERS_DIFFER = ("{op} #{seq} on group {group} joined ranks that made that group with different ranks "
+                  "(disttest): {views}; " + NEW_GROUP_ORDER)
+#: Two ranks made groups of one name, each as the same rank of its group.
+SAME_GROUP_RANK = ("new_group: rank {second} made group {group} as its rank {group_rank}, as rank {first} did "
+                   "(disttest): rank {first} made it with ranks {first_members}; rank {second} with ranks "
+                   "{second_members}; " + NEW_GROUP_ORDER)
 
 #: The world each rank thread's threaded groups join (bound by the runner).
 _thread_world = threading.local()
@@ -96,15 +106,38 @@ class _SendWork(ThreadedWork):
 
 
 class _Call:
-    __slots__ = ("op", "payload", "future", "agree", "thread", "since")
+    __slots__ = ("op", "payload", "future", "agree", "members", "thread", "since")
 
-    def __init__(self, op: str, payload: Any, future: Future[Any], agree: dict[str, Any] | None) -> None:
+    def __init__(self, op: str, payload: Any, future: Future[Any], agree: dict[str, Any] | None,
+                 members: Sequence[int] | None = None) -> None:
         self.op = op
         self.payload = payload
         self.future = future
         self.agree = agree
+        self.members = members  # the global ranks the caller made its group with
         self.thread = threading.get_ident()  # who joined (the harness maps it to a rank)
         self.since = time.time()
+
+
+def _global_rank(call: _Call, group_rank: int) -> int:
+    members = call.members
+    return members[group_rank] if members is not None and group_rank < len(members) else group_rank
+
+
+def _same_members(op: str, seq: int, group: str, calls: Sequence[_Call]) -> None:
+    """Raise CollectiveMismatch where the callers made their group (of one
+    name) with different ranks: their calls would pair ranks of different
+    groups. Each compares by identity first: a group's members are one
+    object per rank, equal in a correct test."""
+    first = calls[0].members
+    if first is None or all(c.members is first or c.members == first for c in calls[1:]):
+        return
+    views: dict[tuple[int, ...], list[int]] = {}
+    for group_rank, c in enumerate(calls):
+        views.setdefault(tuple(c.members or ()), []).append(_global_rank(c, group_rank))
+    described = "; ".join(f"{'rank' if len(who) == 1 else 'ranks'} {rank_runs(who)} made it with ranks "
+                          f"{rank_runs(members)}" for members, who in views.items())
+    raise CollectiveMismatch(MEMBERS_DIFFER.format(op=op, seq=seq, group=group, views=described))
 
 
 class PendingCall(NamedTuple):
@@ -133,6 +166,11 @@ class ThreadedWorld:
         self._pending: set[Future[Any]] = set()
         self._sizes: dict[str, int] = {}  # group name -> size
         self._members: dict[str, range | frozenset[int]] = {}  # group name -> its global ranks
+        # (see register)
+        self._shared_members: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
+        self._made_default: dict[int, int] = {}  # global rank -> default groups it made
+        # (generation, group name, group rank) -> the global rank that made it so, and its members
+        self._group_ranks: dict[tuple[int, str, int], tuple[int, Sequence[int]]] = {}
         self._dead: dict[int, str] = {}  # global rank -> why (an injected kill)
         self.abort_reason: str | None = None
         self.store = dist.HashStore()
@@ -169,13 +207,32 @@ class ThreadedWorld:
                 fut.set_exception(CollectiveAborted(
                     f"released by disttest: {self.abort_reason}", self.abort_reason))
 
-    def register(self, group: str, members: Sequence[int]) -> None:
-        """Note the global ranks of ``group`` (as each member makes it)."""
+    def register(self, group: str, members: Sequence[int], group_rank: int, default: bool) -> Sequence[int]:
+        """Note the global ranks of ``group`` as its rank ``group_rank`` makes
+        it (``default``: the default group, which starts a new generation of
+        group names for that rank); return them as one object shared by
+        every rank that gives the same (collectives compare by identity).
+        Two ranks that make groups of one name as the same rank of it (their
+        new_group calls in different orders) get CollectiveMismatch."""
         with self._lock:
             # NB: a whole world stays a range: each of its ranks registers it
             # (a set of a thousand ranks, a thousand times, is O(world^2)).
             self._members[group] = members if isinstance(members, range) else frozenset(members)
             self._sizes[group] = len(members)
+            shared = members
+            if not isinstance(members, range):
+                listed = tuple(members)
+                shared = self._shared_members.setdefault((group, listed), listed)
+            me = shared[group_rank] if 0 <= group_rank < len(shared) else group_rank
+            if default:  # (c10d names groups afresh after destroy_process_group)
+                self._made_default[me] = self._made_default.get(me, 0) + 1
+            first, first_members = self._group_ranks.setdefault(
+                (self._made_default.get(me, 0), group, group_rank), (me, shared))
+        if first != me:
+            raise CollectiveMismatch(SAME_GROUP_RANK.format(
+                group=group, group_rank=group_rank, first=first, second=me,
+                first_members=rank_runs(first_members), second_members=rank_runs(shared)))
+        return shared
 
     def kill(self, rank: int, reason: str) -> None:
         """Global rank ``rank`` is dead (an injected kill): as a gloo group
@@ -230,13 +287,14 @@ class ThreadedWorld:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             calls = self._waiting.setdefault((pg.group_name, seq), {})
-            calls[pg.rank()] = _Call(op, payload, fut, agree)
+            calls[pg.rank()] = _Call(op, payload, fut, agree, getattr(pg, "members", None))
             self._pending.add(fut)
             if len(calls) < pg.size():
                 return self._work(fut, op, pg, lambda: self._absent(pg, seq, fut))
             del self._waiting[(pg.group_name, seq)]
         ordered = [calls[r] for r in range(pg.size())]
         try:
+            _same_members(op, seq, pg.group_name, ordered)
             ops = {c.op for c in ordered}
             if len(ops) > 1:
                 described = each_rank([c.op for c in ordered], "called {}")

@@ -106,7 +106,8 @@ class ProcessLocalGroup(PythonGroup):
         """``members``: the group's global ranks (default: ranks 0 to world_size - 1)."""
         super().__init__(rank, world_size, name)
         self._tworld = world if world is not None else _current_world()
-        self._tworld.register(name, members if members else range(world_size))
+        #: the group's global ranks, as this rank made it (the world checks that its peers agree)
+        self.members = self._tworld.register(name, members if members else range(world_size), rank, not members)
         # As upstream's group: autograd runs backward in the calling thread
         # (thread-local), whose default group is this thread's, not on
         # device threads that have none.
