@@ -576,6 +576,19 @@ class ArgumentErrorsTest(unittest.TestCase):
         self.assertEqual(each_rank(["1", 1, 1, [2], True], "passed x={}"),
                          "rank 0 passed x='1'; ranks 1, 2 passed x=1; rank 3 passed x=[2]; rank 4 passed x=True")
 
+    def test_scattered_ranks_are_named_in_a_line_that_does_not_grow_with_the_world(self):
+        from disttest.pg._local import rank_runs
+
+        # (every other rank of 1024 was 512 numbers)
+        self.assertEqual(rank_runs(range(0, 1024, 2)), "0, 2, 4, ..., 1022 (512 ranks, every 2nd)")
+        self.assertEqual(rank_runs(range(1, 4096, 11)), "1, 12, 23, ..., 4093 (373 ranks, every 11th)")
+        self.assertEqual(rank_runs([r for r in range(1024) if r % 8 < 4]),
+                         "0-3, 8-11, 16-19, 24-27, 32-35, 40-43, 48-51, 56-59, 64-67, 72-75, ..., 1016-1019 "
+                         "(512 ranks)")
+        self.assertEqual(rank_runs([*range(517), *range(518, 1024)]), "0-516, 518-1023")
+        self.assertEqual(rank_runs([5, 1, 2]), "1, 2, 5")
+        self.assertEqual(rank_runs(range(0, 24, 2)), "0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22")
+
     def test_bitwise_op_on_floats(self):
         self.errors_on_every_rank(2, lambda rank, n: dist.all_reduce(torch.ones(1), op=R.BAND),
                                   ValueError, "BAND needs integer or bool tensors")

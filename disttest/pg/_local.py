@@ -317,13 +317,17 @@ def op_label(op: Any) -> str:
 
 #: Up to this many ranks are named one by one; more as runs (``0-516, 518-1023``).
 LISTED = 8
+#: Up to this many runs are named; more are cut short, with the count of ranks.
+RUNS_LISTED = 12
 
 
 def rank_runs(ranks: Iterable[int]) -> str:
     """How every report names ranks: ``1, 2, 5`` for a few (up to
     :data:`LISTED`), ``0-516, 518-1023`` for many, of a size that does not
-    grow with the world."""
-    ordered = sorted(ranks)
+    grow with the world: ranks at a stride as ``0, 2, 4, ..., 1022 (512
+    ranks, every 2nd)``, other scattered ranks cut short after
+    :data:`RUNS_LISTED` runs, with their count."""
+    ordered = sorted(set(ranks))
     if len(ordered) <= LISTED:
         return ", ".join(map(str, ordered))
     runs: list[list[int]] = []
@@ -332,7 +336,19 @@ def rank_runs(ranks: Iterable[int]) -> str:
             runs[-1][1] = r
         else:
             runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    named = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(named) <= RUNS_LISTED:
+        return ", ".join(named)
+    steps = {b - a for a, b in zip(ordered, ordered[1:])}
+    if len(steps) == 1:
+        (step,) = steps
+        return f"{', '.join(named[:3])}, ..., {named[-1]} ({len(ordered)} ranks, every {_nth(step)})"
+    return f"{', '.join(named[:RUNS_LISTED - 2])}, ..., {named[-1]} ({len(ordered)} ranks)"
+
+
+def _nth(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def each_rank(values: Sequence[Any], did: str) -> str:
