@@ -4,6 +4,7 @@ a Work over a Future, reductions, argument checks and copies."""
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from datetime import timedelta
@@ -339,7 +340,7 @@ def rank_runs(ranks: Iterable[int]) -> str:
     named = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
     if len(named) <= RUNS_LISTED:
         return ", ".join(named)
-    steps = {b - a for a, b in zip(ordered, ordered[1:])}
+    steps = {b - a for a, b in itertools.pairwise(ordered)}
     if len(steps) == 1:
         (step,) = steps
         return f"{', '.join(named[:3])}, ..., {named[-1]} ({len(ordered)} ranks, every {_nth(step)})"
