@@ -486,9 +486,12 @@ def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -
         return functools.partial(with_fake_comms, rank=rank, world_size=world_size)
     if inspect.isclass(func):
         # (the class was replaced by a function: its tests vanished, and the run said OK)
+        # Inherited test methods too (a mixin's, a base class's: they ran in no
+        # world), each wrapped on this class; one its base wrapped already is left so.
         prefix = getattr(unittest.defaultTestLoader, "testMethodPrefix", "test")
-        for name, member in list(vars(func).items()):
-            if name.startswith(prefix) and inspect.isfunction(member):
+        for name in dir(func):
+            member = inspect.getattr_static(func, name, None)
+            if name.startswith(prefix) and inspect.isfunction(member) and not getattr(member, _IN_FAKE_WORLD, False):
                 setattr(func, name, with_fake_comms(member, rank=rank, world_size=world_size))
         return func
     if not callable(func):
@@ -501,6 +504,7 @@ def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -
             with with_dist(rank, world_size):
                 return await coroutine(*args, **kwargs)
 
+        setattr(awaiting, _IN_FAKE_WORLD, True)
         return awaiting
     if inspect.isgeneratorfunction(func):
         generator = func
@@ -510,6 +514,7 @@ def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -
             with with_dist(rank, world_size):
                 return (yield from generator(*args, **kwargs))
 
+        setattr(iterating, _IN_FAKE_WORLD, True)
         return iterating
 
     @functools.wraps(func)
@@ -517,4 +522,10 @@ def with_fake_comms(func: F | None = None, rank: int = 0, world_size: int = 2) -
         with with_dist(rank, world_size):
             return func(*args, **kwargs)
 
+    setattr(wrapper, _IN_FAKE_WORLD, True)
     return wrapper
+
+
+#: Set on a function that ``with_fake_comms`` wrapped (a class decorated
+#: after its base leaves the base's tests as they are).
+_IN_FAKE_WORLD = "__disttest_fake_world__"
