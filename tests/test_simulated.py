@@ -517,6 +517,58 @@ class RankBranchTest(unittest.TestCase):
     per-rank int answered ``self.rank == 0`` with False for every rank, and
     a test's rank-0 checks silently never ran."""
 
+    def test_the_refusal_is_not_taken_for_a_value_error(self):
+        # (a ValueError: assertRaises(ValueError) around a branch one rank takes passed)
+        class Parse(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_it(self):
+                def parse(n):
+                    if n == 2:
+                        raise ValueError("bad")
+                    return n
+
+                with self.assertRaises(ValueError):
+                    parse(self.rank)
+
+        result = run(Parse)
+        self.assertEqual(len(result.errors), 1, problems(result))
+        self.assertIn("RankSplit: a per-rank int == 2", result.errors[0][1])
+
+    def test_not_equal_means_on_every_rank(self):
+        # (the inverse of assertEqual: it passed where any one rank differed)
+        class NotEqual(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_rank_zero_equal(self):
+                self.assertNotEqual(self.rank, 0)
+
+            def test_tensors_equal_on_rank_zero(self):
+                self.assertNotEqual(torch.ones(2) * self.rank, torch.zeros(2))
+
+            def test_differ_everywhere(self):
+                self.assertNotEqual(torch.ones(2) * self.rank, torch.full((2,), -1.0))
+                self.assertNotEqual(self.rank, 9)
+                self.assertNotEqual(1, 2)
+
+        result = run(NotEqual)
+        self.assertEqual((result.testsRun, len(result.failures), result.errors), (3, 2, []), problems(result))
+        for _, text in result.failures:
+            self.assertIn("1 of the 4 ranks checked are equal (disttest): rank 0, where each rank's values must differ",
+                          text)
+
+    def test_the_ranks_that_answer_otherwise_are_shown_whatever_their_number(self):
+        # (the first five ranks were shown: at 4096 ranks, rank 4095's True never)
+        class Last(disttest.SimulatedTestCase):
+            world_size = 4096
+
+            def test_it(self):
+                if self.rank == 4095:
+                    pass
+
+        text = problems(run(Last))[0]
+        self.assertIn("their answers differ (ranks 0-4094: False; rank 4095: True)", text)
+
     def test_a_branch_on_the_rank_is_refused_not_skipped(self):
         forms = {
             "== 0": lambda r: r == 0, "!= 0": lambda r: r != 0, "< 2": lambda r: r < 2,
@@ -538,7 +590,7 @@ class RankBranchTest(unittest.TestCase):
                     if self.rank == 0:
                         self.fail("a branch for some ranks only was taken")
                 self.assertEqual(caught.exception.answers, {0: True, 1: False, 2: False, 3: False})
-                self.assertIn("(rank 0: True, rank 1: False, rank 2: False, rank 3: False)", str(caught.exception))
+                self.assertIn("(rank 0: True; ranks 1, 2, 3: False)", str(caught.exception))
 
             def test_agreed_answers_and_arithmetic_stay(self):
                 self.assertTrue(self.rank >= 0)
@@ -632,7 +684,7 @@ class RankBranchTest(unittest.TestCase):
         result = run(Big)
         text = problems(result)[0]
         self.assertIn("RankSplit: a per-rank int < 32 (self.rank, or an int made from it) has no one answer", text)
-        self.assertIn("rank 4: True, ... of 64 ranks)", text)
+        self.assertIn("their answers differ (ranks 0-31: True; ranks 32-63: False)", text)
 
 
 class ReportsTest(unittest.TestCase):

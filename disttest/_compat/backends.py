@@ -105,10 +105,10 @@ def register_python_group_backend(group: Any, rank: int, world_size: int) -> Non
             supports_splitting = False
             supports_time_estimate = False
             #: the group's backend name (c10d asks the backend for it: monitored_barrier)
-            name = "placeholder"
+            backend_name = "placeholder"
 
             def getBackendName(self) -> str:  # noqa: N802 (c10d's name)
-                return self.name
+                return self.backend_name
 
         _placeholder_backend.append(_Placeholder)
     if _placeholder_backend[0] is None:
@@ -121,7 +121,7 @@ def register_python_group_backend(group: Any, rank: int, world_size: int) -> Non
         # (asked once: a thousand thread ranks make a group each per test).
         _placeholder_backend[0] = None
         return
-    backend.name = group.getBackendName()
+    backend.backend_name = group.getBackendName()
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from disttest import _compat
+from disttest.pg._local import rank_runs
 
 __unittest = True
 
@@ -29,18 +30,28 @@ RANK_SPLIT = ("{what} has no one answer in a simulated test (disttest): every ra
 RANK_NOT_INT = ("{op} of a per-rank int (self.rank, or an int made from it) is not simulated (disttest): its "
                 "arithmetic gives per-rank ints only (+, -, *, //, %, ** by a natural number, <<, >>, &, |, ^, "
                 "abs, math.floor, ceil and trunc); make per-rank values of other kinds with self.mode.rank_map(lambda rank: ...)")
-#: How many differing ranks a failure shows.
+#: How many differing ranks (of :class:`RankSplit`: answers) a failure shows.
 SHOWN_RANKS = 5
 
 
-class RankSplit(ValueError):
+class RankSplit(Exception):  # noqa: N818 (upstream-style name, kept)
     """A comparison of a simulated test's ``self.rank`` (or an int made from
     it) whose answer differs between the ranks (:data:`RANK_SPLIT`), like
-    numpy's "truth value of an array is ambiguous". ``answers``: each rank's."""
+    numpy's "truth value of an array is ambiguous". ``answers``: each rank's.
+
+    NB: not a ``ValueError`` (numpy's is): ``except ValueError`` or
+    ``assertRaises(ValueError)`` around code that branches on the rank took it
+    for the error one rank would raise, and the test passed."""
 
     def __init__(self, what: str, answers: Mapping[int, Any]) -> None:
-        shown = ", ".join(f"rank {r}: {answers[r]!r}" for r in sorted(answers)[:SHOWN_RANKS])
-        more = f", ... of {len(answers)} ranks" if len(answers) > SHOWN_RANKS else ""
+        # Ranks that answered alike together, in the order of their first
+        # rank: the one rank that differs is shown whatever its number.
+        alike: dict[str, list[int]] = {}
+        for r in sorted(answers):
+            alike.setdefault(repr(answers[r]), []).append(r)
+        shown = "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {rank_runs(ranks)}: {answer}"
+                          for answer, ranks in list(alike.items())[:SHOWN_RANKS])
+        more = f"; ... {len(alike)} answers among {len(answers)} ranks" if len(alike) > SHOWN_RANKS else ""
         super().__init__(RANK_SPLIT.format(what=what, answers=shown + more))
         self.answers = dict(answers)
 

@@ -52,6 +52,7 @@ from disttest.bases._rank_int import (  # (re-exported: their documented home is
 )
 from disttest.config import TIMEOUT_FALLBACK, ConfigError, marked_world_size, parse_world_size
 from disttest.faults import CHAOS_ENV, FAULT_ENV, chaos_seed, env_faults
+from disttest.pg._local import rank_runs
 from disttest.runners.case import TestCase, assert_equal
 from disttest.runners.modes import SIMULATED_MODE, body_world_size, only_in_forced_mode
 from disttest.runners.multithread import restore_hooks
@@ -64,6 +65,7 @@ __all__ = [
     "MISSING_RANKS",
     "OUTSIDE_RANKS",
     "RANKS_DIFFER",
+    "RANKS_EQUAL",
     "RANK_NOT_INT",
     "RANK_SPLIT",
     "RankSplit",
@@ -79,6 +81,9 @@ __all__ = [
 #: first few, each as ``rank 17: got [...] expected [...]`` and why.
 RANKS_DIFFER = "{count} of the {total} ranks checked differ (disttest){msg}:\n{details}"
 RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
+#: ``assertNotEqual`` of per-rank values equal on some ranks.
+RANKS_EQUAL = ("{count} of the {total} ranks checked are equal (disttest){msg}: {which}, where each rank's "
+               "values must differ")
 #: A ``{rank: value}`` expectation that lacks some of the ranks checked.
 MISSING_RANKS = "the expected values name no value for rank(s) {ranks} ({n} of the {world} ranks checked) (disttest)"
 #: A ``{rank: value}`` expectation with keys that are not ranks of the world.
@@ -455,6 +460,35 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
             _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, x),
                                 want if want is not None else dict.fromkeys(ranks, y), msg, options)
+
+
+    def assertNotEqual(self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,  # type: ignore[override]
+                       **options: Any) -> None:
+        """Fail if ``x`` equals ``y``; where either holds per-rank values,
+        on any rank (each rank's values must differ), naming the ranks where
+        they are equal. (As the inverse of :meth:`assertEqual` it passed
+        where any one rank differed.)"""
+        x, y = _compat.unwrap_dtensors(x, y)
+        got, want = _per_rank(x), _per_rank(y)
+        if got is None and want is None:
+            super().assertNotEqual(x, y, msg, **options)  # type: ignore[arg-type]  # (a callable msg as assertEqual takes)
+            return
+        ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
+        got = got if got is not None else dict.fromkeys(ranks, x)
+        want = want if want is not None else dict.fromkeys(ranks, y)
+        equal = []
+        with _plain():
+            for r in ranks:
+                try:
+                    super().assertEqual(got[r], want[r], **options)
+                except AssertionError:
+                    continue
+                equal.append(r)
+        if equal:
+            text = msg(str(equal)) if callable(msg) else msg
+            raise self.failureException(RANKS_EQUAL.format(count=len(equal), total=len(ranks),
+                                                           msg=f": {text}" if text else "",
+                                                           which=f"rank{'s' * (len(equal) > 1)} {rank_runs(equal)}"))
 
 
 def _leave(mode: Any) -> None:
