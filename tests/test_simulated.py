@@ -512,6 +512,40 @@ class InstallAndUndoTest(unittest.TestCase):
 
 @needs_mode
 @needs_mode
+class MeshTest(unittest.TestCase):
+    def test_a_shape_of_other_ranks_than_the_worlds_is_named(self):
+        # (taken: its mesh then failed with a bare AssertionError, or torch's words)
+        refused = []
+
+        class Shapes(disttest.SimulatedTestCase):
+            world_size = 8
+
+            def test_it(self):
+                for shape in ((2, 2), (0,), ("8",), (-1, -8), (True, 8), (2.0, 4)):
+                    with self.subTest(shape=shape), self.assertRaises(disttest.ConfigError) as caught:
+                        self.mesh(*shape)
+                    refused.append(str(caught.exception))
+                self.assertEqual(self.mesh(2, 4).shape, (2, 4))
+
+        result = run(Shapes)
+        self.assertTrue(result.wasSuccessful(), problems(result))
+        self.assertIn("Invalid mesh shape (2, 2) from Shapes.mesh(...)", refused[0])
+        self.assertIn("expected positive ints whose product is the world size, 8", refused[0])
+
+    def test_a_world_size_of_numpys_int_is_an_int(self):
+        import numpy as np
+
+        class NumpySize(disttest.SimulatedTestCase):
+            world_size = np.int64(4)
+
+            def test_it(self):
+                self.assertIs(type(self.world_size), int)
+                self.assertEqual(self.mesh().shape, (4,))
+
+        result = run(NumpySize)
+        self.assertTrue(result.wasSuccessful(), problems(result))
+
+
 class RankBranchTest(unittest.TestCase):
     """``self.rank`` compared where the ranks' answers differ: torch's
     per-rank int answered ``self.rank == 0`` with False for every rank, and

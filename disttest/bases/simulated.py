@@ -26,6 +26,7 @@ Layer: a subsystem base (imports the runners, the process groups and
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import sys
 import threading
@@ -81,6 +82,8 @@ __all__ = [
 #: first few, each as ``rank 17: got [...] expected [...]`` and why.
 RANKS_DIFFER = "{count} of the {total} ranks checked differ (disttest){msg}:\n{details}"
 RANK_DIFFERS = "rank {rank}: got {got} expected {expected}"
+#: Why a mesh shape is refused.
+MESH_NOT_THE_WORLD = "expected positive ints whose product is the world size, {world}"
 #: ``assertNotEqual`` of per-rank values equal on some ranks.
 RANKS_EQUAL = ("{count} of the {total} ranks checked are equal (disttest){msg}: {which}, where each rank's "
                "values must differ")
@@ -171,8 +174,15 @@ class SpmdMixin:
         disabled while it is built, as upstream's local bases do)."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        shape = shape or (int(self.world_size),)
+        # (a shape of other ranks than the world's was taken, and its mesh
+        # failed later with a bare AssertionError; "8" or -1 with torch's words)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape) or \
+                math.prod(shape) != int(self.world_size):
+            raise ConfigError("mesh shape", shape, f"{type(self).__name__}.mesh(...)",
+                              MESH_NOT_THE_WORLD.format(world=int(self.world_size)))
         with _plain():
-            return init_device_mesh(self.device_type, shape or (self.world_size,), mesh_dim_names=names)
+            return init_device_mesh(self.device_type, shape, mesh_dim_names=names)
 
     def rank_values(self, value: Any) -> dict[int, Any]:
         """``{rank: value on that rank}``: every rank's in a simulated test
@@ -409,6 +419,7 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             self.world_size = size
         else:
             size = parse_world_size(self.world_size, f"{cls.__name__}.world_size")
+            self.world_size = size  # (np.int64(4) as an int: a mesh of it failed deep in torch)
         if not isinstance(self.speedups, (tuple, list, frozenset, set)) or not all(
                 isinstance(n, str) and n in _compat.LOCAL_TENSOR_SPEEDUPS for n in self.speedups):
             # (a string would be read letter by letter; an unknown name was a
