@@ -512,6 +512,34 @@ class InstallAndUndoTest(unittest.TestCase):
 
 @needs_mode
 @needs_mode
+class PlainTensorsWithTheRankTest(unittest.TestCase):
+    """``torch.tensor(...)`` makes a plain tensor in a simulated test; with
+    ``self.rank`` torch ran the op once on a placeholder of the per-rank int
+    (7777777) and every rank got it: a check that is wrong on rank 0 passed."""
+
+    def test_an_op_of_a_plain_tensor_and_the_rank_runs_per_rank(self):
+        class Plain(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_values(self):
+                self.assertRanksEqual(torch.tensor([1.0]) * self.rank, lambda r: torch.tensor([float(r)]))
+                self.assertRanksEqual(torch.tensor(1.0) + self.rank, lambda r: torch.tensor(1.0 + r))
+                self.assertRanksEqual(torch.mul(torch.tensor([2.0]), self.rank), lambda r: torch.tensor([2.0 * r]))
+
+            def test_wrong_on_rank_zero(self):
+                self.assertGreater(torch.tensor(1.0) * self.rank, 0.5)
+
+            def test_in_place(self):
+                torch.tensor([1.0]).mul_(self.rank)
+
+        result = run(Plain)
+        errors = dict((t._testMethodName, text) for t, text in result.errors)
+        self.assertEqual((result.testsRun, result.failures, sorted(errors)), (3, [], ["test_in_place",
+                                                                                      "test_wrong_on_rank_zero"]))
+        self.assertIn("their answers differ (rank 0: False; ranks 1, 2, 3: True)", errors["test_wrong_on_rank_zero"])
+        self.assertIn("aten.mul_.Tensor in place on a plain tensor with a per-rank int", errors["test_in_place"])
+
+
 class MeshTest(unittest.TestCase):
     def test_a_shape_of_other_ranks_than_the_worlds_is_named(self):
         # (taken: its mesh then failed with a bare AssertionError, or torch's words)

@@ -12,6 +12,7 @@ __unittest = True
 
 __all__ = [
     "LOCAL_TENSOR_MISSING",
+    "PLAIN_IN_PLACE",
     "install_rank_answers",
     "local_int_values",
     "local_tensor",
@@ -106,7 +107,28 @@ def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
             return per_rank_int(dict(ret.node._local_ints))
         return ret
 
+    mode_class = lt.LocalTensorMode
+    dispatch_before = mode_class.__dict__["__torch_dispatch__"]
+    local_tensor_class, local_int = lt.LocalTensor, lt.LocalIntNode
+
+    def dispatch(mode: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # A per-rank int (self.rank) with plain tensors and no LocalTensor:
+        # torch ran the op once, on a placeholder of the int (7777777), and
+        # every rank got that (torch.tensor(1.0) * self.rank). Run it per
+        # rank: the plain tensors as every rank's.
+        if not types and not mode._disable and any(
+                type(a) is torch.SymInt and isinstance(a.node, local_int) for a in args) and any(
+                type(a) is torch.Tensor for a in args):
+            if func._schema.is_mutable:
+                raise RuntimeError(PLAIN_IN_PLACE.format(op=func))
+            ranks = mode.ranks
+            args = tuple(local_tensor_class({r: a.clone() for r in ranks}) if type(a) is torch.Tensor else a
+                         for a in args)
+            return func(*args, **(kwargs or {}))
+        return dispatch_before(mode, func, types, args, kwargs)
+
     lt._combine_any_rank_results, lt._for_each_rank_run_func = one_answer, for_each_rank
+    mode_class.__torch_dispatch__ = dispatch
 
     def undo() -> None:
         # (only what is still ours: a later install, undone out of order, keeps its own)
@@ -114,8 +136,17 @@ def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
             lt._combine_any_rank_results = combine
         if lt._for_each_rank_run_func is for_each_rank:
             lt._for_each_rank_run_func = run
+        if mode_class.__dict__.get("__torch_dispatch__") is dispatch:
+            mode_class.__torch_dispatch__ = dispatch_before
 
     return undo
+
+
+#: An in-place op on a plain tensor with a per-rank int: one tensor cannot
+#: hold each rank's result.
+PLAIN_IN_PLACE = ("{op} in place on a plain tensor with a per-rank int (self.rank, or an int made from it) "
+                  "(disttest): one tensor cannot hold every rank's result; make the tensor per rank "
+                  "(self.mode.rank_map(lambda rank: ...), or torch.ones(...) rather than torch.tensor(...))")
 
 
 def _same_answer(a: Any, b: Any) -> bool:
