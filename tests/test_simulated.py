@@ -540,6 +540,58 @@ class PlainTensorsWithTheRankTest(unittest.TestCase):
         self.assertIn("aten.mul_.Tensor in place on a plain tensor with a per-rank int", errors["test_in_place"])
 
 
+@needs_mode
+class ExpectedFunctionTest(unittest.TestCase):
+    def test_a_simulated_value_it_returns_is_taken_rank_by_rank(self):
+        # (a RankSplit error where the test should pass; torch's "please file
+        # an issue" where it should fail)
+        class Made(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_equal(self):
+                e = torch.ones(2) * self.rank
+                self.assertRanksEqual(torch.ones(2) * self.rank, lambda r: e)
+
+            def test_differs(self):
+                e = torch.ones(2) * self.rank
+                self.assertRanksEqual(self.mode.rank_map(lambda r: torch.ones(2) * r + (r == 3)), lambda r: e)
+
+        result = run(Made)
+        self.assertEqual((result.testsRun, result.errors, len(result.failures)), (2, [], 1), problems(result))
+        self.assertIn("1 of the 4 ranks checked differ (disttest):", result.failures[0][1])
+        self.assertIn("rank 3: got [4.0, 4.0] expected [3.0, 3.0]", result.failures[0][1])
+
+
+@needs_mode
+class SetUpInterruptedTest(unittest.TestCase):
+    def test_what_set_up_did_before_an_interruption_is_undone(self):
+        # (each cleanup was registered after what it undoes: an interruption
+        # between the two left the default group, or the mode, to the next test)
+        from disttest.bases import simulated as module
+
+        def then_interrupted(real):
+            def call(*args, **kwargs):
+                real(*args, **kwargs)
+                raise RuntimeError("interrupted right after")
+            return call
+
+        class Interrupted(disttest.SimulatedTestCase):
+            world_size = 4
+
+            def test_it(self):
+                pass
+
+        for target, name in ((module.dist, "init_process_group"), (lt.LocalTensorMode, "__enter__")):
+            with self.subTest(name=name):
+                with mock.patch.object(target, name, then_interrupted(getattr(target, name))):
+                    result = run(Interrupted)
+                self.assertEqual(len(result.errors), 1, problems(result))
+                self.assertIn("interrupted right after", result.errors[0][1])
+                self.assertFalse(dist.is_initialized())
+                self.assertEqual(_compat.dispatch_modes(), [])
+
+
+@needs_mode
 class MeshTest(unittest.TestCase):
     def test_a_shape_of_other_ranks_than_the_worlds_is_named(self):
         # (taken: its mesh then failed with a bare AssertionError, or torch's words)
@@ -574,6 +626,7 @@ class MeshTest(unittest.TestCase):
         self.assertTrue(result.wasSuccessful(), problems(result))
 
 
+@needs_mode
 class RankBranchTest(unittest.TestCase):
     """``self.rank`` compared where the ranks' answers differ: torch's
     per-rank int answered ``self.rank == 0`` with False for every rank, and

@@ -243,6 +243,10 @@ class SpmdMixin:
                         if hasattr(e, "add_note"):  # (Python 3.11+)
                             e.add_note(f"(disttest: raised by the expected value's function, asked for rank {r})")
                         raise
+                    # (a simulated value it returns, made outside: that rank's value of it)
+                    of_each = _per_rank(_local(want[r]))
+                    if of_each is not None:
+                        want[r] = of_each[r]
             elif isinstance(expected, Mapping):
                 world = int(self.world_size)
                 outside = [k for k in expected if not _a_rank(k, world)]
@@ -431,14 +435,17 @@ class SimulatedTestCase(SpmdMixin, TestCase):
 
         # (each init_process_group wraps sys.excepthook: "[rank0]: [rank0]: ..." after two tests)
         self.addCleanup(restore_hooks, sys.excepthook, threading.excepthook)
-        dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
+        # (each cleanup before what it undoes: a timeout or Ctrl-C between the
+        # two left the group, or the mode, to the next test; both undo nothing
+        # where nothing was done)
         self.addCleanup(_destroy_default_group)
+        dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
         self.addCleanup(_compat.reset_dtensor_rng_tracker)
         self.addCleanup(_compat.install_local_tensor_speedups(self.speedups))
         self.addCleanup(_compat.install_rank_answers(_answers_split, _per_rank_int))
         self.mode = lt.LocalTensorMode(frozenset(range(size)))
-        self.mode.__enter__()
         self.addCleanup(_leave, self.mode)
+        self.mode.__enter__()
         # (as the thread runner puts it back: the same body leaves the same state in every mode)
         self.addCleanup(torch.set_default_dtype, torch.get_default_dtype())
         self._own_cleanups = len(self._cleanups)  # type: ignore[attr-defined]  # (unittest's list)
