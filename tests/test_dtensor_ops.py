@@ -292,6 +292,13 @@ class ModelsTest(unittest.TestCase):
         self.assertTrue(torch.equal(ours(tokens), theirs(tokens)))
         self.assertTrue(all(layer.has_experts for layer in ours.layers))
 
+    def test_rms_norm_has_upstreams_norm(self):
+        # (a test that called ._norm got an AttributeError)
+        x = torch.randn(3, 8)
+        ours, theirs = dt.RMSNormPython(8), up.RMSNormPython(8)
+        self.assertTrue(torch.equal(ours._norm(x), theirs._norm(x)))
+        self.assertTrue(torch.equal(ours(x), theirs(x)))
+
     def test_parallelize_refuses_what_cannot_work(self):
         model = dt.Transformer(dt.ModelArgs(num_experts=2))
         with self.assertRaises(ValueError) as cm:

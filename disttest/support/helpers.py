@@ -110,10 +110,10 @@ def with_dist_debug_levels(levels: Iterable[str]) -> Callable[[F], F]:
     return decorator
 
 
-def verify_ddp_error_logged(model_ddp: Any, err_substr: str) -> None:
+def verify_ddp_error_logged(model_DDP: Any, err_substr: str) -> None:  # noqa: N803 (upstream's keyword)
     """Assert that DDP's logging data recorded an error containing
     ``err_substr`` (without any C++ stack trace appended to it)."""
-    data = model_ddp._get_ddp_logging_data()
+    data = model_DDP._get_ddp_logging_data()
     for key in ("iteration", "has_error", "error"):
         if key not in data:
             raise AssertionError(f"expected {key!r} in DDP logging data, got keys {sorted(data)}")
