@@ -141,3 +141,33 @@ class ComposableProcesses(FSDPTest):
             dist.all_reduce(p.grad)
             p.grad /= self.world_size
         check_sharded_parity(self, ref, model)
+
+
+class FsdpParity(FSDPTest):
+    """Upstream's FSDP1 parity check against DDP (FSDPTestMixin._test_fsdp_parity)."""
+
+    def test_parity_recursive(self):
+        self._test_fsdp_parity(NestedWrappedModule, FSDPInitMode.RECURSIVE, DEVICEInitMode.DEVICE_BEFORE)
+
+    def test_parity_grad_op_with_original_params(self):
+        # (CPU offload pins memory, which torch refuses on a host without accelerators)
+        from torch.distributed.fsdp import ShardingStrategy
+
+        self._test_fsdp_parity(NestedWrappedModule, FSDPInitMode.RECURSIVE, DEVICEInitMode.DEVICE_BEFORE,
+                               num_iters=3, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=True)
+
+    def test_parity_against_a_reference_that_differs(self):
+        # A reference whose weights start doubled: the check must fail.
+        from torch.nn.parallel import DistributedDataParallel
+
+        def doubled(model):
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.mul_(2)
+            return DistributedDataParallel(model)
+
+        self._test_fsdp_parity(NestedWrappedModule, FSDPInitMode.RECURSIVE, DEVICEInitMode.DEVICE_BEFORE,
+                               ref_init_fn=doubled)
+
+    def test_a_mode_without_fsdp_is_refused(self):
+        self._test_fsdp_parity(NestedWrappedModule, FSDPInitMode.NO_FSDP, DEVICEInitMode.DEVICE_BEFORE)

@@ -311,6 +311,20 @@ class CompiledFsdpTestTest(unittest.TestCase):
 class ProcessesTest(unittest.TestCase):
     """FSDP over gloo in two CPU rank processes."""
 
+    def test_fsdp1_parity_against_ddp_in_ranks(self):
+        # (FSDPTestMixin had no _test_fsdp_parity: every FSDP1 test that calls it errored)
+        result = unittest.TestResult()
+        names = ["test_parity_recursive", "test_parity_grad_op_with_original_params",
+                 "test_parity_against_a_reference_that_differs", "test_a_mode_without_fsdp_is_refused"]
+        unittest.TestSuite(cases.FsdpParity(n) for n in names).run(result)
+        self.assertEqual(result.testsRun, len(names))
+        failed = {test._testMethodName: text for test, text in result.failures + result.errors}
+        self.assertEqual(sorted(failed), ["test_a_mode_without_fsdp_is_refused",
+                                          "test_parity_against_a_reference_that_differs"], failed)
+        self.assertIn("ranks 0, 1/2 raised AssertionError", failed["test_parity_against_a_reference_that_differs"])
+        self.assertIn("Scalars are not close!", failed["test_parity_against_a_reference_that_differs"])
+        self.assertIn("Expects an FSDP init mode that wraps with FSDP", failed["test_a_mode_without_fsdp_is_refused"])
+
     def test_models_and_helpers_in_ranks(self):
         result = unittest.TestResult()
         names = ["test_always_wrap", "test_get_full_params", "test_nonuniform_req_grad",

@@ -115,9 +115,11 @@ from disttest._compat.flight_recorder import (
 )
 from disttest._compat.fsdp import (
     activation_checkpoint,
+    assert_fsdp_idle,
     fsdp_param_group,
     fsdp_runtime_utils,
     hybrid_sharding_strategies,
+    no_reshard_after_forward_strategies,
 )
 from disttest._compat.local_mode import (
     LOCAL_TENSOR_MISSING,
@@ -188,6 +190,7 @@ __all__ = [
     "accelerator_type",
     "activation_checkpoint",
     "adopt_thread_world_state",
+    "assert_fsdp_idle",
     "backend_creator",
     "c10d_logger",
     "c10d_world",
@@ -243,6 +246,7 @@ __all__ = [
     "mark_uncoalesced",
     "missing_feature",
     "new_c10d_world",
+    "no_reshard_after_forward_strategies",
     "nvml_device_count",
     "preload_dynamo",
     "premul_sum",

@@ -9,9 +9,11 @@ __unittest = True
 
 __all__ = [
     "activation_checkpoint",
+    "assert_fsdp_idle",
     "fsdp_param_group",
     "fsdp_runtime_utils",
     "hybrid_sharding_strategies",
+    "no_reshard_after_forward_strategies",
 ]
 
 
@@ -48,3 +50,19 @@ def fsdp_runtime_utils() -> Any:
     import torch.distributed.fsdp._runtime_utils as module
 
     return module
+
+
+def no_reshard_after_forward_strategies() -> tuple[Any, ...]:
+    """FSDP1's sharding strategies that keep parameters unsharded after the
+    forward pass (``torch.distributed.fsdp._init_utils.NO_RESHARD_AFTER_FORWARD_STRATEGIES``)."""
+    from torch.distributed.fsdp._init_utils import NO_RESHARD_AFTER_FORWARD_STRATEGIES
+
+    return tuple(NO_RESHARD_AFTER_FORWARD_STRATEGIES)
+
+
+def assert_fsdp_idle(model: Any) -> None:
+    """Raise unless the FSDP1 module ``model`` is idle (between passes:
+    ``_assert_state(TrainingState.IDLE)``, both private)."""
+    from torch.distributed.fsdp._common_utils import TrainingState
+
+    model._assert_state(TrainingState.IDLE)

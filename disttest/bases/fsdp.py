@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from disttest import _compat
-from disttest.bases import fsdp_models
+from disttest.bases import fsdp_models, fsdp_parity
 from disttest.bases.dtensor_bases import _DTensorProcesses
 from disttest.bases.fsdp_helpers import (
     DummyProcessGroup,
@@ -155,6 +155,10 @@ class FSDPTestMixin:
         """:func:`disttest.run_subtests` on this test: one ``subTest`` per
         combination, dynamo reset around each, a barrier between them."""
         run_subtests(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    # FSDP1's parity check against DDP, under upstream's names (see fsdp_parity).
+    _train_for_several_steps = fsdp_parity.train_for_several_steps
+    _test_fsdp_parity = fsdp_parity.test_fsdp_parity
 
 
 class FSDPTest(FSDPTestMixin, _DTensorProcesses):
