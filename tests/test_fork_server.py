@@ -325,8 +325,8 @@ class AutogradThreadsTest(unittest.TestCase):
                 # disttest's own fork (the pool's default) goes to the fork server
                 with mock.patch("threading.active_count", return_value=1):
                     method, where, _ = cuda_fork_cases.Pooled._start_choice()
-                self.assertEqual(method, "zygote")
-                self.assertIn(fork_threads.AUTOGRAD_STARTED, where)
+                self.assertEqual((method, where), ("zygote", "disttest's fork server in place of "
+                                                             "Pooled.start_method 'fork'"))
                 self.assertEqual(cuda_fork.choose("fork", cuda_fork_cases.Pooled, "t", "Pooled.start_method", True)[0],
                                  "zygote")
             finally:

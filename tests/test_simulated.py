@@ -511,7 +511,6 @@ class InstallAndUndoTest(unittest.TestCase):
 
 
 @needs_mode
-@needs_mode
 class PlainTensorsWithTheRankTest(unittest.TestCase):
     """``torch.tensor(...)`` makes a plain tensor in a simulated test; with
     ``self.rank`` torch ran the op once on a placeholder of the per-rank int
@@ -532,12 +531,28 @@ class PlainTensorsWithTheRankTest(unittest.TestCase):
             def test_in_place(self):
                 torch.tensor([1.0]).mul_(self.rank)
 
+            def test_keyword(self):
+                self.assertRanksEqual(torch.add(torch.tensor([1.0]), torch.tensor([1.0]), alpha=self.rank),
+                                      lambda r: torch.tensor([1.0 + r]))
+
+            def test_parameter(self):
+                (torch.nn.Parameter(torch.tensor([1.0])) * self.rank).sum()
+
+            def test_write_through_a_view(self):
+                # (the write went to per-rank copies and reached no rank)
+                t = torch.tensor([0.0, 0.0, 0.0, 0.0])
+                t[self.rank] = 1.0
+
         result = run(Plain)
         errors = dict((t._testMethodName, text) for t, text in result.errors)
-        self.assertEqual((result.testsRun, result.failures, sorted(errors)), (3, [], ["test_in_place",
-                                                                                      "test_wrong_on_rank_zero"]))
+        self.assertEqual((result.testsRun, result.failures, sorted(errors)),
+                         (6, [], ["test_in_place", "test_parameter", "test_write_through_a_view",
+                                  "test_wrong_on_rank_zero"]))
+        self.assertIn("RankSplit", errors["test_write_through_a_view"])
+        self.assertIn("aten.mul.Tensor of a plain tensor (it requires grad) with a per-rank int", errors["test_parameter"])
         self.assertIn("their answers differ (rank 0: False; ranks 1, 2, 3: True)", errors["test_wrong_on_rank_zero"])
-        self.assertIn("aten.mul_.Tensor in place on a plain tensor with a per-rank int", errors["test_in_place"])
+        self.assertIn("aten.mul_.Tensor of a plain tensor (in place: one tensor cannot hold every rank's result) "
+                      "with a per-rank int", errors["test_in_place"])
 
 
 @needs_mode

@@ -403,53 +403,42 @@ class AsyncAndGroupsTest(unittest.TestCase):
 class NewGroupOrderTest(unittest.TestCase):
     """c10d names a group by the order of new_group calls: ranks that call
     it in different orders hold groups of one name with different ranks.
-    Real groups then meet the wrong peers or hang; the threaded group paired
-    the ranks that came first, and a test passed or failed on a wrong sum."""
+    The threaded group paired the ranks that came first, and a test passed
+    or failed on a wrong sum, or was reported as a desync."""
 
-    @staticmethod
-    def outcome(fn):
-        def body(rank, n):
-            try:
-                return fn(rank)
-            except CollectiveMismatch as e:
-                return str(e)
-
-        return body
-
-    def test_groups_made_in_another_order_by_some_ranks_are_named(self):
-        def fn(rank):
+    def test_ranks_whose_groups_of_one_name_differ_are_named_when_they_meet(self):
+        def fn(rank, n):
             order = [[0, 1], [1, 2]] if rank == 0 else [[1, 2], [0, 1]]
             groups = {tuple(r): dist.new_group(r) for r in order}
-            mine = (0, 1) if rank < 2 else (1, 2)
+            if rank == 1:
+                return None
             t = torch.tensor([float(10 ** rank)])
-            dist.all_reduce(t, group=groups[mine])
+            try:  # rank 0 with its [0, 1], rank 2 with its [1, 2]: both named "1" (their sum was 101.0)
+                dist.all_reduce(t, group=groups[(0, 1) if rank == 0 else (1, 2)])
+            except CollectiveMismatch as e:
+                return str(e)
             return t.item()
 
-        got = on_ranks(self, 3, self.outcome(fn))
-        # rank 1 makes group 1 as its rank 0, as rank 0 did, and its new_group fails
-        self.assertIn("new_group: rank 1 made group 1 as its rank 0, as rank 0 did (disttest): rank 0 made it with "
-                      "ranks 0, 1; rank 1 with ranks 1, 2; c10d names a group by the order of new_group calls",
-                      got[1])
-        # rank 0's all_reduce met rank 2's (their sum was 101.0): each says so
+        got = on_ranks(self, 3, fn)
         for rank in (0, 2):
             self.assertIn("all_reduce #1 on group 1 joined ranks that made that group with different ranks "
-                          "(disttest): rank 0 made it with ranks 0, 1; rank 2 made it with ranks 1, 2", got[rank])
+                          "(disttest): rank 0 made it with ranks 0, 1; rank 2 made it with ranks 1, 2; c10d names "
+                          "a group by the order of new_group calls", got[rank])
 
-    def test_groups_swapped_by_half_the_ranks_are_named_as_they_are_made(self):
-        # Each half pairs up among itself (every sum looked right).
-        def fn(rank):
-            order = [[0, 1], [2, 3]] if rank < 2 else [[2, 3], [0, 1]]
-            groups = {tuple(r): dist.new_group(r) for r in order}
-            return dist.get_world_size(groups[(0, 1) if rank < 2 else (2, 3)])
+    def test_groups_each_made_by_their_own_members_stay_apart(self):
+        # (torch's _find_or_create_pg_by_ranks_and_tag, which functional
+        # collectives use for a list of ranks: disjoint groups of one name)
+        def fn(rank, n):
+            group = dist.distributed_c10d._find_or_create_pg_by_ranks_and_tag("tag", [0, 1, 2, 3], 2)
+            t = torch.tensor([float(10 ** rank)])
+            dist.all_reduce(t, group=group)
+            return t.item()
 
-        got = on_ranks(self, 4, self.outcome(fn))
-        self.assertEqual(got[:2], [2, 2])
-        self.assertIn("new_group: rank 2 made group 1 as its rank 0, as rank 0 did", got[2])
-        self.assertIn("new_group: rank 3 made group 1 as its rank 1, as rank 1 did", got[3])
+        self.assertEqual(on_ranks(self, 4, fn), [11.0, 11.0, 1100.0, 1100.0])
 
     def test_names_used_again_after_the_world_is_made_again(self):
         # destroy_process_group starts c10d's names afresh: group 1 is new
-        def fn(rank):
+        def fn(rank, n):
             first = dist.new_group([0, 1])
             if rank < 2:
                 dist.all_reduce(torch.ones(1), group=first)
@@ -462,7 +451,7 @@ class NewGroupOrderTest(unittest.TestCase):
                 dist.all_reduce(t, group=second)
             return t.item()
 
-        self.assertEqual(on_ranks(self, 3, self.outcome(fn)), [1.0, 2.0, 2.0])
+        self.assertEqual(on_ranks(self, 3, fn), [1.0, 2.0, 2.0])
 
 
 class ArgumentErrorsTest(unittest.TestCase):

@@ -123,6 +123,7 @@ from disttest._compat.fsdp import (
 )
 from disttest._compat.local_mode import (
     LOCAL_TENSOR_MISSING,
+    PLAIN_WITH_RANK,
     install_rank_answers,
     local_int_values,
     local_tensor,
@@ -183,6 +184,7 @@ __unittest = True
 __all__ = [
     "LOCAL_TENSOR_MISSING",
     "LOCAL_TENSOR_SPEEDUPS",
+    "PLAIN_WITH_RANK",
     "SIMULATED_RANK",
     "TORCH_FEATURES",
     "UNKNOWN_SPEEDUP",

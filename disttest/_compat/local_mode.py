@@ -12,7 +12,7 @@ __unittest = True
 
 __all__ = [
     "LOCAL_TENSOR_MISSING",
-    "PLAIN_IN_PLACE",
+    "PLAIN_WITH_RANK",
     "install_rank_answers",
     "local_int_values",
     "local_tensor",
@@ -111,20 +111,32 @@ def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
     dispatch_before = mode_class.__dict__["__torch_dispatch__"]
     local_tensor_class, local_int = lt.LocalTensor, lt.LocalIntNode
 
+    plain = (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter))
+
     def dispatch(mode: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # A per-rank int (self.rank) with plain tensors and no LocalTensor:
         # torch ran the op once, on a placeholder of the int (7777777), and
         # every rank got that (torch.tensor(1.0) * self.rank). Run it per
         # rank: the plain tensors as every rank's.
+        values = (*args, *kwargs.values()) if kwargs else args
         if not types and not mode._disable and any(
-                type(a) is torch.SymInt and isinstance(a.node, local_int) for a in args) and any(
-                type(a) is torch.Tensor for a in args):
-            if func._schema.is_mutable:
-                raise RuntimeError(PLAIN_IN_PLACE.format(op=func))
-            ranks = mode.ranks
-            args = tuple(local_tensor_class({r: a.clone() for r in ranks}) if type(a) is torch.Tensor else a
-                         for a in args)
-            return func(*args, **(kwargs or {}))
+                type(a) is torch.SymInt and isinstance(a.node, local_int) for a in values) and any(
+                type(a) in plain for a in values):
+            schema = func._schema
+            if schema.is_mutable:
+                raise RuntimeError(PLAIN_WITH_RANK.format(op=func, why="in place: one tensor cannot hold every "
+                                                                      "rank's result"))
+            if any(type(a) in plain and a.requires_grad for a in values):
+                raise RuntimeError(PLAIN_WITH_RANK.format(op=func, why="it requires grad"))
+            # (a view, t[self.rank]: a write through it would reach no rank's
+            # tensor; torch's path refuses the rank as an index)
+            if not any(r.alias_info is not None for r in schema.returns):
+                ranks = mode.ranks
+
+                def each(a: Any) -> Any:
+                    return local_tensor_class(dict.fromkeys(ranks, a)) if type(a) in plain else a
+
+                return func(*map(each, args), **{k: each(v) for k, v in (kwargs or {}).items()})
         return dispatch_before(mode, func, types, args, kwargs)
 
     lt._combine_any_rank_results, lt._for_each_rank_run_func = one_answer, for_each_rank
@@ -142,11 +154,12 @@ def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
     return undo
 
 
-#: An in-place op on a plain tensor with a per-rank int: one tensor cannot
-#: hold each rank's result.
-PLAIN_IN_PLACE = ("{op} in place on a plain tensor with a per-rank int (self.rank, or an int made from it) "
-                  "(disttest): one tensor cannot hold every rank's result; make the tensor per rank "
-                  "(self.mode.rank_map(lambda rank: ...), or torch.ones(...) rather than torch.tensor(...))")
+#: An op of a plain tensor and a per-rank int that cannot run per rank (in
+#: place: one tensor cannot hold each rank's result; a tensor that requires
+#: grad: torch's per-rank tensor cannot hold one).
+PLAIN_WITH_RANK = ("{op} of a plain tensor ({why}) with a per-rank int (self.rank, or an int made from it) cannot "
+                   "run per rank (disttest): make the tensor per rank (self.mode.rank_map(lambda rank: ...), or "
+                   "torch.ones(...) rather than torch.tensor(...))")
 
 
 def _same_answer(a: Any, b: Any) -> bool:

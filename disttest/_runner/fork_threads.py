@@ -48,7 +48,7 @@ from disttest._runner.messages import UNSAFE_THREADS, UNSAFE_THREADS_EARLIER
 __unittest = True
 
 __all__ = [
-    "AUTOGRAD_STARTED", "AUTOGRAD_THREAD", "FELL_BACK_THREADS", "FORKED_SERIAL", "PARENT_THREADS", "SERVER_THREADS",
+    "AUTOGRAD_THREAD", "FELL_BACK_THREADS", "FORKED_SERIAL", "PARENT_THREADS", "SERVER_THREADS",
     "SERVER_THREADS_EARLIER", "SERVER_THREADS_LEARNED", "autograd_started", "fell_back", "keeps_openmp",
     "known_refusal", "learned", "parent_refusal", "refusal", "thread_ids",
 ]
@@ -161,8 +161,6 @@ def parent_refusal(threads: int | None) -> str | None:
 
 #: The name torch gives each device thread of its autograd engine.
 AUTOGRAD_THREAD = "pt_autograd_"
-#: Why the test process must not fork ranks (or a fork server) itself.
-AUTOGRAD_STARTED = "the test process has started torch's autograd device threads"
 # (pid, thread ids whose names were read, whether one was autograd's): a
 # process stays marked once the engine started them, so each thread is read once.
 _autograd_seen: tuple[int, set[str], bool] | None = None

@@ -140,7 +140,7 @@ def test_fsdp_parity(self: Any, model_class: Any, fsdp_init_mode: FSDPInitMode, 
     under DDP (or ``ref_init_fn``'s wrapper) and under FSDP built with
     ``fsdp_init_mode``, ``device_init_mode`` and the FSDP options given;
     fail unless the losses match and, without mixed precision or pure fp16,
-    the parameters (FSDP's unsharded) match DDP's exactly, devices
+    the parameters (FSDP's unsharded) match DDP's (``assertEqual``'s tolerances), devices
     included. Offloaded parameters must be on the CPU; offloaded ones moved
     to the device after wrapping must make FSDP raise, and then nothing is
     compared."""

@@ -312,7 +312,7 @@ def _drop_own_frames(exc: BaseException) -> None:
     """End the traceback of an error disttest raised for the test
     (:class:`RankSplit`, a per-rank value refused) at the last frame that is
     not disttest's: unittest drops those frames from a failure's traceback
-    only, and this is an error (a ``ValueError``). An error of any other
+    only, and this is an error, not a failure. An error of any other
     class keeps its whole traceback."""
     if not type(exc).__module__.startswith("disttest."):
         return

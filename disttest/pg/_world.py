@@ -36,16 +36,10 @@ __unittest = True
 
 ABORTED = "{op} on group {group} was released by disttest: {reason}"
 MISMATCH = "collective #{seq} on group {group} does not match across ranks (disttest): {calls}"
-#: Why ranks that made the group of one name with different ranks fail.
-NEW_GROUP_ORDER = ("c10d names a group by the order of new_group calls, so every rank must call new_group in the "
-                   "same order with the same ranks, members or not")
 #: Ranks that made the group of one name with different ranks met in it.
 MEMBERS_DIFFER = ("{op} #{seq} on group {group} joined ranks that made that group with different ranks "
-                  "(disttest): {views}; " + NEW_GROUP_ORDER)
-#: Two ranks made groups of one name, each as the same rank of its group.
-SAME_GROUP_RANK = ("new_group: rank {second} made group {group} as its rank {group_rank}, as rank {first} did "
-                   "(disttest): rank {first} made it with ranks {first_members}; rank {second} with ranks "
-                   "{second_members}; " + NEW_GROUP_ORDER)
+                  "(disttest): {views}; c10d names a group by the order of new_group calls, so every rank must "
+                  "call new_group in the same order with the same ranks, members or not")
 
 #: The world each rank thread's threaded groups join (bound by the runner).
 _thread_world = threading.local()
@@ -166,11 +160,7 @@ class ThreadedWorld:
         self._pending: set[Future[Any]] = set()
         self._sizes: dict[str, int] = {}  # group name -> size
         self._members: dict[str, range | frozenset[int]] = {}  # group name -> its global ranks
-        # (see register)
-        self._shared_members: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
-        self._made_default: dict[int, int] = {}  # global rank -> default groups it made
-        # (generation, group name, group rank) -> the global rank that made it so, and its members
-        self._group_ranks: dict[tuple[int, str, int], tuple[int, Sequence[int]]] = {}
+        self._shared_members: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}  # (see register)
         self._dead: dict[int, str] = {}  # global rank -> why (an injected kill)
         self.abort_reason: str | None = None
         self.store = dist.HashStore()
@@ -207,32 +197,19 @@ class ThreadedWorld:
                 fut.set_exception(CollectiveAborted(
                     f"released by disttest: {self.abort_reason}", self.abort_reason))
 
-    def register(self, group: str, members: Sequence[int], group_rank: int, default: bool) -> Sequence[int]:
-        """Note the global ranks of ``group`` as its rank ``group_rank`` makes
-        it (``default``: the default group, which starts a new generation of
-        group names for that rank); return them as one object shared by
-        every rank that gives the same (collectives compare by identity).
-        Two ranks that make groups of one name as the same rank of it (their
-        new_group calls in different orders) get CollectiveMismatch."""
+    def register(self, group: str, members: Sequence[int]) -> Sequence[int]:
+        """Note the global ranks of ``group`` (as each member makes it);
+        return them as one object shared by every rank that gives the same
+        (its collectives compare them by identity)."""
         with self._lock:
             # NB: a whole world stays a range: each of its ranks registers it
             # (a set of a thousand ranks, a thousand times, is O(world^2)).
             self._members[group] = members if isinstance(members, range) else frozenset(members)
             self._sizes[group] = len(members)
-            shared = members
-            if not isinstance(members, range):
-                listed = tuple(members)
-                shared = self._shared_members.setdefault((group, listed), listed)
-            me = shared[group_rank] if 0 <= group_rank < len(shared) else group_rank
-            if default:  # (c10d names groups afresh after destroy_process_group)
-                self._made_default[me] = self._made_default.get(me, 0) + 1
-            first, first_members = self._group_ranks.setdefault(
-                (self._made_default.get(me, 0), group, group_rank), (me, shared))
-        if first != me:
-            raise CollectiveMismatch(SAME_GROUP_RANK.format(
-                group=group, group_rank=group_rank, first=first, second=me,
-                first_members=rank_runs(first_members), second_members=rank_runs(shared)))
-        return shared
+            if isinstance(members, range):
+                return members
+            listed = tuple(members)
+            return self._shared_members.setdefault((group, listed), listed)
 
     def kill(self, rank: int, reason: str) -> None:
         """Global rank ``rank`` is dead (an injected kill): as a gloo group

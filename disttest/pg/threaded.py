@@ -107,7 +107,7 @@ class ProcessLocalGroup(PythonGroup):
         super().__init__(rank, world_size, name)
         self._tworld = world if world is not None else _current_world()
         #: the group's global ranks, as this rank made it (the world checks that its peers agree)
-        self.members = self._tworld.register(name, members if members else range(world_size), rank, not members)
+        self.members = self._tworld.register(name, members if members else range(world_size))
         # As upstream's group: autograd runs backward in the calling thread
         # (thread-local), whose default group is this thread's, not on
         # device threads that have none.

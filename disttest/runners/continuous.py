@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 
 from disttest import _compat
-from disttest._runner import cuda_fork, deadline, fork_threads, settings, thread_pool
+from disttest._runner import cuda_fork, deadline, settings, thread_pool
 from disttest._runner.join import join
 from disttest._runner.launcher import ForkLauncher, ProcessLauncher, SpawnLauncher
 from disttest._runner.outcome import Kind, Outcome, PhaseResult, subtests_named
@@ -200,9 +200,6 @@ class MultiProcContinousTest(TestCase):
             # NB: forking a process with other threads can copy a lock they
             # hold; the fork server has none.
             method, where = "zygote", f"disttest's fork server in place of {where} 'fork' (the test process has threads)"
-        elif method == "fork" and fork_threads.autograd_started():
-            # (a worker forked from it could run no backward pass; the fresh fork server's can)
-            method, where = "zygote", f"disttest's fork server in place of {where} 'fork' ({fork_threads.AUTOGRAD_STARTED})"
         module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
         importable = "<locals>" not in cls.__qualname__ and module_file is not None
         if method == "zygote" and "<locals>" in cls.__qualname__:
