@@ -119,10 +119,10 @@ def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
         # every rank got that (torch.tensor(1.0) * self.rank). Run it per
         # rank: the plain tensors as every rank's.
         values = (*args, *kwargs.values()) if kwargs else args
-        if not types and not mode._disable and any(
+        schema = getattr(func, "_schema", None)  # (an aten op; a higher-order op has none)
+        if schema is not None and not types and not mode._disable and any(
                 type(a) is torch.SymInt and isinstance(a.node, local_int) for a in values) and any(
                 type(a) in plain for a in values):
-            schema = func._schema
             if schema.is_mutable:
                 raise RuntimeError(PLAIN_WITH_RANK.format(op=func, why="in place: one tensor cannot hold every "
                                                                       "rank's result"))
