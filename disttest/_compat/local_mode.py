@@ -118,11 +118,13 @@ def install_rank_answers(split: Callable[[dict[int, Any]], BaseException],
         # torch ran the op once, on a placeholder of the int (7777777), and
         # every rank got that (torch.tensor(1.0) * self.rank). Run it per
         # rank: the plain tensors as every rank's.
+        # (asked of every op of the mode: the cheap tests first, none where a LocalTensor is given)
+        if types or mode._disable:
+            return dispatch_before(mode, func, types, args, kwargs)
         values = (*args, *kwargs.values()) if kwargs else args
         schema = getattr(func, "_schema", None)  # (an aten op; a higher-order op has none)
-        if schema is not None and not types and not mode._disable and any(
-                type(a) is torch.SymInt and isinstance(a.node, local_int) for a in values) and any(
-                type(a) in plain for a in values):
+        if schema is not None and any(type(a) is torch.SymInt and isinstance(a.node, local_int) for a in values) \
+                and any(type(a) in plain for a in values):
             if schema.is_mutable:
                 raise RuntimeError(PLAIN_WITH_RANK.format(op=func, why="in place: one tensor cannot hold every "
                                                                       "rank's result"))

@@ -466,19 +466,14 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         values (a LocalTensor, a per-rank int), rank by rank, naming the ranks
         that differ (see :meth:`assertRanksEqual`); lists, tuples and dicts
         holding such values too, each rank's with that rank's values."""
-        # Two DTensors as their local tensors (per-rank here), as assert_close
-        # does; one against anything else a TypeError (it was torch's error
-        # from inside the comparison, no rank named).
-        x, y = _compat.unwrap_dtensors(x, y)
-        got, want = _per_rank(x), _per_rank(y)
+        # (two DTensors: their local tensors; torch's error from inside the
+        # comparison named no rank)
+        x, y, pairs = _rank_pairs(x, y)
         with _plain():
-            if got is None and want is None:
+            if pairs is None:
                 super().assertEqual(x, y, msg, **options)
                 return
-            ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
-            _assert_ranks_equal(got if got is not None else dict.fromkeys(ranks, x),
-                                want if want is not None else dict.fromkeys(ranks, y), msg, options)
-
+            _assert_ranks_equal(*pairs, msg, options)
 
     def assertNotEqual(self, x: Any, y: Any, msg: str | Callable[[str], str] | None = None,  # type: ignore[override]
                        **options: Any) -> None:
@@ -486,14 +481,12 @@ class SimulatedTestCase(SpmdMixin, TestCase):
         on any rank (each rank's values must differ), naming the ranks where
         they are equal. (As the inverse of :meth:`assertEqual` it passed
         where any one rank differed.)"""
-        x, y = _compat.unwrap_dtensors(x, y)
-        got, want = _per_rank(x), _per_rank(y)
-        if got is None and want is None:
+        x, y, pairs = _rank_pairs(x, y)
+        if pairs is None:
             super().assertNotEqual(x, y, msg, **options)  # type: ignore[arg-type]  # (a callable msg as assertEqual takes)
             return
-        ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
-        got = got if got is not None else dict.fromkeys(ranks, x)
-        want = want if want is not None else dict.fromkeys(ranks, y)
+        got, want = pairs
+        ranks = sorted(got)
         equal = []
         with _plain():
             for r in ranks:
@@ -507,6 +500,20 @@ class SimulatedTestCase(SpmdMixin, TestCase):
             raise self.failureException(RANKS_EQUAL.format(count=len(equal), total=len(ranks),
                                                            msg=f": {text}" if text else "",
                                                            which=f"rank{'s' * (len(equal) > 1)} {rank_runs(equal)}"))
+
+
+def _rank_pairs(x: Any, y: Any) -> tuple[Any, Any, tuple[dict[int, Any], dict[int, Any]] | None]:
+    """``x`` and ``y`` (two DTensors as their local tensors, as assert_close
+    compares them; one against anything else a TypeError) and, where either
+    holds per-rank values, each rank's value of each (one that holds none is
+    every rank's); None where neither does."""
+    x, y = _compat.unwrap_dtensors(x, y)
+    got, want = _per_rank(x), _per_rank(y)
+    if got is None and want is None:
+        return x, y, None
+    ranks = sorted(got if got is not None else want)  # type: ignore[arg-type]  # one is not None
+    return x, y, (got if got is not None else dict.fromkeys(ranks, x),
+                  want if want is not None else dict.fromkeys(ranks, y))
 
 
 def _leave(mode: Any) -> None:
